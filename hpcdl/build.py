@@ -1,0 +1,93 @@
+"""Assemble the trainer's parts from typed config: data, model, optimizer, store, logs."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from hpcdl.checkpoint import CheckpointStore, resolve_checkpoint, read_checkpoint
+from hpcdl.config.convert import config_hash, to_plain
+from hpcdl.config.schema import Config, Precision
+from hpcdl.data import EpochSharder, build_data
+from hpcdl.env import RankEnv
+from hpcdl.evaluation import load_matching_weights
+from hpcdl.models import build_model
+from hpcdl.optim import build_optimizer, build_scheduler
+from hpcdl.progress import ProgressReporter
+from hpcdl.report import MetricsLog
+from hpcdl.signals import StopFlag
+from hpcdl.trainer import Parts, Trainer, total_steps
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        # cuBLAS needs this workspace setting for deterministic matmuls (CUDA docs).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+
+def build_trainer(
+    cfg: Config, env: RankEnv, run_dir: Path, device: torch.device, stop: StopFlag
+) -> Trainer:
+    t = cfg.trainer
+    # The model is built from the same seed on every rank (DDP also broadcasts rank 0's
+    # weights); dropout and other randomness then differ per rank.
+    seed_everything(t.seed, t.deterministic)
+    data = build_data(cfg.data)
+    raw_model = build_model(cfg.model, data.input_shape, data.num_classes)
+    if cfg.init_from:
+        ckpt = resolve_checkpoint(cfg.init_from)
+        load_matching_weights(raw_model, read_checkpoint(ckpt)["model"], str(ckpt))
+    raw_model.to(device)
+    if t.channels_last:
+        raw_model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    seed_everything(t.seed + env.rank, t.deterministic)
+
+    model: nn.Module = raw_model
+    if env.world_size > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(raw_model, device_ids=ids)
+    if t.compile:
+        model = torch.compile(model)  # type: ignore[assignment]
+
+    sharder = EpochSharder(
+        num_samples=data.x_train.shape[0],
+        global_batch_size=t.batch_size,
+        rank=env.rank,
+        world_size=env.world_size,
+        seed=t.seed,
+    )
+    if cfg.data.in_memory:
+        data.x_train = data.x_train.to(device)
+        data.y_train = data.y_train.to(device)
+    optimizer = build_optimizer(cfg.optim, raw_model.parameters())
+    scheduler = build_scheduler(
+        cfg.schedule, optimizer, total_steps(cfg, sharder.num_steps_per_epoch), sharder.num_steps_per_epoch
+    )
+    parts = Parts(
+        data=data,
+        raw_model=raw_model,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=torch.amp.GradScaler(device.type, enabled=t.precision == Precision.fp16),
+        sharder=sharder,
+        store=CheckpointStore(run_dir / "checkpoints", keep_last=t.keep_last),
+        metrics=MetricsLog(run_dir / "metrics.csv"),
+        reporter=ProgressReporter(
+            enabled=env.is_main, log_every_steps=t.log_every_steps, max_epochs=t.max_epochs
+        ),
+        device=device,
+        config_hash=config_hash(cfg),
+        model_config=to_plain(cfg)["model"],
+    )
+    return Trainer(cfg, env, parts, stop)

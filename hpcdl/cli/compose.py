@@ -1,0 +1,116 @@
+"""Hydra composition: the only module that calls Hydra.
+
+conf/ (YAML) --compose--> DictConfig --convert--> typed Config. Hydra's errors are turned
+into one-line ConfigErrors naming the key or option.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hpcdl.config import schema
+from hpcdl.config.convert import GROUPS, from_dict, to_config, to_plain, unknown_key_message
+from hpcdl.config.validate import validate
+from hpcdl.errors import ConfigError
+
+
+def conf_dir() -> Path:
+    """The bundled conf/ (next to the package in a source checkout), or $HPCDL_CONF_DIR."""
+    env = os.environ.get("HPCDL_CONF_DIR")
+    if env:
+        return Path(env).resolve()
+    return Path(__file__).resolve().parents[2] / "conf"
+
+
+def user_conf_dirs(extra: Optional[list[str]] = None) -> list[Path]:
+    """Extra search dirs: --config-dir flags, then ~/.config/hpcdl (a site's cluster YAML)."""
+    dirs = [Path(d).expanduser().resolve() for d in (extra or [])]
+    home = Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser() / "hpcdl"
+    if home.is_dir():
+        dirs.append(home.resolve())
+    for d in dirs:
+        if not d.is_dir():
+            raise ConfigError(f"--config-dir {d}: no such folder")
+    return dirs
+
+
+def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    searchpath = [f"file://{d}" for d in user_conf_dirs(config_dirs)]
+    extra = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
+    try:
+        with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
+            return hydra_compose("config", overrides=[*extra, *overrides])
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        raise ConfigError(hydra_message(err)) from None
+
+
+def hydra_message(err: Exception) -> str:
+    """One line out of Hydra's multi-line errors."""
+    text = str(err)
+    match = re.search(r"Could not override '([^']+)'", text)
+    if match:
+        return unknown_key_message(match.group(1))
+    match = re.search(r"In '[^']*': Could not find '([^/']+)/([^']+)'", text) or re.search(
+        r"Could not find '([^/']+)/([^']+)'", text
+    )
+    if match:
+        group, option = match.groups()
+        options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
+        valid = f"; choose one of {', '.join(options)}" if options else ""
+        return f"{group}={option}: unknown option{valid}"
+    match = re.search(r"mismatched input|no viable alternative|extraneous input", text)
+    if match:
+        return f"bad override syntax: {text.splitlines()[0]}; write key=value, e.g. trainer.max_epochs=5"
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def compose_config(overrides: list[str], config_dirs: Optional[list[str]] = None) -> schema.Config:
+    config = to_config(compose(overrides, config_dirs))
+    validate(config)
+    return config
+
+
+def apply_overrides(
+    base: schema.Config, overrides: list[str], config_dirs: Optional[list[str]] = None
+) -> schema.Config:
+    """`hpcdl resume RUN_DIR k=v group=option`: the stored config with overrides on top.
+
+    A group choice (cluster=devcluster) replaces that group with its YAML; a dotted key
+    sets one value (parsed by Hydra's override grammar, so lists and numbers work).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    plain: dict[str, Any] = to_plain(base)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as err:
+        raise ConfigError(hydra_message(err)) from None
+    tree = OmegaConf.create(plain)
+    for ov in parsed:
+        key = ov.key_or_group
+        if ov.is_sweep_override():
+            raise ConfigError(f"{ov.input_line}: sweeps are not allowed when resuming one run")
+        if key in GROUPS and "." not in key:
+            group_cfg = compose([f"{key}={ov.value()}"], config_dirs)
+            tree[key] = group_cfg[key]
+            continue
+        try:
+            OmegaConf.update(tree, key, ov.value(), merge=False, force_add=False)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from None
+    raw = OmegaConf.to_container(tree, resolve=True)
+    assert isinstance(raw, dict)
+    config = from_dict(raw)
+    validate(config)
+    return config

@@ -1,0 +1,166 @@
+"""`hpcdl` command line: compose -> validate -> run dir -> launch.
+
+Bad input ends here as one line on stderr and exit status 2, before anything is written.
+Imports of torch happen only inside the launchers that run training in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from hpcdl.errors import HpcdlError
+
+EXIT_BAD_INPUT = 2
+
+
+def _group_listing() -> str:
+    from hpcdl.cli.compose import conf_dir
+    from hpcdl.config.convert import GROUPS
+
+    lines = ["config groups (choose with group=option; see docs/configuration.md):"]
+    for group in GROUPS:
+        options = sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+        lines.append(f"  {group}: {', '.join(options)}")
+    lines.append("override any key with key=value, e.g. trainer.max_epochs=5 optim.lr=0.03")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpcdl",
+        description="Train PyTorch models in-process, on local ranks, or on Slurm, from Hydra configs.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser(
+        "train",
+        help="compose a config and train (or submit)",
+        epilog=_group_listing(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value")
+    train.add_argument("--cfg", "-c", choices=["job", "hydra", "all"], help="print the config, run nothing")
+    train.add_argument("--resolve", action="store_true", help="with --cfg: resolve interpolations")
+    train.add_argument("--info", action="store_true", help="print config search path and choices")
+    train.add_argument("--config-dir", "-cd", action="append", default=[], help="extra config dir")
+    train.add_argument("--multirun", "-m", action="store_true", help="a sweep over comma lists/ranges")
+
+    resume = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
+    resume.add_argument("run_dir")
+    resume.add_argument("overrides", nargs="*", help="e.g. trainer.max_epochs=50 cluster=local")
+    resume.add_argument("--config-dir", "-cd", action="append", default=[])
+
+    evaluate = sub.add_parser("evaluate", help="test metrics + confusion matrix of a checkpoint")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("--checkpoint", default="best", help="best | last | PATH (default best)")
+
+    predict = sub.add_parser("predict", help="class predictions for new rows")
+    predict.add_argument("run_dir")
+    predict.add_argument("--input", required=True, help="rows as .csv, .npy or .npz")
+    predict.add_argument("--checkpoint", default="best", help="best | last | PATH (default best)")
+    predict.add_argument("--output", help="write CSV here instead of stdout")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        handler = {
+            "train": cmd_train,
+            "resume": cmd_resume,
+            "evaluate": cmd_evaluate,
+            "predict": cmd_predict,
+        }[args.command]
+        return handler(args)
+    except HpcdlError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from hpcdl.cli.compose import compose, compose_config, conf_dir, user_conf_dirs
+    from hpcdl.rundir import create_run_dir
+
+    if args.multirun:
+        raise HpcdlError("-m/--multirun: sweeps arrive with the [sweeps] work; run one config at a time")
+    if args.cfg or args.info:
+        from omegaconf import OmegaConf
+
+        composed = compose(args.overrides, args.config_dir)
+        if args.info:
+            dirs = [conf_dir(), *user_conf_dirs(args.config_dir)]
+            print("config search path:\n" + "\n".join(f"  {d}" for d in dirs))
+            print(_group_listing())
+            return 0
+        print(OmegaConf.to_yaml(composed, resolve=args.resolve), end="")
+        return 0
+    cfg = compose_config(args.overrides, args.config_dir)
+    cfg, run_dir = create_run_dir(cfg)
+    print(f"run dir: {run_dir}", flush=True)
+    return launch(cfg, run_dir)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from hpcdl.cli.compose import apply_overrides
+    from hpcdl.rundir import open_run_dir, record_command, rewrite_config
+
+    cfg, run_dir = open_run_dir(args.run_dir)
+    if args.overrides:
+        cfg = apply_overrides(cfg, args.overrides, args.config_dir)
+    cfg = rewrite_config(cfg, run_dir)
+    record_command(run_dir, "resume")
+    print(f"resuming run dir: {run_dir}", flush=True)
+    return launch(cfg, run_dir)
+
+
+def launch(cfg, run_dir: Path) -> int:  # type: ignore[no-untyped-def]
+    from hpcdl.config.schema import Launcher
+
+    if cfg.cluster.launcher == Launcher.local:
+        from hpcdl.launch.local import run_local
+
+        code = run_local(cfg, run_dir)
+    else:
+        from hpcdl.launch.debug import run_in_process
+
+        code = run_in_process(run_dir)
+    if code == 0:
+        print(f"done: {run_dir / 'summary.json'}", flush=True)
+    elif code == 3:
+        print(f"interrupted; checkpoint saved. Continue with: hpcdl resume {run_dir}", flush=True)
+    return code
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from hpcdl.inference import evaluate_checkpoint
+    from hpcdl.rundir import open_run_dir
+
+    cfg, run_dir = open_run_dir(args.run_dir)
+    report = evaluate_checkpoint(cfg, run_dir, args.checkpoint)
+    print(f"checkpoint: {report['checkpoint']}")
+    print(f"test_loss {report['test_loss']:.4f}  test_accuracy {report['test_accuracy']:.4f}  "
+          f"({report['num_test_samples']} samples)")
+    print("confusion matrix [true x predicted]:")
+    for name, row in zip(report["class_names"], report["confusion_matrix"]):
+        print(f"  {name:>12}: {' '.join(f'{v:5d}' for v in row)}")
+    print(f"written: {report['output_dir']}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from hpcdl.inference import predict_rows
+    from hpcdl.rundir import open_run_dir
+
+    _, run_dir = open_run_dir(args.run_dir)
+    count = predict_rows(run_dir, args.input, args.checkpoint, args.output)
+    if args.output:
+        print(json.dumps({"rows": count, "output": args.output}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""Typed configuration: the dataclasses every layer below the CLI reads.
+
+Each config group (model, data, optim, schedule, trainer, cluster) has one dataclass per
+option; the YAML file's ``name`` field picks the dataclass. Plain stdlib only: this module
+is imported on the login node and must never pull in torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+MISSING = "???"
+
+
+# ----------------------------------------------------------------------------- model
+@dataclass
+class MlpConfig:
+    name: str = "mlp"
+    # The seed workshop's network: 30 inputs -> 30 -> 60 -> 2 classes.
+    hidden_sizes: list[int] = field(default_factory=lambda: [30, 60])
+    dropout: float = 0.5
+
+
+@dataclass
+class CnnConfig:
+    name: str = "cnn"
+    # One conv-relu-maxpool(2) block per entry; 2 blocks take 8x8 digits to 2x2.
+    channels: list[int] = field(default_factory=lambda: [32, 64])
+    kernel_size: int = 3
+    hidden_size: int = 128
+    dropout: float = 0.25
+
+
+@dataclass
+class Resnet18Config:
+    name: str = "resnet18"
+    # CIFAR-style stem: 3x3 conv, stride 1, no max-pool.
+    width: int = 64
+
+
+@dataclass
+class CustomModelConfig:
+    name: str = "custom"
+    # "package.module:factory"; called as factory(input_shape=..., num_classes=..., **kwargs).
+    target: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+MODEL_SCHEMAS: dict[str, type] = {
+    "mlp": MlpConfig,
+    "cnn": CnnConfig,
+    "resnet18": Resnet18Config,
+    "custom": CustomModelConfig,
+}
+
+
+# ----------------------------------------------------------------------------- data
+@dataclass
+class DataCommon:
+    name: str = MISSING
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+    split_seed: int = 0
+    standardize: bool = True
+    # k-fold cross-validation over train+val: 0 = off; fold in [0, num_folds).
+    num_folds: int = 0
+    fold: int = 0
+    # In-memory datasets live on the training device as tensors (no DataLoader in the hot
+    # path); in_memory=false uses a DataLoader with workers and pinned memory instead.
+    in_memory: bool = True
+    num_workers: int = 2
+
+
+@dataclass
+class BreastCancerConfig(DataCommon):
+    name: str = "breast_cancer"
+
+
+@dataclass
+class DigitsConfig(DataCommon):
+    name: str = "digits"
+    # Feed 1x8x8 images (cnn) or flat 64-vectors (mlp).
+    as_images: bool = True
+
+
+@dataclass
+class MnistConfig(DataCommon):
+    name: str = "mnist"
+    # Folder holding train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz],
+    # t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz].
+    path: str = MISSING
+    as_images: bool = True
+
+
+@dataclass
+class Cifar10Config(DataCommon):
+    name: str = "cifar10"
+    # Folder "cifar-10-batches-py" with data_batch_1..5 and test_batch.
+    path: str = MISSING
+
+
+@dataclass
+class FilesConfig(DataCommon):
+    name: str = "files"
+    # .npz (arrays x and y), .npy (features; labels in labels_path) or .csv (label column).
+    path: str = MISSING
+    labels_path: Optional[str] = None
+    label_column: str = "label"
+
+
+@dataclass
+class SyntheticConfig(DataCommon):
+    name: str = "synthetic"
+    num_samples: int = 2048
+    num_classes: int = 4
+    shape: list[int] = field(default_factory=lambda: [16])
+    noise: float = 1.0
+    seed: int = 0
+
+
+DATA_SCHEMAS: dict[str, type] = {
+    "breast_cancer": BreastCancerConfig,
+    "digits": DigitsConfig,
+    "mnist": MnistConfig,
+    "cifar10": Cifar10Config,
+    "files": FilesConfig,
+    "synthetic": SyntheticConfig,
+}
+
+
+# ----------------------------------------------------------------------------- optim
+@dataclass
+class SgdConfig:
+    name: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AdamConfig:
+    name: str = "adam"
+    lr: float = 0.001
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AdamWConfig(AdamConfig):
+    name: str = "adamw"
+    weight_decay: float = 0.01
+
+
+@dataclass
+class RmspropConfig:
+    name: str = "rmsprop"
+    lr: float = 0.01
+    alpha: float = 0.99
+    momentum: float = 0.0
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+OPTIM_SCHEMAS: dict[str, type] = {
+    "sgd": SgdConfig,
+    "adam": AdamConfig,
+    "adamw": AdamWConfig,
+    "rmsprop": RmspropConfig,
+}
+
+
+# ----------------------------------------------------------------------------- schedule
+@dataclass
+class ScheduleConfig:
+    """Learning-rate schedule, stepped once per optimizer step."""
+
+    name: str = "none"
+    # Linear warmup from 0 over this many steps, in front of any schedule.
+    warmup_steps: int = 0
+    # step: multiply by gamma every step_size_epochs epochs.
+    step_size_epochs: int = 10
+    gamma: float = 0.1
+    # cosine: decay to min_lr_ratio * lr by the last step.
+    min_lr_ratio: float = 0.0
+    # onecycle: peak at max_lr_ratio * lr after pct_start of the run.
+    max_lr_ratio: float = 10.0
+    pct_start: float = 0.3
+
+
+SCHEDULE_NAMES = ("none", "step", "cosine", "onecycle", "warmup")
+
+
+# ----------------------------------------------------------------------------- trainer
+class Precision(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Mode(str, Enum):
+    min = "min"
+    max = "max"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@dataclass
+class EarlyStoppingConfig:
+    monitor: str = "val_loss"
+    mode: Mode = Mode.min
+    # Evaluations without improvement before stopping; 0 = off.
+    patience: int = 0
+    min_delta: float = 0.0
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 30
+    # When set, training stops after this many optimizer steps (may end mid-epoch).
+    max_steps: Optional[int] = None
+    # Global batch size: split across all ranks.
+    batch_size: int = 32
+    precision: Precision = Precision.fp32
+    compile: bool = False
+    channels_last: bool = False
+    grad_clip_norm: Optional[float] = None
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    # Validation runs at every epoch end, and also every N steps / S seconds when set.
+    eval_every_steps: Optional[int] = None
+    eval_every_s: Optional[float] = None
+    # A checkpoint is saved at every epoch end, and also every N steps / S seconds when set.
+    checkpoint_every_steps: Optional[int] = None
+    checkpoint_every_s: Optional[float] = None
+    keep_last: int = 2
+    deterministic: bool = False
+    seed: int = 0
+    # Non-finite losses in a row before the run stops with an error.
+    max_bad_steps: int = 5
+    # Progress line interval (steps) when stdout is not a terminal.
+    log_every_steps: int = 50
+    device: Device = Device.auto
+
+
+# ----------------------------------------------------------------------------- cluster
+class Launcher(str, Enum):
+    debug = "debug"
+    local = "local"
+    slurm = "slurm"
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "debug"
+    launcher: Launcher = Launcher.debug
+    nodes: int = 1
+    # Ranks per node; null = gpus_per_node (one task per GPU), or 1 without GPUs.
+    tasks_per_node: Optional[int] = None
+    gpus_per_node: int = 0
+    gpu_type: Optional[str] = None
+    cpus_per_task: int = 1
+    mem_gb: Optional[int] = None
+    timeout_min: int = 60
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    # Signal sent signal_delay_s before the time limit (USR2: NCCL may catch USR1).
+    signal: str = "USR2"
+    signal_delay_s: int = 120
+    max_requeues: int = 3
+    # Shell lines run before the payload, e.g. "module load cuda".
+    setup: list[str] = field(default_factory=list)
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    rendezvous_timeout_s: int = 300
+    # Job-array concurrency limit (%N) for sweeps; 0 = no limit.
+    array_parallelism: int = 0
+
+
+# ----------------------------------------------------------------------------- top level
+@dataclass
+class Config:
+    model: Any = field(default_factory=MlpConfig)
+    data: Any = field(default_factory=BreastCancerConfig)
+    optim: Any = field(default_factory=SgdConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # Decided once, at submit time; requeues and reruns reuse it.
+    run_dir: Optional[str] = None
+    # Warm start: a run dir or checkpoint file; weights only, fresh optimizer.
+    init_from: Optional[str] = None
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.nodes * tasks_per_node(self.cluster)
+
+
+def tasks_per_node(cluster: ClusterConfig) -> int:
+    if cluster.tasks_per_node is not None:
+        return cluster.tasks_per_node
+    return max(1, cluster.gpus_per_node)

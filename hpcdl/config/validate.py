@@ -1,0 +1,166 @@
+"""Value checks on a typed Config, run before anything starts or is submitted.
+
+Types and key names are already checked by convert.py; this checks ranges and files, with
+one line per problem naming the key. Stdlib only: runs on the login node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcdl.config import schema
+from hpcdl.errors import ConfigError
+
+
+def validate(cfg: schema.Config) -> None:
+    _check_model(cfg.model)
+    _check_data(cfg.data)
+    _check_optim(cfg.optim)
+    _check_schedule(cfg.schedule)
+    _check_trainer(cfg.trainer)
+    _check_cluster(cfg.cluster)
+
+
+def _positive(key: str, value: float | int | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or value <= 0:
+        raise ConfigError(f"{key}={value}: must be > 0")
+
+
+def _non_negative(key: str, value: float | int) -> None:
+    if value < 0:
+        raise ConfigError(f"{key}={value}: must be >= 0")
+
+
+def _fraction(key: str, value: float, *, upper_open: bool = True) -> None:
+    if not (0 <= value < 1 if upper_open else 0 <= value <= 1):
+        raise ConfigError(f"{key}={value}: must be in [0, 1{')' if upper_open else ']'}")
+
+
+def _check_model(model: object) -> None:
+    if isinstance(model, schema.MlpConfig):
+        for i, size in enumerate(model.hidden_sizes):
+            _positive(f"model.hidden_sizes[{i}]", size)
+        _fraction("model.dropout", model.dropout)
+    elif isinstance(model, schema.CnnConfig):
+        if not model.channels:
+            raise ConfigError("model.channels=[]: give at least one conv block, e.g. [32, 64]")
+        for i, size in enumerate(model.channels):
+            _positive(f"model.channels[{i}]", size)
+        _positive("model.kernel_size", model.kernel_size)
+        _positive("model.hidden_size", model.hidden_size)
+        _fraction("model.dropout", model.dropout)
+    elif isinstance(model, schema.Resnet18Config):
+        _positive("model.width", model.width)
+    elif isinstance(model, schema.CustomModelConfig):
+        module, sep, attr = model.target.partition(":")
+        if not sep or not module or not attr:
+            raise ConfigError(
+                f"model.target={model.target!r}: expected 'package.module:factory', "
+                "e.g. model.target=mypkg.models:build"
+            )
+
+
+def _check_data(data: schema.DataCommon) -> None:
+    _fraction("data.val_fraction", data.val_fraction)
+    _fraction("data.test_fraction", data.test_fraction)
+    if data.val_fraction + data.test_fraction >= 1:
+        raise ConfigError(
+            f"data.val_fraction + data.test_fraction = {data.val_fraction + data.test_fraction}: "
+            "must leave training data (sum < 1)"
+        )
+    _non_negative("data.num_workers", data.num_workers)
+    if data.num_folds == 1 or data.num_folds < 0:
+        raise ConfigError(f"data.num_folds={data.num_folds}: use 0 (off) or >= 2")
+    if data.num_folds and not 0 <= data.fold < data.num_folds:
+        raise ConfigError(f"data.fold={data.fold}: must be in [0, data.num_folds={data.num_folds})")
+    if isinstance(data, schema.SyntheticConfig):
+        _positive("data.num_samples", data.num_samples)
+        if data.num_classes < 2:
+            raise ConfigError(f"data.num_classes={data.num_classes}: must be >= 2")
+        if not data.shape:
+            raise ConfigError("data.shape=[]: give the per-sample shape, e.g. [16] or [1,8,8]")
+        for i, size in enumerate(data.shape):
+            _positive(f"data.shape[{i}]", size)
+        _non_negative("data.noise", data.noise)
+    path = getattr(data, "path", None)
+    if path is not None and not Path(path).expanduser().exists():
+        raise ConfigError(f"data.path={path!r}: no such file or folder; point it at your data")
+    labels = getattr(data, "labels_path", None)
+    if labels is not None and not Path(labels).expanduser().exists():
+        raise ConfigError(f"data.labels_path={labels!r}: no such file")
+
+
+def _check_optim(optim: object) -> None:
+    _positive("optim.lr", getattr(optim, "lr", None))
+    _non_negative("optim.weight_decay", getattr(optim, "weight_decay", 0.0))
+    if isinstance(optim, schema.SgdConfig):
+        _non_negative("optim.momentum", optim.momentum)
+        if optim.nesterov and optim.momentum <= 0:
+            raise ConfigError("optim.nesterov=true needs optim.momentum > 0")
+    if isinstance(optim, schema.AdamConfig):
+        if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
+            raise ConfigError(f"optim.betas={optim.betas}: need two values in [0, 1)")
+
+
+def _check_schedule(schedule: schema.ScheduleConfig) -> None:
+    if schedule.name not in schema.SCHEDULE_NAMES:
+        raise ConfigError(
+            f"schedule.name={schedule.name!r}: unknown; choose one of {', '.join(schema.SCHEDULE_NAMES)}"
+        )
+    _non_negative("schedule.warmup_steps", schedule.warmup_steps)
+    _positive("schedule.step_size_epochs", schedule.step_size_epochs)
+    _positive("schedule.gamma", schedule.gamma)
+    _fraction("schedule.min_lr_ratio", schedule.min_lr_ratio, upper_open=False)
+    _positive("schedule.max_lr_ratio", schedule.max_lr_ratio)
+    if not 0 < schedule.pct_start < 1:
+        raise ConfigError(f"schedule.pct_start={schedule.pct_start}: must be in (0, 1)")
+
+
+def _check_trainer(t: schema.TrainerConfig) -> None:
+    _positive("trainer.max_epochs", t.max_epochs)
+    _positive("trainer.max_steps", t.max_steps, allow_none=True)
+    _positive("trainer.batch_size", t.batch_size)
+    _positive("trainer.grad_clip_norm", t.grad_clip_norm, allow_none=True)
+    _positive("trainer.eval_every_steps", t.eval_every_steps, allow_none=True)
+    _positive("trainer.eval_every_s", t.eval_every_s, allow_none=True)
+    _positive("trainer.checkpoint_every_steps", t.checkpoint_every_steps, allow_none=True)
+    _positive("trainer.checkpoint_every_s", t.checkpoint_every_s, allow_none=True)
+    _positive("trainer.keep_last", t.keep_last)
+    _positive("trainer.max_bad_steps", t.max_bad_steps)
+    _positive("trainer.log_every_steps", t.log_every_steps)
+    _non_negative("trainer.early_stopping.patience", t.early_stopping.patience)
+    monitors = ("val_loss", "val_accuracy", "train_loss", "train_accuracy")
+    if t.early_stopping.monitor not in monitors:
+        raise ConfigError(
+            f"trainer.early_stopping.monitor={t.early_stopping.monitor!r}: "
+            f"choose one of {', '.join(monitors)}"
+        )
+
+
+def _check_cluster(c: schema.ClusterConfig) -> None:
+    _positive("cluster.nodes", c.nodes)
+    _positive("cluster.tasks_per_node", c.tasks_per_node, allow_none=True)
+    _non_negative("cluster.gpus_per_node", c.gpus_per_node)
+    _positive("cluster.cpus_per_task", c.cpus_per_task)
+    _positive("cluster.mem_gb", c.mem_gb, allow_none=True)
+    _positive("cluster.timeout_min", c.timeout_min)
+    _non_negative("cluster.signal_delay_s", c.signal_delay_s)
+    _non_negative("cluster.max_requeues", c.max_requeues)
+    _positive("cluster.rendezvous_timeout_s", c.rendezvous_timeout_s)
+    if c.launcher != schema.Launcher.slurm and c.nodes != 1:
+        raise ConfigError(
+            f"cluster.nodes={c.nodes}: cluster={c.name} runs on this machine only; use nodes=1 "
+            "or a Slurm profile"
+        )
+    if c.launcher == schema.Launcher.debug and schema.tasks_per_node(c) != 1:
+        raise ConfigError(
+            f"cluster.tasks_per_node={c.tasks_per_node}: cluster=debug runs one rank in-process; "
+            "use cluster=local for several ranks"
+        )
+    if c.signal_delay_s >= c.timeout_min * 60:
+        raise ConfigError(
+            f"cluster.signal_delay_s={c.signal_delay_s}: must be shorter than "
+            f"cluster.timeout_min={c.timeout_min} minutes"
+        )

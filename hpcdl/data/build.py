@@ -1,0 +1,58 @@
+"""build_data: typed data config -> preprocessed train/val/test tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpcdl.data.preprocessing import Preprocessing
+from hpcdl.data.raw import RawData
+from hpcdl.data.sources import read_source
+from hpcdl.data.splits import split_indices
+
+
+@dataclass
+class DataSplits:
+    """Model-ready CPU tensors: x float32 [N, *input_shape], y int64 [N]."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    class_names: list[str]
+    preprocessing: Preprocessing
+
+
+def build_data(cfg: Any) -> DataSplits:
+    """cfg: one of schema.DATA_SCHEMAS' dataclasses."""
+    raw = read_source(cfg)
+    split = split_indices(raw.y, cfg, has_official_test=raw.has_official_test)
+    x_test, y_test = test_arrays(raw, split.test)
+    preprocessing = Preprocessing.fit(
+        raw.x[split.train], scale=raw.pixel_scale, standardize=cfg.standardize
+    )
+    return DataSplits(
+        x_train=preprocessing.apply(raw.x[split.train]),
+        y_train=torch.from_numpy(raw.y[split.train]),
+        x_val=preprocessing.apply(raw.x[split.val]),
+        y_val=torch.from_numpy(raw.y[split.val]),
+        x_test=preprocessing.apply(x_test),
+        y_test=torch.from_numpy(y_test),
+        num_classes=len(raw.class_names),
+        input_shape=raw.input_shape,
+        class_names=list(raw.class_names),
+        preprocessing=preprocessing,
+    )
+
+
+def test_arrays(raw: RawData, test_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if raw.x_test is not None and raw.y_test is not None:
+        return raw.x_test, raw.y_test
+    return raw.x[test_idx], raw.y[test_idx]

@@ -1,0 +1,197 @@
+"""User files: .npz (x, y), .npy (+ labels .npy) and .csv (+ label column); rows to predict."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from hpcdl.data.raw import RawData
+from hpcdl.errors import DataError
+
+SUFFIXES = (".npz", ".npy", ".csv")
+# The column dropped from prediction rows, as written by the files source's default.
+LABEL_COLUMN = "label"
+
+
+def read_files(path: str, labels_path: Optional[str], label_column: str) -> RawData:
+    file = Path(path).expanduser()
+    suffix = file.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise DataError(
+            f"data.path={path!r}: unknown file type {suffix!r}; use .npz (arrays x and y), "
+            ".npy (with data.labels_path) or .csv (with data.label_column)"
+        )
+    if not file.is_file():
+        raise DataError(f"data.path={path!r}: no such file; point data.path at your data file")
+    if suffix == ".npz":
+        x, labels = read_npz(file)
+    elif suffix == ".npy":
+        x, labels = read_npy_pair(file, labels_path)
+    else:
+        x, labels = read_labelled_csv(file, label_column)
+    if x.shape[0] != labels.shape[0]:
+        raise DataError(
+            f"data.path={path!r}: {x.shape[0]} feature rows but {labels.shape[0]} labels; "
+            "give one label per row"
+        )
+    if x.ndim < 2:
+        raise DataError(f"data.path={path!r}: features must be [N, ...], got shape {x.shape}")
+    x = check_numeric(x, f"data.path={path!r}")
+    y, class_names = encode_labels(labels, f"data.path={path!r}")
+    return RawData(x=x, y=y, class_names=class_names)
+
+
+def read_npz(file: Path) -> tuple[np.ndarray, np.ndarray]:
+    arrays = load_npz(file, "data.path")
+    missing = [key for key in ("x", "y") if key not in arrays]
+    if missing:
+        raise DataError(
+            f"data.path='{file}': no array {missing[0]!r} (has {sorted(arrays)}); "
+            "save with np.savez(path, x=features, y=labels)"
+        )
+    return arrays["x"], arrays["y"]
+
+
+def read_npy_pair(file: Path, labels_path: Optional[str]) -> tuple[np.ndarray, np.ndarray]:
+    if labels_path is None:
+        raise DataError(
+            f"data.path='{file}' is a .npy of features: set data.labels_path to a .npy of labels"
+        )
+    labels_file = Path(labels_path).expanduser()
+    if not labels_file.is_file():
+        raise DataError(f"data.labels_path={labels_path!r}: no such file")
+    return load_npy(file, "data.path"), load_npy(labels_file, "data.labels_path")
+
+
+def read_labelled_csv(file: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
+    header, rows = read_csv(file, "data.path")
+    if header is None or label_column not in header:
+        raise DataError(
+            f"data.label_column={label_column!r}: no such column in the header of '{file}' "
+            f"({header or 'no header'}); set data.label_column to the column holding the labels"
+        )
+    if not rows:
+        raise DataError(f"data.path='{file}': the CSV has a header but no data rows")
+    col = header.index(label_column)
+    labels = np.array([row[col].strip() for row in rows], dtype=str)
+    features = [row[:col] + row[col + 1 :] for row in rows]
+    return parse_numeric_rows(features, file, "data.path"), labels
+
+
+def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]]:
+    """Labels of any type -> int64 indices into the sorted class names (numbers sort by value)."""
+    labels = labels.reshape(-1)
+    if labels.dtype.kind in "US":
+        labels = labels.astype(str)
+        with contextlib.suppress(ValueError):  # genuine class names stay strings
+            labels = np.array([float(v) for v in labels])
+    if labels.dtype.kind == "f":
+        if not np.all(np.isfinite(labels)) or not np.all(labels == np.round(labels)):
+            raise DataError(
+                f"{where}: labels must be integers or class names, got non-integer numbers"
+            )
+        labels = labels.astype(np.int64)
+    if labels.dtype.kind not in "iuUSb":
+        raise DataError(f"{where}: labels of dtype {labels.dtype} are not class labels")
+    classes, y = np.unique(labels, return_inverse=True)
+    if len(classes) < 2:
+        raise DataError(f"{where}: all labels are {classes.tolist()}; need at least two classes")
+    return y.astype(np.int64).reshape(-1), [str(c) for c in classes.tolist()]
+
+
+def check_numeric(x: np.ndarray, where: str) -> np.ndarray:
+    if x.dtype.kind not in "iufb":
+        raise DataError(f"{where}: features of dtype {x.dtype} are not numeric")
+    if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+        raise DataError(f"{where}: features hold NaN or inf; clean or impute them first")
+    return x
+
+
+# ----------------------------------------------------------------------------- readers
+def load_npz(file: Path, key: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(file, allow_pickle=False) as arrays:
+            return {name: arrays[name] for name in arrays.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"{key}: cannot read '{file}' as .npz: {exc}") from exc
+
+
+def load_npy(file: Path, key: str) -> np.ndarray:
+    try:
+        return np.asarray(np.load(file, allow_pickle=False))
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"{key}: cannot read '{file}' as .npy: {exc}") from exc
+
+
+def read_csv(file: Path, key: str) -> tuple[Optional[list[str]], list[list[str]]]:
+    """(header or None, rows); a first row with any non-numeric cell is the header."""
+    try:
+        with file.open(newline="") as f:
+            rows = [row for row in csv.reader(f) if row]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{key}: cannot read '{file}' as CSV: {exc}") from exc
+    if not rows:
+        raise DataError(f"{key}: '{file}' is empty")
+    header = None
+    if not all(is_number(cell) for cell in rows[0]):
+        header, rows = [cell.strip() for cell in rows[0]], rows[1:]
+    width = len(header) if header is not None else len(rows[0]) if rows else 0
+    for line, row in enumerate(rows, start=2 if header is not None else 1):
+        if len(row) != width:
+            raise DataError(f"{key}: '{file}' line {line} has {len(row)} columns, expected {width}")
+    return header, rows
+
+
+def parse_numeric_rows(rows: Sequence[Sequence[str]], file: Path, key: str) -> np.ndarray:
+    try:
+        return np.array([[float(cell) for cell in row] for row in rows], dtype=np.float64)
+    except ValueError as exc:
+        raise DataError(f"{key}: '{file}' has a non-numeric feature value ({exc})") from exc
+
+
+def is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- prediction
+def load_feature_rows(path: str, input_shape: Sequence[int]) -> np.ndarray:
+    """Raw feature rows from .csv/.npy/.npz as float32 [N, *input_shape], for `hpcdl predict`."""
+    file = Path(path).expanduser()
+    suffix = file.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise DataError(f"--input {path!r}: unknown file type {suffix!r}; use .csv, .npy or .npz")
+    if not file.is_file():
+        raise DataError(f"--input {path!r}: no such file")
+    if suffix == ".npz":
+        arrays = load_npz(file, "--input")
+        if "x" not in arrays and len(arrays) != 1:
+            raise DataError(f"--input '{file}': no array 'x' (has {sorted(arrays)})")
+        x = arrays["x"] if "x" in arrays else next(iter(arrays.values()))
+    elif suffix == ".npy":
+        x = load_npy(file, "--input")
+    else:
+        header, rows = read_csv(file, "--input")
+        if header is not None and LABEL_COLUMN in header:
+            col = header.index(LABEL_COLUMN)
+            rows = [row[:col] + row[col + 1 :] for row in rows]
+        x = parse_numeric_rows(rows, file, "--input")
+    x = check_numeric(np.asarray(x), f"--input '{file}'")
+    num_features = int(np.prod(input_shape))
+    if x.ndim == 1 and x.size == num_features:
+        x = x[None]  # a single row
+    per_row = int(np.prod(x.shape[1:])) if x.ndim >= 2 else 1
+    if x.ndim < 2 or per_row != num_features:
+        raise DataError(
+            f"--input '{file}': rows have {per_row} values, the model expects {num_features} "
+            f"features (input_shape {tuple(input_shape)})"
+        )
+    return x.reshape(-1, *input_shape).astype(np.float32)

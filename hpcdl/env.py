@@ -1,0 +1,111 @@
+"""Who am I: rank, world size and rendezvous address from the launcher's environment.
+
+All knowledge of SLURM_* and SUBMITIT_LOCAL_* variables lives here. Plain stdlib, and a
+pure function of an environment mapping, so rank logic is tested with dicts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional
+
+# Master ports are derived from the job id inside this range: above the well-known and
+# registered ports that clusters commonly use, below Linux's ephemeral range (32768+).
+PORT_BASE = 15000
+PORT_SPAN = 15000
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    launcher: str = "debug"  # debug | local | slurm | torchrun
+    job_id: Optional[str] = None
+    restart_count: int = 0
+    hostname: Optional[str] = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def port_for_job(job_id: str) -> int:
+    digits = re.sub(r"\D", "", job_id) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand Slurm's compressed host list: 'gpu[01-03,07],login1' -> gpu01 gpu02 gpu03 gpu07 login1."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not match:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            lo, _, hi = item.partition("-")
+            if not hi:
+                hosts.append(f"{prefix}{lo}{suffix}")
+                continue
+            width = len(lo)
+            hosts.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1))
+    return hosts
+
+
+def rank_env_from(environ: Mapping[str, str]) -> RankEnv:
+    """The rank's identity, from (in order) a Slurm step, submitit's local launcher, torchrun."""
+    if "SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ:
+        return _from_slurm(environ)
+    if "SUBMITIT_LOCAL_JOB_ID" in environ:
+        return _from_submitit_local(environ)
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return RankEnv(
+            rank=int(environ["RANK"]),
+            local_rank=int(environ.get("LOCAL_RANK", "0")),
+            world_size=int(environ["WORLD_SIZE"]),
+            master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(environ.get("MASTER_PORT", "29500")),
+            launcher="torchrun",
+        )
+    return RankEnv()
+
+
+def _from_slurm(environ: Mapping[str, str]) -> RankEnv:
+    job_id = environ["SLURM_JOB_ID"]
+    nodes = expand_nodelist(environ.get("SLURM_JOB_NODELIST", environ.get("SLURM_NODELIST", "")))
+    return RankEnv(
+        rank=int(environ["SLURM_PROCID"]),
+        local_rank=int(environ.get("SLURM_LOCALID", "0")),
+        world_size=int(environ.get("SLURM_NTASKS", "1")),
+        node_rank=int(environ.get("SLURM_NODEID", "0")),
+        num_nodes=int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1"))),
+        master_addr=environ.get("MASTER_ADDR") or (nodes[0] if nodes else "127.0.0.1"),
+        master_port=int(environ.get("MASTER_PORT") or port_for_job(job_id)),
+        launcher="slurm",
+        job_id=job_id,
+        restart_count=int(environ.get("SLURM_RESTART_COUNT", "0")),
+        hostname=environ.get("SLURMD_NODENAME"),
+    )
+
+
+def _from_submitit_local(environ: Mapping[str, str]) -> RankEnv:
+    job_id = environ["SUBMITIT_LOCAL_JOB_ID"]
+    return RankEnv(
+        rank=int(environ.get("SUBMITIT_LOCAL_GLOBALID", "0")),
+        local_rank=int(environ.get("SUBMITIT_LOCAL_LOCALID", "0")),
+        world_size=int(environ.get("SUBMITIT_LOCAL_NTASKS", "1")),
+        master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
+        # The local launcher picks a free port and exports MASTER_PORT; the pid-derived port
+        # is only a fallback.
+        master_port=int(environ.get("MASTER_PORT") or port_for_job(job_id)),
+        launcher="local",
+        job_id=job_id,
+    )

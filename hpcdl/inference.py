@@ -1,0 +1,78 @@
+"""`hpcdl evaluate` and `hpcdl predict`: a model rebuilt from a checkpoint, no code by hand."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from hpcdl.checkpoint import read_checkpoint, resolve_checkpoint
+from hpcdl.config.convert import model_from_dict
+from hpcdl.config.schema import Config
+from hpcdl.data import Preprocessing, build_data, load_feature_rows
+from hpcdl.evaluation import evaluate, load_matching_weights
+from hpcdl.models import build_model
+from hpcdl.report import plot_confusion_matrix, write_json_atomic
+
+
+def _model_from_checkpoint(state: dict[str, Any], source: str) -> nn.Module:
+    info = state["data_info"]
+    model = build_model(
+        model_from_dict(state["model_config"]), tuple(info["input_shape"]), int(info["num_classes"])
+    )
+    load_matching_weights(model, state["model"], source)
+    model.eval()
+    return model
+
+
+def evaluate_checkpoint(cfg: Config, run_dir: Path, which: str) -> dict[str, Any]:
+    """Test metrics and a confusion matrix for one checkpoint of a run."""
+    path = resolve_checkpoint(run_dir if which in ("best", "last") else which, which)
+    state = read_checkpoint(path)
+    data = build_data(cfg.data)
+    # Build the model the run's config describes and refuse a checkpoint that does not fit.
+    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    load_matching_weights(model, state["model"], str(path))
+    result = evaluate(model, data.x_test, data.y_test, data.num_classes)
+    out_dir = run_dir / "eval" / path.stem
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {
+        "checkpoint": str(path),
+        "test_loss": result.loss,
+        "test_accuracy": result.accuracy,
+        "num_test_samples": result.num_samples,
+        "confusion_matrix": result.confusion.tolist(),
+        "class_names": list(data.class_names),
+    }
+    write_json_atomic(out_dir / "metrics.json", report)
+    plot_confusion_matrix(result.confusion, list(data.class_names), out_dir / "confusion_matrix.png")
+    report["output_dir"] = str(out_dir)
+    return report
+
+
+def predict_rows(run_dir: Path, input_path: str, which: str, output: Optional[str]) -> int:
+    """Class predictions for raw rows, with the run's training preprocessing applied."""
+    path = resolve_checkpoint(run_dir if which in ("best", "last") else which, which)
+    state = read_checkpoint(path)
+    model = _model_from_checkpoint(state, str(path))
+    info = state["data_info"]
+    rows = load_feature_rows(input_path, tuple(info["input_shape"]))
+    x = Preprocessing.from_state_dict(state["preprocessing"]).apply(rows)
+    with torch.no_grad():
+        probs = torch.softmax(model(x).float(), dim=1)
+    names = list(info["class_names"])
+    out = open(output, "w", newline="") if output else sys.stdout  # noqa: SIM115
+    try:
+        writer = csv.writer(out)
+        writer.writerow(["row", "predicted", "class_name", "probability"])
+        for i, p in enumerate(probs):
+            k = int(p.argmax())
+            writer.writerow([i, k, names[k] if k < len(names) else str(k), f"{float(p[k]):.6f}"])
+    finally:
+        if output:
+            out.close()
+    return len(probs)

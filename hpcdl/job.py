@@ -1,0 +1,68 @@
+"""The job payload: one call per rank, the same for every launcher.
+
+    env (who am I) -> dist (process group) -> trainer (the loop) <-> checkpoint store
+
+Everything the job needs is in the run dir's config.yaml, decided at submit time, so a
+requeued or rerun job resumes from what is on disk, never from a pickled object.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+# Exit status of a run that stopped on a signal after saving a checkpoint.
+EXIT_INTERRUPTED = 3
+
+
+@dataclass
+class JobOutcome:
+    rank: int
+    completed: bool
+    signal_name: Optional[str]
+    summary: dict[str, Any]
+    global_step: int
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.completed else EXIT_INTERRUPTED
+
+
+def run_job(run_dir: str) -> JobOutcome:
+    import torch  # noqa: F401  (imported here: the login-node path must not import torch)
+
+    from hpcdl.build import build_trainer
+    from hpcdl.config.convert import load_config
+    from hpcdl.dist import pick_device, process_group
+    from hpcdl.env import rank_env_from
+    from hpcdl.finalize import finalize_run, write_curves
+    from hpcdl.signals import stop_on_signals
+    from hpcdl.trainer import Outcome
+
+    started = time.monotonic()
+    path = Path(run_dir)
+    cfg = load_config(path / "config.yaml")
+    env = rank_env_from(os.environ)
+    warning_signal = "SIG" + cfg.cluster.signal.upper().removeprefix("SIG")
+    with stop_on_signals(("SIGTERM", "SIGINT", warning_signal)) as stop:
+        device = pick_device(cfg.trainer.device.value, env.local_rank)
+        with process_group(env, device, cfg.cluster.rendezvous_timeout_s):
+            trainer = build_trainer(cfg, env, path, device, stop)
+            result = trainer.fit()
+            summary: dict[str, Any] = {}
+            if result.outcome == Outcome.completed:
+                summary = finalize_run(trainer, result, path, time.monotonic() - started)
+            elif env.is_main:
+                write_curves(trainer, path)
+    sys.stdout.flush()
+    return JobOutcome(
+        rank=env.rank,
+        completed=result.outcome == Outcome.completed,
+        signal_name=result.signal_name,
+        summary=summary,
+        global_step=result.progress.global_step,
+    )

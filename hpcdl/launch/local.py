@@ -1,0 +1,108 @@
+"""cluster=local: N ranks on this machine through submitit's local executor, in the foreground.
+
+The ranks see the same kind of environment a Slurm job gets (rank, world, local rank from
+submitit), so this is the Slurm code path without a cluster. Ctrl-C or SIGTERM to this
+process becomes SIGTERM to every rank: each stops at the next step boundary and saves.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcdl.config.schema import Config, tasks_per_node
+from hpcdl.job import EXIT_INTERRUPTED
+
+# How often the foreground process polls the job and copies rank 0's log to the terminal.
+POLL_S = 0.2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_local(cfg: Config, run_dir: Path) -> int:
+    import submitit
+
+    from hpcdl.job import run_job
+
+    num_tasks = tasks_per_node(cfg.cluster)
+    executor = submitit.LocalExecutor(folder=str(run_dir / "logs"))
+    executor.update_parameters(
+        tasks_per_node=num_tasks,
+        nodes=1,
+        timeout_min=cfg.cluster.timeout_min,
+        gpus_per_node=cfg.cluster.gpus_per_node,
+        signal_delay_s=cfg.cluster.signal_delay_s,
+        stderr_to_stdout=True,
+    )
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(free_port())
+    os.environ.update(cfg.cluster.env)
+    # The controller must not see the terminal's Ctrl-C: on SIGINT it kills ranks after 1 s,
+    # which could cut a checkpoint save short. It inherits SIG_IGN; the ranks install their
+    # own handlers, and we forward a SIGTERM to it ourselves.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        job = executor.submit(run_job, str(run_dir))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    print(f"local job {job.job_id}: {num_tasks} ranks, logs in {run_dir / 'logs'}", flush=True)
+    return _wait(job, run_dir)
+
+
+def _wait(job: Any, run_dir: Path) -> int:
+    stopping: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        if not stopping:
+            print(f"\n{signal.Signals(signum).name}: stopping all ranks at the next step", flush=True)
+        stopping.append(signum)
+        if job._process is not None:  # submitit's controller forwards SIGTERM to every task
+            job._process.send_signal(signal.SIGTERM)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    log = Path(job.paths.stdout)  # rank 0's log
+    offset = 0
+    try:
+        while True:
+            offset = _copy_new(log, offset)
+            if job.done():
+                break
+            time.sleep(POLL_S)
+        offset = _copy_new(log, offset)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return _exit_code(job, stopping)
+
+
+def _copy_new(log: Path, offset: int) -> int:
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return offset
+    if chunk:
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
+    return offset + len(chunk)
+
+
+def _exit_code(job: Any, stopping: list[int]) -> int:
+    try:
+        outcomes = job.results()
+    except Exception as err:  # submitit wraps the rank's exception in its own types
+        message = str(err).strip().splitlines()
+        tail = next((ln for ln in reversed(message) if ln.strip()), "unknown error")
+        print(f"error: a rank failed: {tail.strip()}", file=sys.stderr)
+        return EXIT_INTERRUPTED if stopping else 1
+    return max(o.exit_code for o in outcomes)

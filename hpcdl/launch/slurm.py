@@ -1,0 +1,175 @@
+"""Slurm submission from the login node, through submitit. Never imports torch.
+
+compose -> validate -> run dir -> code snapshot -> (preflight) -> sbatch via submitit ->
+slurm.json in the run dir, and return at once.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcdl.config.schema import ClusterConfig, Config, tasks_per_node
+
+SUBMISSION_FILE = "slurm.json"
+LOG_DIR = "logs"
+CODE_DIR = "code"
+
+
+def sbatch_parameters(cluster: ClusterConfig, job_name: str) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for a cluster profile (one task per GPU)."""
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "nodes": cluster.nodes,
+        "ntasks_per_node": tasks_per_node(cluster),
+        "cpus_per_task": cluster.cpus_per_task,
+        "time": cluster.timeout_min,
+        "signal_delay_s": cluster.signal_delay_s,
+        "stderr_to_stdout": True,
+    }
+    optional = {
+        "partition": cluster.partition,
+        "account": cluster.account,
+        "qos": cluster.qos,
+        "constraint": cluster.constraint,
+        "mem": f"{cluster.mem_gb}GB" if cluster.mem_gb else None,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    if cluster.gpus_per_node:
+        kind = f"{cluster.gpu_type}:" if cluster.gpu_type else ""
+        params["gres"] = f"gpu:{kind}{cluster.gpus_per_node}"
+    # Our own warning signal instead of submitit's fixed USR2; and requeue allowed, since
+    # the job requeues itself on a time-limit warning (Slurm never requeues a TIMEOUT).
+    extra = {"signal": f"{signal_name(cluster)}@{cluster.signal_delay_s}", "requeue": True}
+    extra.update(cluster.sbatch_extra)
+    params["additional_parameters"] = extra
+    return params
+
+
+def signal_name(cluster: ClusterConfig) -> str:
+    return cluster.signal.upper().removeprefix("SIG")
+
+
+def setup_lines(cluster: ClusterConfig, run_dir: Path) -> list[str]:
+    """Shell lines before srun: the profile's setup, its env, and the frozen code first on
+    PYTHONPATH so later edits to the checkout never reach a queued or requeued job."""
+    lines = list(cluster.setup)
+    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
+    code = shlex.quote(str(run_dir / CODE_DIR))
+    lines.append(f"export PYTHONPATH={code}${{PYTHONPATH:+:$PYTHONPATH}}")
+    return lines
+
+
+def make_executor(cfg: Config, run_dir: Path) -> Any:
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=str(run_dir / LOG_DIR), max_num_timeout=cfg.cluster.max_requeues)
+    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{run_dir.name}")
+    params["setup"] = setup_lines(cfg.cluster, run_dir)
+    executor.update_parameters(**params)
+    return executor
+
+
+def sbatch_text(cfg: Config, run_dir: Path) -> str:
+    """The exact sbatch script submitit writes for this run."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{run_dir.name}")
+    params["setup"] = setup_lines(cfg.cluster, run_dir)
+    command = f"{shlex.quote(shutil.which('python3') or 'python3')} -u -m submitit.core._submit {shlex.quote(str(run_dir / LOG_DIR))}"
+    return _make_sbatch_string(command=command, folder=str(run_dir / LOG_DIR), **params)
+
+
+def rank_environment(cfg: Config) -> list[dict[str, str]]:
+    """What each rank will see, as far as it is known before the job starts."""
+    c = cfg.cluster
+    per_node = tasks_per_node(c)
+    rows = []
+    for rank in range(c.nodes * per_node):
+        node, local = divmod(rank, per_node)
+        rows.append(
+            {
+                "RANK(SLURM_PROCID)": str(rank),
+                "LOCAL_RANK(SLURM_LOCALID)": str(local),
+                "WORLD_SIZE(SLURM_NTASKS)": str(c.nodes * per_node),
+                "NODE(SLURM_NODEID)": str(node),
+                "MASTER_ADDR": "<first host of SLURM_JOB_NODELIST>",
+                "MASTER_PORT": "15000 + SLURM_JOB_ID % 15000",
+                "BACKEND": "nccl" if c.gpus_per_node else "gloo",
+                "DEVICE": f"cuda:{local} of CUDA_VISIBLE_DEVICES" if c.gpus_per_node else "cpu",
+                **{k: str(v) for k, v in c.env.items()},
+            }
+        )
+    return rows
+
+
+def snapshot_code(run_dir: Path) -> str:
+    """Freeze the hpcdl package into the run dir; returns the git revision (or 'unknown')."""
+    import hpcdl
+
+    package = Path(hpcdl.__file__).resolve().parent
+    target = run_dir / CODE_DIR / "hpcdl"
+    shutil.copytree(package, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    revision = git_revision(package.parent)
+    (run_dir / CODE_DIR / "REVISION").write_text(revision + "\n")
+    return revision
+
+
+def git_revision(path: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if out.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=10).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+@dataclass
+class Submission:
+    job_id: str
+    run_dir: Path
+    log_pattern: str
+
+    def describe(self) -> str:
+        return (
+            f"submitted job {self.job_id}\n"
+            f"  run dir: {self.run_dir}\n"
+            f"  logs:    {self.log_pattern}  (one per rank; hpcdl logs {self.run_dir} [--rank N] [-f])\n"
+            f"  status:  hpcdl status {self.run_dir}"
+        )
+
+
+def submit(cfg: Config, run_dir: Path) -> Submission:
+    import submitit
+
+    from hpcdl.launch.slurm_job import main as job_main
+
+    executor = make_executor(cfg, run_dir)
+    # A job submitted from inside another job must not inherit its SLURM_* settings.
+    with submitit.helpers.clean_env():
+        job = executor.submit(job_main, str(run_dir))
+    pattern = str(run_dir / LOG_DIR / f"{job.job_id}_<rank>_log.out")
+    record_submission(run_dir, job.job_id, cfg)
+    return Submission(job_id=job.job_id, run_dir=run_dir, log_pattern=pattern)
+
+
+def record_submission(run_dir: Path, job_id: str, cfg: Config) -> None:
+    path = run_dir / SUBMISSION_FILE
+    history: list[dict[str, Any]] = []
+    if path.exists():
+        history = json.loads(path.read_text()).get("history", [])
+    history.append({"job_id": job_id, "cluster": cfg.cluster.name})
+    record = {"job_id": job_id, "log_dir": str(run_dir / LOG_DIR), "history": history}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(path)

@@ -1,0 +1,142 @@
+"""Inside a Slurm job: record the attempt, run the payload, requeue after a warning signal.
+
+Used by submitit (the pickled callable is `main`) and by slurm/train.sbatch
+(`srun python -m hpcdl.launch.slurm_job RUN_DIR`). Resume always comes from the run dir on
+disk: an outside `scontrol requeue` kills the job without any handler running, and the
+requeued job restarts this same callable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpcdl.env import RankEnv, rank_env_from
+
+ATTEMPTS_FILE = "attempts.jsonl"
+# A warning signal that arrives within this many seconds of (end time - signal_delay_s) is
+# the time-limit warning; earlier ones are preemptions. Slurm delivers --signal up to ~30 s
+# late (it checks periodically), hence the slack.
+TIMEOUT_SLACK_S = 90
+
+
+def _now() -> str:
+    return dt.datetime.now().isoformat(timespec="seconds")
+
+
+def append_attempt(run_dir: Path, record: dict[str, Any]) -> None:
+    with open(run_dir / ATTEMPTS_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / ATTEMPTS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def start_record(env: RankEnv, run_dir: Path) -> dict[str, Any]:
+    from hpcdl.report import collect_versions
+
+    revision_file = run_dir / "code" / "REVISION"
+    return {
+        "event": "start",
+        "job_id": env.job_id,
+        "array_job": os.environ.get("SLURM_ARRAY_JOB_ID"),
+        "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "restart_count": env.restart_count,
+        "nodes": os.environ.get("SLURM_JOB_NODELIST", socket.gethostname()),
+        "world_size": env.world_size,
+        "start": _now(),
+        "git_revision": revision_file.read_text().strip() if revision_file.exists() else "unknown",
+        "versions": collect_versions(),
+        "gpu": _gpu_name(),
+    }
+
+
+def seconds_left(job_id: str) -> float | None:
+    """Seconds until the job's time limit, from squeue (None when unknown)."""
+    end = os.environ.get("SLURM_JOB_END_TIME")
+    if end and end.isdigit():
+        return int(end) - dt.datetime.now().timestamp()
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        return (dt.datetime.fromisoformat(out) - dt.datetime.now()).total_seconds()
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def classify(signal_name: str | None, warning: str, job_id: str, signal_delay_s: int) -> str:
+    if signal_name != warning:
+        return "cancelled"  # SIGTERM/SIGINT: scancel, an outside requeue, or a kill
+    left = seconds_left(job_id)
+    if left is not None and left <= signal_delay_s + TIMEOUT_SLACK_S:
+        return "timeout"
+    return "preempted"
+
+
+def requeue(job_id: str) -> str:
+    out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    return "requeued" if out.returncode == 0 else f"requeue failed: {out.stderr.strip()}"
+
+
+def main(run_dir: str) -> dict[str, Any]:
+    from hpcdl.config.convert import load_config
+    from hpcdl.job import EXIT_INTERRUPTED, run_job
+
+    path = Path(run_dir)
+    env = rank_env_from(os.environ)
+    cfg = load_config(path / "config.yaml")
+    if env.is_main:
+        append_attempt(path, start_record(env, path))
+    outcome = run_job(run_dir)
+    if outcome.completed:
+        if env.is_main:
+            append_attempt(path, {"event": "end", "job_id": env.job_id, "end": _now(), "reason": "completed"})
+        return outcome.summary
+    warning = "SIG" + cfg.cluster.signal.upper().removeprefix("SIG")
+    reason = classify(outcome.signal_name, warning, env.job_id or "", cfg.cluster.signal_delay_s)
+    if env.is_main:
+        action = "exit"
+        num_timeouts = sum(1 for a in read_attempts(path) if a.get("reason") == "timeout")
+        if reason == "timeout" and num_timeouts >= cfg.cluster.max_requeues:
+            action = f"not requeued: cluster.max_requeues={cfg.cluster.max_requeues} timeouts reached"
+        elif reason in ("timeout", "preempted") and env.job_id:
+            action = requeue(env.job_id)
+        append_attempt(
+            path,
+            {
+                "event": "end",
+                "job_id": env.job_id,
+                "end": _now(),
+                "reason": reason,
+                "signal": outcome.signal_name,
+                "global_step": outcome.global_step,
+                "action": action,
+            },
+        )
+        print(f"hpcdl: stopped ({reason}, {outcome.signal_name}); {action}", flush=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m hpcdl.launch.slurm_job RUN_DIR")
+    main(sys.argv[1])

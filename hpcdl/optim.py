@@ -1,0 +1,177 @@
+"""Optimizers and learning-rate schedules from typed config.
+
+Every schedule is a LambdaLR whose multiplier is a plain function of the optimizer step,
+so ``scheduler.state_dict()`` holds plain values only (weights_only-safe) and the shape of
+the schedule always comes from the config, not from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from hpcdl.config.schema import (
+    SCHEDULE_NAMES,
+    AdamConfig,
+    AdamWConfig,
+    RmspropConfig,
+    ScheduleConfig,
+    SgdConfig,
+)
+from hpcdl.errors import ConfigError
+
+ParamsT = Iterable[Any]  # tensors or param-group dicts, as torch.optim accepts
+
+
+# ----------------------------------------------------------------------------- optimizers
+def build_optimizer(cfg: Any, params: ParamsT) -> torch.optim.Optimizer:
+    """The optimizer named by ``cfg`` (a dataclass from schema.OPTIM_SCHEMAS)."""
+    _check_optim(cfg)
+    # AdamWConfig subclasses AdamConfig: test it first.
+    if isinstance(cfg, AdamWConfig):
+        return torch.optim.AdamW(
+            params, lr=cfg.lr, betas=_betas(cfg), eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
+    if isinstance(cfg, AdamConfig):
+        return torch.optim.Adam(
+            params, lr=cfg.lr, betas=_betas(cfg), eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
+    if isinstance(cfg, SgdConfig):
+        return torch.optim.SGD(
+            params,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+            weight_decay=cfg.weight_decay,
+        )
+    if isinstance(cfg, RmspropConfig):
+        return torch.optim.RMSprop(
+            params,
+            lr=cfg.lr,
+            alpha=cfg.alpha,
+            eps=cfg.eps,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+        )
+    raise ConfigError(
+        f"optim.name={getattr(cfg, 'name', None)!r}: unknown optimizer; "
+        "choose one of sgd, adam, adamw, rmsprop"
+    )
+
+
+def _betas(cfg: AdamConfig) -> tuple[float, float]:
+    return float(cfg.betas[0]), float(cfg.betas[1])
+
+
+def _check_optim(cfg: Any) -> None:
+    _require(cfg.lr > 0, f"optim.lr={cfg.lr}: must be > 0")
+    _require(cfg.weight_decay >= 0, f"optim.weight_decay={cfg.weight_decay}: must be >= 0")
+    if isinstance(cfg, SgdConfig):
+        _require(cfg.momentum >= 0, f"optim.momentum={cfg.momentum}: must be >= 0")
+        _require(
+            not cfg.nesterov or cfg.momentum > 0, "optim.nesterov=true needs optim.momentum > 0"
+        )
+    if isinstance(cfg, AdamConfig):
+        _require(
+            len(cfg.betas) == 2 and all(0 <= b < 1 for b in cfg.betas),
+            f"optim.betas={list(cfg.betas)}: need two values in [0, 1)",
+        )
+        _require(cfg.eps > 0, f"optim.eps={cfg.eps}: must be > 0")
+    if isinstance(cfg, RmspropConfig):
+        _require(0 <= cfg.alpha < 1, f"optim.alpha={cfg.alpha}: must be in [0, 1)")
+        _require(cfg.momentum >= 0, f"optim.momentum={cfg.momentum}: must be >= 0")
+        _require(cfg.eps > 0, f"optim.eps={cfg.eps}: must be > 0")
+
+
+# ----------------------------------------------------------------------------- schedules
+def build_scheduler(
+    cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, total_steps: int, steps_per_epoch: int
+) -> LambdaLR:
+    """A LambdaLR stepped once per optimizer step; see ``lr_multiplier`` for the shapes."""
+    # lr_multiplier returns a plain function (not a callable object), so LambdaLR's
+    # state_dict() stores no schedule parameters: a resumed run follows its current config.
+    return LambdaLR(optimizer, lr_multiplier(cfg, total_steps, steps_per_epoch))
+
+
+def lr_multiplier(
+    cfg: ScheduleConfig, total_steps: int, steps_per_epoch: int
+) -> Callable[[int], float]:
+    """The factor on the configured lr used by optimizer step ``step`` (0-based).
+
+    Warmup: step s < warmup_steps uses (s + 1) / warmup_steps, so the ramp rises linearly
+    from 0 and no step runs with lr 0. ``step`` counts epochs from the start of the run;
+    ``cosine`` and ``onecycle`` run over the steps after the warmup, from 1 to
+    min_lr_ratio at the last step (onecycle first rises linearly to max_lr_ratio at
+    pct_start of them, then follows a half cosine down).
+    """
+    _check_schedule(cfg, total_steps, steps_per_epoch)
+    warmup = cfg.warmup_steps
+    # Steps from the end of the warmup to the last step (total_steps - 1).
+    decay_steps = max(1, total_steps - 1 - warmup)
+
+    def after_warmup(step: int) -> float:
+        return min(1.0, max(0.0, (step - warmup) / decay_steps))
+
+    def main(step: int) -> float:
+        if cfg.name in ("none", "warmup"):
+            return 1.0
+        if cfg.name == "step":
+            epoch = step // steps_per_epoch
+            return float(cfg.gamma ** (epoch // cfg.step_size_epochs))
+        if cfg.name == "cosine":
+            return _cosine(after_warmup(step), 1.0, cfg.min_lr_ratio)
+        # onecycle
+        progress = after_warmup(step)
+        if progress <= cfg.pct_start:
+            return 1.0 + (cfg.max_lr_ratio - 1.0) * progress / cfg.pct_start
+        down = (progress - cfg.pct_start) / (1.0 - cfg.pct_start)
+        return _cosine(down, cfg.max_lr_ratio, cfg.min_lr_ratio)
+
+    def multiplier(step: int) -> float:
+        ramp = min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        return ramp * main(step)
+
+    return multiplier
+
+
+def _cosine(progress: float, start: float, end: float) -> float:
+    return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _check_schedule(cfg: ScheduleConfig, total_steps: int, steps_per_epoch: int) -> None:
+    _require(
+        cfg.name in SCHEDULE_NAMES,
+        f"schedule.name={cfg.name!r}: unknown schedule; choose one of {', '.join(SCHEDULE_NAMES)}",
+    )
+    _require(cfg.warmup_steps >= 0, f"schedule.warmup_steps={cfg.warmup_steps}: must be >= 0")
+    _require(
+        total_steps > 0,
+        f"total_steps={total_steps}: must be > 0 (set trainer.max_epochs / trainer.max_steps)",
+    )
+    _require(
+        steps_per_epoch > 0,
+        f"steps_per_epoch={steps_per_epoch}: must be > 0 (trainer.batch_size vs the data size)",
+    )
+    if cfg.name == "step":
+        _require(
+            cfg.step_size_epochs > 0,
+            f"schedule.step_size_epochs={cfg.step_size_epochs}: must be > 0",
+        )
+        _require(cfg.gamma > 0, f"schedule.gamma={cfg.gamma}: must be > 0")
+    if cfg.name in ("cosine", "onecycle"):
+        _require(
+            0 <= cfg.min_lr_ratio <= 1,
+            f"schedule.min_lr_ratio={cfg.min_lr_ratio}: must be in [0, 1]",
+        )
+    if cfg.name == "onecycle":
+        _require(cfg.max_lr_ratio >= 1, f"schedule.max_lr_ratio={cfg.max_lr_ratio}: must be >= 1")
+        _require(0 < cfg.pct_start < 1, f"schedule.pct_start={cfg.pct_start}: must be in (0, 1)")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)

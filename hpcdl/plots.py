@@ -1,0 +1,97 @@
+"""PNG plots of a finished run: learning curves and the confusion matrix.
+
+matplotlib is imported inside the functions and drawn with Figure + FigureCanvasAgg: no
+pyplot global state, no display needed, nothing at import time.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from hpcdl.checkpoint import write_file_atomic
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+PathLike = Union[str, Path]
+
+# Above this many classes the per-cell counts are unreadable, so they are left out.
+MAX_ANNOTATED_CLASSES = 30
+
+
+def plot_learning_curves(rows: Sequence[Mapping[str, Any]], out_png: PathLike) -> None:
+    """Two panels against epoch: train/val loss and train/val accuracy (rows of metrics.csv)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    for ax, metric, label in ((loss_ax, "loss", "loss"), (acc_ax, "accuracy", "accuracy")):
+        for split in ("train", "val"):
+            _plot_series(ax, rows, f"{split}_{metric}", split)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend()
+    loss_ax.set_title("loss")
+    acc_ax.set_title("accuracy")
+    _save_png(fig, out_png)
+
+
+def _plot_series(ax: Axes, rows: Sequence[Mapping[str, Any]], key: str, label: str) -> None:
+    points = [
+        (float(row["epoch"]), float(row[key]))
+        for row in rows
+        if row.get("epoch") is not None and row.get(key) is not None
+    ]
+    if points:
+        epochs, values = zip(*points, strict=True)
+        ax.plot(epochs, values, marker="o", markersize=3, label=label)
+
+
+def plot_confusion_matrix(cm: Any, class_names: Sequence[str], out_png: PathLike) -> None:
+    """Counts [true, predicted] as a heat map, each cell annotated, axes labeled by class."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    counts = np.asarray(cm.cpu() if hasattr(cm, "cpu") else cm, dtype=np.int64)
+    num_classes = counts.shape[0]
+    if counts.shape != (num_classes, num_classes) or len(class_names) != num_classes:
+        raise ValueError(
+            f"confusion matrix of shape {counts.shape} does not match "
+            f"{len(class_names)} class names"
+        )
+    side_in = min(4 + 0.5 * num_classes, 30)
+    fig = Figure(figsize=(side_in + 1.5, side_in), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(counts, cmap="Blues", vmin=0)
+    fig.colorbar(image, ax=ax, label="samples")
+    ticks = list(range(num_classes))
+    ax.set_xticks(ticks, [str(name) for name in class_names], rotation=45, ha="right")
+    ax.set_yticks(ticks, [str(name) for name in class_names])
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(f"confusion matrix ({int(counts.sum())} samples)")
+    if num_classes <= MAX_ANNOTATED_CLASSES:
+        threshold = counts.max() / 2 if counts.size else 0
+        for true in range(num_classes):
+            for pred in range(num_classes):
+                value = int(counts[true, pred])
+                color = "white" if value > threshold else "black"
+                ax.text(pred, true, str(value), ha="center", va="center", color=color)
+    _save_png(fig, out_png)
+
+
+def _save_png(fig: Figure, out_png: PathLike) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_file_atomic(out, [buffer.getvalue()])

@@ -1,0 +1,80 @@
+"""What rank 0 shows while training: a progress bar on a terminal, plain lines otherwise.
+
+Slurm log files are not terminals, so there a line every `log_every_steps` steps keeps the
+log readable and greppable.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Optional
+
+
+class ProgressReporter:
+    def __init__(self, *, enabled: bool, log_every_steps: int, max_epochs: int) -> None:
+        self.enabled = enabled
+        self.log_every_steps = log_every_steps
+        self.max_epochs = max_epochs
+        self.interactive = enabled and sys.stdout.isatty()
+        self._bar: Any = None
+        self._task: Any = None
+        self._last_line = time.monotonic()
+
+    def start_epoch(self, epoch: int, start_step: int, num_steps: int) -> None:
+        if not self.interactive:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        if self._bar is None:
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                transient=True,
+            )
+            self._bar.start()
+        if self._task is not None:
+            self._bar.remove_task(self._task)
+        self._task = self._bar.add_task(
+            f"epoch {epoch + 1}/{self.max_epochs}", total=num_steps, completed=start_step, info=""
+        )
+
+    def step(self, epoch: int, step_in_epoch: int, num_steps: int, loss: float, lr: float) -> None:
+        if not self.enabled:
+            return
+        if self.interactive:
+            self._bar.update(self._task, completed=step_in_epoch + 1, info=f"loss {loss:.4f} lr {lr:.3g}")
+        elif (step_in_epoch + 1) % self.log_every_steps == 0:
+            print(
+                f"epoch {epoch + 1}/{self.max_epochs} step {step_in_epoch + 1}/{num_steps} "
+                f"loss {loss:.4f} lr {lr:.3g}",
+                flush=True,
+            )
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, flush=True)
+
+    def epoch_row(self, row: dict[str, Any]) -> None:
+        val = ""
+        if row.get("val_loss") is not None:
+            val = f" val_loss {row['val_loss']:.4f} val_acc {row['val_accuracy']:.4f}"
+        self.message(
+            f"epoch {row['epoch']}/{self.max_epochs}: train_loss {row['train_loss']:.4f} "
+            f"train_acc {row['train_accuracy']:.4f}{val} lr {row['lr']:.3g} "
+            f"({row['seconds']:.2f}s, {row['samples_per_s']:.0f} samples/s)"
+        )
+
+    def close(self, final: Optional[str] = None) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        if final:
+            self.message(final)

@@ -1,0 +1,37 @@
+"""Training progress counters: everything besides tensors that exact resume needs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+
+@dataclass
+class Progress:
+    epoch: int = 0  # the current epoch, 0-based (= completed epochs)
+    step_in_epoch: int = 0  # the next step to run inside the current epoch
+    global_step: int = 0  # optimizer steps taken, skipped (non-finite) steps included
+    num_bad_steps_in_row: int = 0
+    num_skipped_steps: int = 0
+    best_metric: Optional[float] = None
+    best_epoch: Optional[int] = None
+    num_evals_without_improvement: int = 0
+    early_stopped: bool = False
+    train_s: float = 0.0  # training wall time summed over attempts
+    num_samples_seen: int = 0
+    # This epoch's running sums (summed over ranks), so a mid-epoch resume logs the same row.
+    epoch_loss_sum: float = 0.0
+    epoch_correct: float = 0.0
+    epoch_count: float = 0.0
+    epoch_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Progress:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    def start_epoch_sums(self) -> None:
+        self.epoch_loss_sum = self.epoch_correct = self.epoch_count = self.epoch_s = 0.0

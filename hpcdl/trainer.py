@@ -1,0 +1,381 @@
+"""The training loop: restore -> for step -> train_step -> log -> maybe evaluate -> maybe save.
+
+Knows nothing about Slurm, submitit or Hydra: it gets typed config, its rank identity and
+built parts, and returns how it ended. Every rank runs the same steps; one small
+all-reduce per step carries the loss sums and the agreed flags (non-finite loss, stop
+requested, eval/save due), so all ranks decide the same thing at the same step boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcdl.checkpoint import CheckpointStore, capture_rng_state, restore_rng_state
+from hpcdl.config.schema import Config, Mode, Precision
+from hpcdl.data import DataSplits, EpochSharder, iterate_batches
+from hpcdl.dist import all_gather_objects, all_reduce_sum
+from hpcdl.env import RankEnv
+from hpcdl.errors import HpcdlError
+from hpcdl.evaluation import EvalResult, evaluate
+from hpcdl.progress import ProgressReporter
+from hpcdl.report import MetricsLog
+from hpcdl.signals import StopFlag
+from hpcdl.state import Progress
+
+FORMAT_VERSION = 1
+
+
+class Outcome(str, Enum):
+    completed = "completed"
+    interrupted = "interrupted"
+
+
+@dataclass
+class FitResult:
+    outcome: Outcome
+    progress: Progress
+    signal_name: Optional[str] = None
+    checkpoint: Optional[Path] = None
+
+
+@dataclass
+class Parts:
+    """Everything the loop works on, built once by hpcdl.build."""
+
+    data: DataSplits
+    raw_model: nn.Module  # plain module: state dicts, evaluation
+    model: nn.Module  # what the step calls: maybe DDP- and compile-wrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    sharder: EpochSharder
+    store: CheckpointStore
+    metrics: MetricsLog
+    reporter: ProgressReporter
+    device: torch.device
+    config_hash: str
+    model_config: dict[str, Any]
+
+
+class NonFiniteLossError(HpcdlError):
+    """Too many non-finite losses in a row."""
+
+
+class Trainer:
+    def __init__(self, cfg: Config, env: RankEnv, parts: Parts, stop: StopFlag) -> None:
+        self.cfg = cfg
+        self.t = cfg.trainer
+        self.env = env
+        self.p = parts
+        self.stop = stop
+        self.progress = Progress()
+        self.autocast_dtype = {
+            Precision.fp32: None,
+            Precision.bf16: torch.bfloat16,
+            Precision.fp16: torch.float16,
+        }[self.t.precision]
+        self._last_save = self._last_eval = time.monotonic()
+        self._last_saved_step = -1
+        self._last_saved_path: Optional[Path] = None
+        self.x_train = parts.data.x_train
+        self.y_train = parts.data.y_train
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> FitResult:
+        self.restore()
+        while not self.finished():
+            self.p.reporter.start_epoch(
+                self.progress.epoch, self.progress.step_in_epoch, self.p.sharder.num_steps_per_epoch
+            )
+            for step_in_epoch, xb, yb, global_count in self.batches():
+                flags = self.train_step(xb, yb, global_count)
+                self.log_step(step_in_epoch, flags)
+                if flags["eval_due"]:
+                    self.evaluate_and_track()
+                if flags["stop"]:
+                    return self.interrupt()
+                if flags["save_due"]:
+                    self.save()
+                if self.max_steps_reached():
+                    break
+            self.end_epoch()
+        return self.complete()
+
+    def batches(self) -> Any:
+        return iterate_batches(
+            self.x_train,
+            self.y_train,
+            self.p.sharder,
+            self.progress.epoch,
+            self.progress.step_in_epoch,
+            self.p.device,
+            in_memory=self.cfg.data.in_memory,
+            num_workers=self.cfg.data.num_workers,
+        )
+
+    def finished(self) -> bool:
+        pr = self.progress
+        return pr.early_stopped or pr.epoch >= self.t.max_epochs or self.max_steps_reached()
+
+    def max_steps_reached(self) -> bool:
+        return self.t.max_steps is not None and self.progress.global_step >= self.t.max_steps
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, xb: torch.Tensor, yb: torch.Tensor, global_count: int) -> dict[str, bool]:
+        started = time.monotonic()
+        p, pr = self.p, self.progress
+        if self.t.channels_last and xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        p.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(
+            p.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        ):
+            logits = p.model(xb)
+        loss_sum = F.cross_entropy(logits.float(), yb, reduction="sum")
+        # Sum over this rank's samples / global batch * world: DDP's gradient averaging then
+        # gives exactly the gradient of the global batch mean, even for a short last batch.
+        loss = loss_sum * (self.env.world_size / global_count)
+        p.scaler.scale(loss).backward()
+
+        detached = loss_sum.detach().double()
+        local = torch.tensor(
+            [0.0, 0.0, float(yb.numel()), 0.0, *self._local_flags()],
+            dtype=torch.float64,
+            device=p.device,
+        )
+        local[0] = detached
+        local[1] = (logits.detach().argmax(1) == yb).sum()
+        local[3] = (~torch.isfinite(detached)).double()
+        sums = local
+        loss_total, correct, count, bad, stop, eval_due, save_due = all_reduce_sum(sums).tolist()
+        if bad > 0:
+            self._skip_step()
+        else:
+            self._optimizer_step()
+            pr.num_bad_steps_in_row = 0
+            pr.epoch_loss_sum += loss_total
+            pr.epoch_correct += correct
+            pr.epoch_count += count
+        pr.global_step += 1
+        pr.step_in_epoch += 1
+        pr.num_samples_seen += int(count)
+        elapsed = time.monotonic() - started
+        pr.epoch_s += elapsed
+        pr.train_s += elapsed
+        self._last_loss = loss_total / max(count, 1)
+        every = self.t.eval_every_steps
+        return {
+            "stop": stop > 0,
+            "eval_due": eval_due > 0 or bool(every and pr.global_step % every == 0),
+            "save_due": save_due > 0 or self._save_due_by_steps(),
+        }
+
+    def _local_flags(self) -> tuple[float, float, float]:
+        """(stop requested here, eval due by time, save due by time): rank 0's clock decides."""
+        now = time.monotonic()
+        eval_s, save_s = self.t.eval_every_s, self.t.checkpoint_every_s
+        main = self.env.is_main
+        return (
+            float(self.stop.requested),
+            float(main and eval_s is not None and now - self._last_eval >= eval_s),
+            float(main and save_s is not None and now - self._last_save >= save_s),
+        )
+
+    def _save_due_by_steps(self) -> bool:
+        every = self.t.checkpoint_every_steps
+        return bool(every and self.progress.global_step % every == 0)
+
+    def _optimizer_step(self) -> None:
+        p = self.p
+        if self.t.grad_clip_norm is not None:
+            p.scaler.unscale_(p.optimizer)
+            nn.utils.clip_grad_norm_(p.raw_model.parameters(), self.t.grad_clip_norm)
+        p.scaler.step(p.optimizer)
+        p.scaler.update()
+        p.scheduler.step()
+
+    def _skip_step(self) -> None:
+        pr = self.progress
+        self.p.optimizer.zero_grad(set_to_none=True)
+        pr.num_bad_steps_in_row += 1
+        pr.num_skipped_steps += 1
+        self.p.reporter.message(
+            f"step {pr.global_step + 1}: non-finite loss, step skipped "
+            f"({pr.num_bad_steps_in_row} in a row, limit trainer.max_bad_steps={self.t.max_bad_steps})"
+        )
+        if pr.num_bad_steps_in_row >= self.t.max_bad_steps:
+            raise NonFiniteLossError(
+                f"{pr.num_bad_steps_in_row} non-finite losses in a row at step {pr.global_step + 1}: "
+                "lower optim.lr, set trainer.grad_clip_norm, or check the data for NaN/inf"
+            )
+
+    def log_step(self, step_in_epoch: int, flags: dict[str, bool]) -> None:
+        lr = self.p.optimizer.param_groups[0]["lr"]
+        self.p.reporter.step(
+            self.progress.epoch, step_in_epoch, self.p.sharder.num_steps_per_epoch, self._last_loss, lr
+        )
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate_split(self, split: str) -> EvalResult:
+        d = self.p.data
+        x, y = {"val": (d.x_val, d.y_val), "test": (d.x_test, d.y_test)}[split]
+        return evaluate(
+            self.p.raw_model,
+            x.to(self.p.device),
+            y.to(self.p.device),
+            d.num_classes,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            autocast_dtype=self.autocast_dtype,
+        )
+
+    def evaluate_and_track(self) -> tuple[Optional[EvalResult], bool]:
+        """Validate and update the best metric / early stopping; returns (result, improved)."""
+        self._last_eval = time.monotonic()
+        if self.p.data.y_val.numel() == 0:
+            return None, False
+        result = self.evaluate_split("val")
+        pr, es = self.progress, self.t.early_stopping
+        value = self._monitored(result)
+        sign = 1.0 if es.mode == Mode.min else -1.0
+        improved = pr.best_metric is None or sign * (pr.best_metric - value) > es.min_delta
+        if improved:
+            pr.best_metric, pr.best_epoch = value, pr.epoch + 1
+            pr.num_evals_without_improvement = 0
+        else:
+            pr.num_evals_without_improvement += 1
+            if es.patience and pr.num_evals_without_improvement >= es.patience:
+                pr.early_stopped = True
+        return result, improved
+
+    def _monitored(self, result: EvalResult) -> float:
+        monitor = self.t.early_stopping.monitor
+        if monitor == "val_loss":
+            return result.loss
+        if monitor == "val_accuracy":
+            return result.accuracy
+        pr = self.progress
+        if monitor == "train_loss":
+            return pr.epoch_loss_sum / max(pr.epoch_count, 1)
+        return pr.epoch_correct / max(pr.epoch_count, 1)
+
+    # ------------------------------------------------------------------ epoch end
+    def end_epoch(self) -> None:
+        pr = self.progress
+        epoch_done = pr.step_in_epoch >= self.p.sharder.num_steps_per_epoch
+        if not epoch_done and not self.max_steps_reached():
+            return
+        result, improved = self.evaluate_and_track()
+        row = {
+            "epoch": pr.epoch + 1,
+            "step": pr.global_step,
+            "train_loss": pr.epoch_loss_sum / max(pr.epoch_count, 1),
+            "train_accuracy": pr.epoch_correct / max(pr.epoch_count, 1),
+            "val_loss": result.loss if result else None,
+            "val_accuracy": result.accuracy if result else None,
+            "lr": self.p.optimizer.param_groups[0]["lr"],
+            "seconds": pr.epoch_s,
+            "samples_per_s": pr.epoch_count / pr.epoch_s if pr.epoch_s > 0 else 0.0,
+        }
+        if self.env.is_main:
+            self.p.metrics.append(row)
+        self.p.reporter.epoch_row(row)
+        if epoch_done:
+            pr.epoch += 1
+            pr.step_in_epoch = 0
+            pr.start_epoch_sums()
+        self.save(is_best=improved)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self, rng_states: list[dict[str, Any]]) -> dict[str, Any]:
+        d = self.p.data
+        return {
+            "format_version": FORMAT_VERSION,
+            "model": self.p.raw_model.state_dict(),
+            "optimizer": self.p.optimizer.state_dict(),
+            "scheduler": self.p.scheduler.state_dict(),
+            "scaler": self.p.scaler.state_dict(),
+            "progress": self.progress.to_dict(),
+            "rng": rng_states,
+            "world_size": self.env.world_size,
+            "config_hash": self.p.config_hash,
+            "model_config": self.p.model_config,
+            "data_info": {
+                "input_shape": list(d.input_shape),
+                "num_classes": d.num_classes,
+                "class_names": list(d.class_names),
+            },
+            "preprocessing": d.preprocessing.state_dict(),
+        }
+
+    def save(self, *, is_best: bool = False) -> Optional[Path]:
+        """Every rank calls this (the RNG states are gathered); rank 0 writes."""
+        rng_states = all_gather_objects(capture_rng_state())
+        self._last_save = time.monotonic()
+        step = self.progress.global_step
+        if not self.env.is_main:
+            return None
+        if step == self._last_saved_step and not is_best:
+            return self._last_saved_path
+        self._last_saved_step = step
+        self._last_saved_path = self.p.store.save(self.state_dict(rng_states), step, is_best=is_best)
+        return self._last_saved_path
+
+    def restore(self) -> None:
+        found = self.p.store.load_latest()
+        if found is None:
+            return
+        path, state = found
+        p = self.p
+        p.raw_model.load_state_dict(state["model"])
+        p.optimizer.load_state_dict(state["optimizer"])
+        p.scheduler.load_state_dict(state["scheduler"])
+        p.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress.from_dict(state["progress"])
+        rng = state["rng"]
+        if len(rng) == self.env.world_size:
+            restore_rng_state(rng[self.env.rank])
+        else:
+            p.reporter.message(
+                f"resuming {len(rng)}-rank state with {self.env.world_size} ranks: "
+                "RNG streams restart from the seed, so results will differ from an uninterrupted run"
+            )
+        if state["config_hash"] != p.config_hash:
+            p.reporter.message(f"{path}: model/data config changed since this checkpoint was saved")
+        self._last_saved_step = self.progress.global_step
+        if self.env.is_main:
+            p.metrics.truncate_after_epoch(self.progress.epoch)
+        p.reporter.message(
+            f"resumed from {path} (epoch {self.progress.epoch + 1}, "
+            f"step {self.progress.step_in_epoch} of the epoch, global step {self.progress.global_step})"
+        )
+
+    # ------------------------------------------------------------------ endings
+    def interrupt(self) -> FitResult:
+        path = self.save()
+        self.p.reporter.close(
+            f"stopped by {self.stop.signal_name} at global step {self.progress.global_step}; "
+            "checkpoint saved"
+        )
+        return FitResult(Outcome.interrupted, self.progress, self.stop.signal_name, path)
+
+    def complete(self) -> FitResult:
+        path = self.save()
+        self.p.reporter.close()
+        return FitResult(Outcome.completed, self.progress, None, path)
+
+
+def total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    by_epochs = cfg.trainer.max_epochs * steps_per_epoch
+    if cfg.trainer.max_steps is None:
+        return by_epochs
+    return min(by_epochs, cfg.trainer.max_steps)
+

@@ -1,0 +1,46 @@
+"""Shared test helpers: run the real `hpcdl` command, skip gpu tests without CUDA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (gpu tier)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+def run_hpcdl(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The installed command line, as a user runs it (a fresh interpreter each time)."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdl.cli.main", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+
+
+@pytest.fixture
+def hpcdl(tmp_path: Path):
+    def call(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+        return run_hpcdl(*args, cwd=tmp_path, timeout=timeout, env=env)
+
+    return call

@@ -1,0 +1,475 @@
+"""Data: every source on small real-format files, splits, standardization, k-fold, sharding."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hpcdl.config import schema
+from hpcdl.data import (
+    EpochSharder,
+    Preprocessing,
+    build_data,
+    iterate_batches,
+    load_feature_rows,
+)
+from hpcdl.errors import ConfigError, DataError
+
+
+# ----------------------------------------------------------------------------- file writers
+def write_idx(path: Path, array: np.ndarray, *, gz: bool = False, magic: int | None = None) -> None:
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) if magic is None else struct.pack(">I", magic)
+    content = (
+        header + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    )
+    if gz:
+        with gzip.open(f"{path}.gz", "wb") as f:
+            f.write(content)
+    else:
+        path.write_bytes(content)
+
+
+def write_mnist(folder: Path, *, gz: bool = False, num_train: int = 60, num_test: int = 20):
+    """Tiny MNIST-format set (6x5 pixels, 10 classes); returns the arrays written."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (num_train, 6, 5), dtype=np.uint8),
+        "train-labels-idx1-ubyte": (np.arange(num_train) % 10).astype(np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (num_test, 6, 5), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": (np.arange(num_test) % 10).astype(np.uint8),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, array in arrays.items():
+        write_idx(folder / name, array, gz=gz)
+    return arrays
+
+
+def write_cifar(folder: Path, *, num_per_batch: int = 10, meta: bool = True):
+    """Tiny CIFAR-10 pickle batches; returns {batch name: (data [N, 3072], labels)}."""
+    rng = np.random.default_rng(1)
+    folder.mkdir(parents=True, exist_ok=True)
+    batches = {}
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data = rng.integers(0, 256, (num_per_batch, 3072), dtype=np.uint8)
+        labels = [int(v) for v in np.arange(num_per_batch) % 10]
+        with (folder / name).open("wb") as f:
+            pickle.dump({b"data": data, b"labels": labels, b"batch_label": name.encode()}, f)
+        batches[name] = (data, labels)
+    if meta:
+        names = [f"c{i}".encode() for i in range(10)]
+        with (folder / "batches.meta").open("wb") as f:
+            pickle.dump({b"label_names": names}, f)
+    return batches
+
+
+def indexed_npz(path: Path, num_samples: int = 200, num_classes: int = 4) -> np.ndarray:
+    """Feature 0 holds each sample's index, so splits can be traced back; returns labels."""
+    rng = np.random.default_rng(2)
+    y = np.array(["cat", "dog", "emu", "yak"])[np.arange(num_samples) % num_classes]
+    x = np.column_stack([np.arange(num_samples), rng.normal(5.0, 3.0, (num_samples, 3))])
+    np.savez(path, x=x, y=y)
+    return y
+
+
+def files_cfg(path: Path, **kwargs) -> schema.FilesConfig:
+    return schema.FilesConfig(path=str(path), **kwargs)
+
+
+def split_ids(data) -> list[np.ndarray]:
+    """Original sample indices of train/val/test (feature 0, unstandardized)."""
+    return [x[:, 0].numpy().astype(np.int64) for x in (data.x_train, data.x_val, data.x_test)]
+
+
+# ----------------------------------------------------------------------------- mnist
+@pytest.mark.parametrize("gz", [False, True])
+def test_mnist_idx_raw_and_gz(tmp_path, gz):
+    arrays = write_mnist(tmp_path, gz=gz)
+    data = build_data(schema.MnistConfig(path=str(tmp_path), val_fraction=0.2, standardize=False))
+    assert data.input_shape == (1, 6, 5)
+    assert data.num_classes == 10 and data.class_names == [str(i) for i in range(10)]
+    assert (data.x_train.shape[0], data.x_val.shape[0]) == (48, 12)
+    # the official t10k set is the test split, scaled to [0, 1]
+    expected = torch.from_numpy(arrays["t10k-images-idx3-ubyte"]).float()[:, None] / 255
+    torch.testing.assert_close(data.x_test, expected)
+    assert data.y_test.tolist() == arrays["t10k-labels-idx1-ubyte"].tolist()
+    assert data.x_train.dtype == torch.float32 and data.y_train.dtype == torch.int64
+
+
+def test_mnist_flat(tmp_path):
+    write_mnist(tmp_path)
+    data = build_data(schema.MnistConfig(path=str(tmp_path), as_images=False, val_fraction=0.2))
+    assert data.input_shape == (30,) and data.x_test.shape == (20, 30)
+
+
+def test_mnist_missing_file(tmp_path):
+    write_mnist(tmp_path)
+    (tmp_path / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataError, match=r"data.path=.*missing t10k-labels-idx1-ubyte\[\.gz\]"):
+        build_data(schema.MnistConfig(path=str(tmp_path)))
+
+
+def test_mnist_bad_magic(tmp_path):
+    write_mnist(tmp_path)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(60, np.uint8), magic=0x00000803)
+    with pytest.raises(DataError, match="magic number 0x00000803, expected 0x00000801"):
+        build_data(schema.MnistConfig(path=str(tmp_path)))
+
+
+def test_mnist_truncated(tmp_path):
+    write_mnist(tmp_path)
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-7])
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        build_data(schema.MnistConfig(path=str(tmp_path)))
+
+
+def test_mnist_label_count_mismatch(tmp_path):
+    write_mnist(tmp_path)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(59, np.uint8))
+    with pytest.raises(DataError, match="60 samples but train labels hold 59"):
+        build_data(schema.MnistConfig(path=str(tmp_path)))
+
+
+def test_mnist_corrupt_gz(tmp_path):
+    write_mnist(tmp_path, gz=True)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(DataError, match="cannot read"):
+        build_data(schema.MnistConfig(path=str(tmp_path)))
+
+
+# ----------------------------------------------------------------------------- cifar10
+@pytest.mark.parametrize("point_at_parent", [False, True])
+def test_cifar10_batches(tmp_path, point_at_parent):
+    folder = tmp_path / "cifar-10-batches-py"
+    batches = write_cifar(folder)
+    path = tmp_path if point_at_parent else folder
+    data = build_data(schema.Cifar10Config(path=str(path), val_fraction=0.2, standardize=False))
+    assert data.input_shape == (3, 32, 32) and data.num_classes == 10
+    assert data.class_names == [f"c{i}" for i in range(10)]
+    assert (data.x_train.shape[0], data.x_val.shape[0], data.x_test.shape[0]) == (40, 10, 10)
+    test_data, test_labels = batches["test_batch"]
+    expected = torch.from_numpy(test_data).float().reshape(-1, 3, 32, 32) / 255
+    torch.testing.assert_close(data.x_test, expected)
+    assert data.y_test.tolist() == test_labels
+
+
+def test_cifar10_default_class_names_and_errors(tmp_path):
+    write_cifar(tmp_path, meta=False)
+    cfg = schema.Cifar10Config(path=str(tmp_path), val_fraction=0.2)
+    assert build_data(cfg).class_names[:2] == ["airplane", "automobile"]
+    (tmp_path / "data_batch_3").unlink()
+    with pytest.raises(DataError, match=r"missing .*data_batch_3"):
+        build_data(cfg)
+    with pytest.raises(DataError, match=r"data.path=.*no test_batch"):
+        build_data(schema.Cifar10Config(path=str(tmp_path / "nowhere")))
+
+
+def test_cifar10_bad_batch(tmp_path):
+    write_cifar(tmp_path)
+    with (tmp_path / "data_batch_2").open("wb") as f:
+        pickle.dump({b"data": np.zeros((10, 100), np.uint8), b"labels": [0] * 10}, f)
+    cfg = schema.Cifar10Config(path=str(tmp_path), val_fraction=0.2)
+    with pytest.raises(DataError, match=r"data_batch_2 holds data \(10, 100\)"):
+        build_data(cfg)
+    (tmp_path / "data_batch_2").write_bytes(b"not a pickle")
+    with pytest.raises(DataError, match="cannot unpickle"):
+        build_data(cfg)
+
+
+# ----------------------------------------------------------------------------- files
+def test_npz_with_string_labels(tmp_path):
+    y = indexed_npz(tmp_path / "d.npz")
+    data = build_data(files_cfg(tmp_path / "d.npz"))
+    assert data.class_names == ["cat", "dog", "emu", "yak"] and data.input_shape == (4,)
+    data = build_data(files_cfg(tmp_path / "d.npz", standardize=False))
+    for ids, labels in zip(split_ids(data), (data.y_train, data.y_val, data.y_test), strict=True):
+        assert [data.class_names[i] for i in labels] == y[ids].tolist()
+
+
+def test_npy_with_labels_path(tmp_path):
+    x = np.random.default_rng(0).normal(size=(50, 2, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.arange(50) % 2 + 7)
+    data = build_data(files_cfg(tmp_path / "x.npy", labels_path=str(tmp_path / "y.npy")))
+    assert data.input_shape == (2, 3) and data.class_names == ["7", "8"]
+    assert sum(len(t) for t in (data.y_train, data.y_val, data.y_test)) == 50
+
+
+def test_csv_with_label_column(tmp_path):
+    lines = ["a,grade,b"] + [f"{i},{['9', '10', '2'][i % 3]},{i * 0.5}" for i in range(30)]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    data = build_data(files_cfg(tmp_path / "d.csv", label_column="grade", standardize=False))
+    assert data.class_names == ["2", "9", "10"]  # numbers sort by value
+    ids, labels = split_ids(data)[0], data.y_train.numpy()
+    assert [data.class_names[v] for v in labels] == [["9", "10", "2"][i % 3] for i in ids]
+    torch.testing.assert_close(data.x_train[:, 1], torch.from_numpy(ids * 0.5).float())
+
+
+@pytest.mark.parametrize(
+    ("setup", "match"),
+    [
+        ("npy_without_labels", r"data.path=.*set data.labels_path"),
+        ("count_mismatch", "50 feature rows but 49 labels"),
+        ("npz_missing_y", "no array 'y'"),
+        ("csv_missing_column", "data.label_column='label': no such column"),
+        ("csv_non_numeric", "non-numeric feature value"),
+        ("nan_features", "NaN or inf"),
+        ("one_class", "need at least two classes"),
+        ("unknown_suffix", "unknown file type '.txt'"),
+        ("missing_file", "no such file"),
+    ],
+)
+def test_files_errors(tmp_path, setup, match):
+    x, y = np.ones((50, 3)), np.arange(50) % 2
+    cfg = files_cfg(tmp_path / "x.npy", labels_path=str(tmp_path / "y.npy"))
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    if setup == "npy_without_labels":
+        cfg.labels_path = None
+    elif setup == "count_mismatch":
+        np.save(tmp_path / "y.npy", y[:49])
+    elif setup == "npz_missing_y":
+        np.savez(tmp_path / "d.npz", x=x, labels=y)
+        cfg = files_cfg(tmp_path / "d.npz")
+    elif setup in ("csv_missing_column", "csv_non_numeric"):
+        cell = "abc" if setup == "csv_non_numeric" else "1"
+        header = "a,label" if setup == "csv_non_numeric" else "a,b"
+        (tmp_path / "d.csv").write_text(f"{header}\n1,0\n{cell},1\n")
+        cfg = files_cfg(tmp_path / "d.csv")
+    elif setup == "nan_features":
+        x[3, 1] = np.nan
+        np.save(tmp_path / "x.npy", x)
+    elif setup == "one_class":
+        np.save(tmp_path / "y.npy", np.zeros(50))
+    elif setup == "unknown_suffix":
+        cfg = files_cfg(tmp_path / "d.txt")
+    elif setup == "missing_file":
+        cfg = files_cfg(tmp_path / "nope.npz")
+    with pytest.raises(DataError, match=match) as info:
+        build_data(cfg)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_path_is_config_error():
+    with pytest.raises(ConfigError, match=r"data\.path is not set"):
+        build_data(schema.MnistConfig())
+
+
+# ----------------------------------------------------------------------------- sklearn, synthetic
+def test_breast_cancer_and_digits():
+    data = build_data(schema.BreastCancerConfig())
+    assert data.input_shape == (30,) and data.class_names == ["malignant", "benign"]
+    assert sum(len(t) for t in (data.y_train, data.y_val, data.y_test)) == 569
+    assert build_data(schema.DigitsConfig()).input_shape == (1, 8, 8)
+    flat = build_data(schema.DigitsConfig(as_images=False, standardize=False))
+    assert flat.input_shape == (64,) and flat.x_train.min() >= 0 and flat.x_train.max() <= 1
+
+
+def test_synthetic_is_deterministic_and_learnable():
+    from sklearn.linear_model import LogisticRegression
+
+    cfg = schema.SyntheticConfig(num_samples=600, num_classes=3, shape=[8])
+    a, b = build_data(cfg), build_data(cfg)
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_val, b.y_val)
+    other = build_data(replace(cfg, seed=1))
+    assert not torch.equal(a.x_train, other.x_train)
+    clf = LogisticRegression(max_iter=500).fit(a.x_train.numpy(), a.y_train.numpy())
+    assert clf.score(a.x_val.numpy(), a.y_val.numpy()) > 0.9
+    assert build_data(replace(cfg, shape=[3, 4, 4])).input_shape == (3, 4, 4)
+
+
+# ----------------------------------------------------------------------------- splits
+def test_splits_disjoint_covering_stratified(tmp_path):
+    y = indexed_npz(tmp_path / "d.npz", num_samples=400)
+    data = build_data(files_cfg(tmp_path / "d.npz", standardize=False, val_fraction=0.2))
+    train, val, test = split_ids(data)
+    assert (len(train), len(val), len(test)) == (260, 80, 60)
+    assert sorted(np.concatenate([train, val, test]).tolist()) == list(range(400))
+    for ids in (train, val, test):  # 4 balanced classes stay balanced
+        counts = np.unique(y[ids], return_counts=True)[1]
+        assert counts.max() - counts.min() <= 1
+
+
+def test_splits_depend_on_seed_only(tmp_path):
+    indexed_npz(tmp_path / "d.npz")
+    cfg = files_cfg(tmp_path / "d.npz", standardize=False)
+    first, again = split_ids(build_data(cfg)), split_ids(build_data(cfg))
+    other = split_ids(build_data(replace(cfg, split_seed=1)))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not np.array_equal(first[0], other[0])
+
+
+def test_standardization_uses_train_split_only(tmp_path):
+    indexed_npz(tmp_path / "d.npz")
+    cfg = files_cfg(tmp_path / "d.npz")
+    data, raw = build_data(cfg), build_data(replace(cfg, standardize=False))
+    torch.testing.assert_close(data.x_train.mean(0), torch.zeros(4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(data.x_train.std(0, unbiased=False), torch.ones(4))
+    assert (data.x_val.mean(0).abs() > 1e-3).any()
+    raw_train = raw.x_train.double()
+    torch.testing.assert_close(
+        data.preprocessing.mean.double(), raw_train.mean(0), check_dtype=False
+    )
+    expected_val = (raw.x_val - raw_train.mean(0).float()) / raw_train.std(
+        0, unbiased=False
+    ).float()
+    torch.testing.assert_close(data.x_val, expected_val)
+
+
+def test_image_standardization_per_channel():
+    data = build_data(schema.SyntheticConfig(num_samples=300, shape=[3, 4, 5]))
+    assert data.preprocessing.mean.shape == (3, 1, 1)
+    per_channel = data.x_train.transpose(0, 1).reshape(3, -1)
+    torch.testing.assert_close(per_channel.mean(1), torch.zeros(3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(per_channel.std(1, unbiased=False), torch.ones(3))
+
+
+def test_constant_feature_keeps_std_one(tmp_path):
+    x = np.column_stack([np.full(40, 3.0), np.arange(40.0)])
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(40) % 2)
+    data = build_data(files_cfg(tmp_path / "d.npz"))
+    assert data.preprocessing.std[0] == 1 and torch.all(data.x_train[:, 0] == 0)
+
+
+def test_preprocessing_round_trip_and_apply(tmp_path):
+    data = build_data(schema.DigitsConfig())
+    torch.save({"p": data.preprocessing.state_dict()}, tmp_path / "p.pt")
+    state = torch.load(tmp_path / "p.pt", weights_only=True)["p"]
+    restored = Preprocessing.from_state_dict(state)
+    raw = build_data(schema.DigitsConfig(standardize=False))
+    raw_test = (raw.x_test * 16).round().numpy()  # back to sklearn's 0..16 counts
+    torch.testing.assert_close(restored.apply(raw_test), data.x_test)
+    torch.testing.assert_close(restored.apply(raw_test.reshape(-1, 64)), data.x_test)
+    with pytest.raises(DataError, match="do not fit the model's input_shape"):
+        restored.apply(np.zeros((2, 63)))
+
+
+# ----------------------------------------------------------------------------- k-fold
+def test_kfold_folds_partition_train_and_val(tmp_path):
+    indexed_npz(tmp_path / "d.npz")
+    cfg = files_cfg(tmp_path / "d.npz", standardize=False, num_folds=4)
+    folds = [split_ids(build_data(replace(cfg, fold=k))) for k in range(4)]
+    tests = {tuple(test) for _, _, test in folds}
+    assert len(tests) == 1  # the test split does not move with the fold
+    train_val = set(folds[0][0]) | set(folds[0][1])
+    vals = [set(val) for _, val, _ in folds]
+    assert set().union(*vals) == train_val and sum(len(v) for v in vals) == len(train_val)
+    for train, val, _ in folds:
+        assert set(train) | set(val) == train_val and not set(train) & set(val)
+
+
+@pytest.mark.parametrize(
+    ("num_folds", "fold", "match"),
+    [
+        (1, 0, "data.num_folds=1"),
+        (3, 3, r"data.fold=3: must be in \[0, data.num_folds=3\)"),
+        (3, -1, "data.fold=-1"),
+    ],
+)
+def test_kfold_config_errors(num_folds, fold, match):
+    with pytest.raises(ConfigError, match=match):
+        build_data(schema.BreastCancerConfig(num_folds=num_folds, fold=fold))
+
+
+# ----------------------------------------------------------------------------- load_feature_rows
+def test_load_feature_rows(tmp_path):
+    rows = np.arange(12.0).reshape(4, 3)
+    (tmp_path / "h.csv").write_text(
+        "a,label,b,c\n" + "".join(f"{r[0]},x,{r[1]},{r[2]}\n" for r in rows)
+    )
+    (tmp_path / "n.csv").write_text("".join(",".join(map(str, r)) + "\n" for r in rows))
+    np.save(tmp_path / "r.npy", rows)
+    np.savez(tmp_path / "r.npz", x=rows)
+    for name in ("h.csv", "n.csv", "r.npy", "r.npz"):
+        got = load_feature_rows(str(tmp_path / name), (3,))
+        assert got.dtype == np.float32 and np.array_equal(got, rows), name
+    assert load_feature_rows(str(tmp_path / "r.npy"), (1, 3)).shape == (4, 1, 3)
+    with pytest.raises(DataError, match=r"n.csv': rows have 3 values, the model expects 30"):
+        load_feature_rows(str(tmp_path / "n.csv"), (30,))
+
+
+# ----------------------------------------------------------------------------- sharding
+@pytest.mark.parametrize(
+    ("num_samples", "batch_size"), [(569, 32), (100, 10), (7, 5), (64, 64), (50, 7)]
+)
+def test_sharder_covers_each_sample_once(num_samples, batch_size):
+    num_steps = -(-num_samples // batch_size)
+    for world_size in range(1, min(batch_size, 5) + 1):
+        sharders = [
+            EpochSharder(num_samples, batch_size, rank, world_size, seed=3)
+            for rank in range(world_size)
+        ]
+        assert {s.num_steps_per_epoch for s in sharders} == {num_steps}
+        for epoch in (0, 1):
+            seen = [s.local_indices(epoch, step) for s in sharders for step in range(num_steps)]
+            assert sorted(torch.cat(seen).tolist()) == list(range(num_samples))
+
+
+def test_sharder_order_independent_of_world_size():
+    one = EpochSharder(569, 32, 0, 1, seed=7)
+    three = [EpochSharder(569, 32, r, 3, seed=7) for r in range(3)]
+    last = one.num_steps_per_epoch - 1
+    assert [len(s.local_indices(0, last)) for s in three] == [9, 8, 8]  # 569 = 17 * 32 + 25
+    for step in (0, 5, last):
+        batch = one.global_batch(2, step)
+        assert all(torch.equal(s.global_batch(2, step), batch) for s in three)
+        merged = torch.cat([s.local_indices(2, step) for s in three])
+        assert sorted(merged.tolist()) == sorted(batch.tolist())
+    assert not torch.equal(one.permutation(0), one.permutation(1))
+    assert not torch.equal(one.permutation(0), EpochSharder(569, 32, 0, 1, seed=8).permutation(0))
+
+
+def test_sharder_rejects_batch_smaller_than_world():
+    with pytest.raises(ConfigError, match=r"trainer\.batch_size=2"):
+        EpochSharder(100, 2, 0, 4, seed=0)
+
+
+def collect(x, y, sharder, epoch, start_step, **kwargs):
+    return list(iterate_batches(x, y, sharder, epoch, start_step, torch.device("cpu"), **kwargs))
+
+
+def test_iterate_batches_resume_and_counts():
+    x, y = torch.arange(50.0)[:, None], torch.arange(50)
+    sharder = EpochSharder(50, 8, 1, 3, seed=0)
+    full = collect(x, y, sharder, 4, 0)
+    assert [b[0] for b in full] == list(range(7))
+    assert [b[3] for b in full] == [8] * 6 + [2]
+    assert [len(b[2]) for b in full] == [3] * 6 + [1]  # rank 1 of 3 in a batch of 2: 1 sample
+    resumed = collect(x, y, sharder, 4, 3)
+    assert [b[0] for b in resumed] == [3, 4, 5, 6]
+    for a, b in zip(full[3:], resumed, strict=True):
+        assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+    for step, xb, yb, _ in full:
+        assert torch.equal(yb, sharder.local_indices(4, step)) and torch.equal(xb[:, 0].long(), yb)
+    assert collect(x, y, sharder, 4, 7) == []
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterate_batches_loader_matches_in_memory(num_workers):
+    x, y = torch.randn(45, 2, 3), torch.arange(45) % 3
+    sharder = EpochSharder(45, 8, 0, 2, seed=5)
+    for epoch, start_step in ((0, 0), (1, 2), (2, 0)):
+        fast = collect(x, y, sharder, epoch, start_step)
+        loaded = collect(x, y, sharder, epoch, start_step, in_memory=False, num_workers=num_workers)
+        assert len(fast) == len(loaded) == sharder.num_steps_per_epoch - start_step
+        for a, b in zip(fast, loaded, strict=True):
+            assert a[0] == b[0] and a[3] == b[3]
+            assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+    # an epoch abandoned halfway (max_steps, a signal) must not leak into the next one
+    partial = iterate_batches(
+        x, y, sharder, 3, 0, torch.device("cpu"), in_memory=False, num_workers=num_workers
+    )
+    next(partial)
+    del partial
+    fast = collect(x, y, sharder, 4, 1)
+    loaded = collect(x, y, sharder, 4, 1, in_memory=False, num_workers=num_workers)
+    assert len(fast) == len(loaded)
+    assert all(torch.equal(a[2], b[2]) for a, b in zip(fast, loaded, strict=True))

@@ -1,0 +1,81 @@
+"""Rank logic from environment dicts: Slurm, submitit's local launcher, torchrun, none."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcdl.env import PORT_BASE, PORT_SPAN, RankEnv, expand_nodelist, port_for_job, rank_env_from
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "hosts"),
+    [
+        ("n1", ["n1"]),
+        ("n[1-2]", ["n1", "n2"]),
+        ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
+        ("a[1-2],b5,c[09-10]", ["a1", "a2", "b5", "c09", "c10"]),
+        ("udc-an28-[1,7]", ["udc-an28-1", "udc-an28-7"]),
+    ],
+)
+def test_expand_nodelist(nodelist: str, hosts: list[str]) -> None:
+    assert expand_nodelist(nodelist) == hosts
+
+
+def test_no_launcher_is_a_single_rank() -> None:
+    assert rank_env_from({}) == RankEnv()
+
+
+def test_slurm_step_two_nodes() -> None:
+    env = rank_env_from(
+        {
+            "SLURM_JOB_ID": "4242",
+            "SLURM_PROCID": "3",
+            "SLURM_LOCALID": "1",
+            "SLURM_NTASKS": "4",
+            "SLURM_NODEID": "1",
+            "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_JOB_NODELIST": "n[1-2]",
+            "SLURM_RESTART_COUNT": "2",
+        }
+    )
+    assert (env.rank, env.local_rank, env.world_size, env.node_rank, env.num_nodes) == (3, 1, 4, 1, 2)
+    assert env.master_addr == "n1"
+    assert env.master_port == port_for_job("4242")
+    assert env.launcher == "slurm" and env.restart_count == 2 and not env.is_main
+
+
+def test_master_port_is_derived_from_the_job_id_in_range() -> None:
+    ports = {port_for_job(str(j)) for j in range(1000, 1100)}
+    assert len(ports) == 100
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
+
+
+def test_slurm_batch_shell_without_procid_is_not_a_rank() -> None:
+    # The batch script itself (no srun step) must not pretend to be rank 0 of N.
+    assert rank_env_from({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4"}).launcher == "debug"
+
+
+def test_explicit_master_addr_and_port_win() -> None:
+    env = rank_env_from(
+        {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "n1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "1234"}
+    )
+    assert (env.master_addr, env.master_port) == ("10.0.0.5", 1234)
+
+
+def test_submitit_local_ranks() -> None:
+    env = rank_env_from(
+        {
+            "SUBMITIT_LOCAL_JOB_ID": "999",
+            "SUBMITIT_LOCAL_GLOBALID": "1",
+            "SUBMITIT_LOCAL_LOCALID": "1",
+            "SUBMITIT_LOCAL_NTASKS": "2",
+            "MASTER_PORT": "31000",
+        }
+    )
+    assert (env.rank, env.local_rank, env.world_size, env.master_port) == (1, 1, 2, 31000)
+    assert env.launcher == "local"
+
+
+def test_torchrun_variables() -> None:
+    env = rank_env_from({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "5"})
+    assert (env.rank, env.world_size, env.master_addr, env.master_port, env.launcher) == (2, 4, "h", 5, "torchrun")

@@ -1,0 +1,237 @@
+"""Optimizers and LambdaLR schedules from typed config."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+from hpcdl.config.schema import (
+    SCHEDULE_NAMES,
+    AdamConfig,
+    AdamWConfig,
+    RmspropConfig,
+    ScheduleConfig,
+    SgdConfig,
+)
+from hpcdl.errors import ConfigError
+from hpcdl.optim import build_optimizer, build_scheduler
+
+LR = 0.1
+
+
+def params() -> list[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.ones(3))]
+
+
+def test_sgd_options_are_applied() -> None:
+    opt = build_optimizer(
+        SgdConfig(lr=0.5, momentum=0.8, nesterov=True, weight_decay=1e-3), params()
+    )
+    assert isinstance(opt, torch.optim.SGD)
+    group = opt.param_groups[0]
+    assert (group["lr"], group["momentum"], group["nesterov"], group["weight_decay"]) == (
+        0.5,
+        0.8,
+        True,
+        1e-3,
+    )
+
+
+@pytest.mark.parametrize(
+    ("cfg_type", "opt_type"), [(AdamConfig, torch.optim.Adam), (AdamWConfig, torch.optim.AdamW)]
+)
+def test_adam_family_options_are_applied(cfg_type: type, opt_type: type) -> None:
+    opt = build_optimizer(
+        cfg_type(lr=0.003, betas=[0.8, 0.95], eps=1e-6, weight_decay=0.05), params()
+    )
+    assert type(opt) is opt_type
+    group = opt.param_groups[0]
+    assert group["lr"] == 0.003
+    assert tuple(group["betas"]) == (0.8, 0.95)
+    assert group["eps"] == 1e-6
+    assert group["weight_decay"] == 0.05
+
+
+def test_adamw_default_weight_decay() -> None:
+    assert build_optimizer(AdamWConfig(), params()).param_groups[0]["weight_decay"] == 0.01
+
+
+def test_rmsprop_options_are_applied() -> None:
+    cfg = RmspropConfig(lr=0.02, alpha=0.9, momentum=0.5, eps=1e-7, weight_decay=0.1)
+    opt = build_optimizer(cfg, params())
+    assert isinstance(opt, torch.optim.RMSprop)
+    group = opt.param_groups[0]
+    assert (
+        group["lr"],
+        group["alpha"],
+        group["momentum"],
+        group["eps"],
+        group["weight_decay"],
+    ) == (
+        0.02,
+        0.9,
+        0.5,
+        1e-7,
+        0.1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (SgdConfig(lr=-1), "optim.lr=-1: must be > 0"),
+        (AdamConfig(lr=0.0), "optim.lr=0.0: must be > 0"),
+        (SgdConfig(momentum=0.0, nesterov=True), "optim.nesterov=true needs optim.momentum > 0"),
+        (SgdConfig(weight_decay=-0.1), "optim.weight_decay=-0.1: must be >= 0"),
+        (AdamConfig(betas=[0.9, 1.0]), r"optim.betas=\[0.9, 1.0\]: need two values in \[0, 1\)"),
+        (AdamWConfig(eps=0.0), "optim.eps=0.0: must be > 0"),
+        (RmspropConfig(alpha=1.0), r"optim.alpha=1.0: must be in \[0, 1\)"),
+    ],
+)
+def test_bad_optimizer_config_names_the_key(cfg: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}") as info:
+        build_optimizer(cfg, params())
+    assert "\n" not in str(info.value)
+
+
+def lrs(cfg: ScheduleConfig, total_steps: int, steps_per_epoch: int = 10) -> list[float]:
+    """The lr used by each optimizer step, stepping the scheduler once per step."""
+    opt = torch.optim.SGD(params(), lr=LR)
+    sched = build_scheduler(cfg, opt, total_steps, steps_per_epoch)
+    used = []
+    for _ in range(total_steps):
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return used
+
+
+def test_none_is_constant() -> None:
+    assert lrs(ScheduleConfig(name="none"), 20) == pytest.approx([LR] * 20)
+
+
+def test_warmup_rises_linearly_then_stays() -> None:
+    used = lrs(ScheduleConfig(name="warmup", warmup_steps=4), 10)
+    assert used == pytest.approx([LR * 0.25, LR * 0.5, LR * 0.75, LR] + [LR] * 6)
+
+
+def test_step_multiplies_by_gamma_every_step_size_epochs() -> None:
+    used = lrs(ScheduleConfig(name="step", step_size_epochs=2, gamma=0.5), 60, steps_per_epoch=10)
+    # Epochs 0-1 at LR, 2-3 at LR/2, 4-5 at LR/4.
+    assert used[0] == used[19] == pytest.approx(LR)
+    assert used[20] == used[39] == pytest.approx(LR * 0.5)
+    assert used[40] == used[59] == pytest.approx(LR * 0.25)
+
+
+def test_cosine_follows_the_formula_down_to_min_lr_ratio() -> None:
+    total = 21
+    used = lrs(ScheduleConfig(name="cosine", min_lr_ratio=0.1), total)
+    for step in (0, 5, 10, 15, 20):
+        progress = step / (total - 1)
+        expected = LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        assert used[step] == pytest.approx(expected)
+    assert used[10] == pytest.approx(LR * 0.55)
+    assert used[-1] == pytest.approx(LR * 0.1)
+
+
+def test_cosine_with_warmup_starts_decaying_after_the_warmup() -> None:
+    used = lrs(ScheduleConfig(name="cosine", warmup_steps=5), 25)
+    assert used[:5] == pytest.approx([LR * k / 5 for k in range(1, 6)])
+    # 19 decay steps from step 5 (lr) to step 24 (0).
+    assert used[5 + 19 // 2] == pytest.approx(LR * 0.5 * (1 + math.cos(math.pi * 9 / 19)))
+    assert used[-1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_onecycle_rises_to_peak_then_cosines_down() -> None:
+    total = 11  # progress = step / 10
+    used = lrs(
+        ScheduleConfig(name="onecycle", max_lr_ratio=10.0, pct_start=0.2, min_lr_ratio=0.0), total
+    )
+    assert used[0] == pytest.approx(LR)
+    assert used[1] == pytest.approx(LR * 5.5)  # halfway up from 1x to 10x
+    assert used[2] == pytest.approx(LR * 10)  # peak at pct_start
+    assert max(used) == pytest.approx(LR * 10)
+    # progress 0.6: half way down the cosine from 10x to 0.
+    assert used[6] == pytest.approx(LR * 5)
+    assert used[-1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_warmup_applies_in_front_of_step_schedule() -> None:
+    used = lrs(ScheduleConfig(name="step", warmup_steps=2, step_size_epochs=1, gamma=0.1), 20)
+    assert used[:3] == pytest.approx([LR / 2, LR, LR])
+    assert used[10] == pytest.approx(LR * 0.1)
+
+
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_state_dict_is_weights_only_safe_and_resumes_identically(name: str) -> None:
+    cfg = ScheduleConfig(name=name, warmup_steps=3, step_size_epochs=1)
+    total, per_epoch, stop_at = 40, 5, 17
+    reference = lrs(cfg, total, per_epoch)
+
+    opt = torch.optim.SGD(params(), lr=LR)
+    sched = build_scheduler(cfg, opt, total, per_epoch)
+    for _ in range(stop_at):
+        opt.step()
+        sched.step()
+    buffer = io.BytesIO()
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+
+    new_opt = torch.optim.SGD(params(), lr=LR)
+    new_sched = build_scheduler(cfg, new_opt, total, per_epoch)
+    new_opt.load_state_dict(saved["optimizer"])
+    new_sched.load_state_dict(saved["scheduler"])
+    resumed = []
+    for _ in range(stop_at, total):
+        resumed.append(new_opt.param_groups[0]["lr"])
+        new_opt.step()
+        new_sched.step()
+    assert resumed == reference[stop_at:]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (
+            ScheduleConfig(name="linear"),
+            "schedule.name='linear': unknown schedule; choose one of none, step",
+        ),
+        (ScheduleConfig(warmup_steps=-1), "schedule.warmup_steps=-1: must be >= 0"),
+        (
+            ScheduleConfig(name="onecycle", pct_start=1.0),
+            r"schedule.pct_start=1.0: must be in \(0, 1\)",
+        ),
+        (
+            ScheduleConfig(name="onecycle", pct_start=0.0),
+            r"schedule.pct_start=0.0: must be in \(0, 1\)",
+        ),
+        (
+            ScheduleConfig(name="onecycle", max_lr_ratio=0.5),
+            "schedule.max_lr_ratio=0.5: must be >= 1",
+        ),
+        (
+            ScheduleConfig(name="cosine", min_lr_ratio=1.5),
+            r"schedule.min_lr_ratio=1.5: must be in \[0, 1\]",
+        ),
+        (
+            ScheduleConfig(name="step", step_size_epochs=0),
+            "schedule.step_size_epochs=0: must be > 0",
+        ),
+        (ScheduleConfig(name="step", gamma=0.0), "schedule.gamma=0.0: must be > 0"),
+    ],
+)
+def test_bad_schedule_config_names_the_key(cfg: ScheduleConfig, message: str) -> None:
+    opt = torch.optim.SGD(params(), lr=LR)
+    with pytest.raises(ConfigError, match=f"^{message}") as info:
+        build_scheduler(cfg, opt, 100, 10)
+    assert "\n" not in str(info.value)
+
+
+def test_no_steps_is_refused() -> None:
+    opt = torch.optim.SGD(params(), lr=LR)
+    with pytest.raises(ConfigError, match="total_steps=0"):
+        build_scheduler(ScheduleConfig(), opt, 0, 10)

@@ -16,6 +16,7 @@ from hpcdl.config.schema import Config, Precision
 from hpcdl.data import EpochSharder, build_data
 from hpcdl.env import RankEnv
 from hpcdl.evaluation import load_matching_weights
+from hpcdl.faults import fault_from
 from hpcdl.models import build_model
 from hpcdl.optim import build_optimizer, build_scheduler
 from hpcdl.progress import ProgressReporter
@@ -89,5 +90,6 @@ def build_trainer(
         device=device,
         config_hash=config_hash(cfg),
         model_config=to_plain(cfg)["model"],
+        fault=fault_from(os.environ),
     )
     return Trainer(cfg, env, parts, stop)

@@ -25,6 +25,7 @@ from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.env import RankEnv
 from hpcdl.errors import HpcdlError
 from hpcdl.evaluation import EvalResult, evaluate
+from hpcdl.faults import Fault
 from hpcdl.progress import ProgressReporter
 from hpcdl.report import MetricsLog
 from hpcdl.signals import StopFlag
@@ -63,6 +64,7 @@ class Parts:
     device: torch.device
     config_hash: str
     model_config: dict[str, Any]
+    fault: Optional[Fault] = None  # tests only: see hpcdl.faults
 
 
 class NonFiniteLossError(HpcdlError):
@@ -97,6 +99,8 @@ class Trainer:
             )
             for step_in_epoch, xb, yb, global_count in self.batches():
                 flags = self.train_step(xb, yb, global_count)
+                if self.p.fault:
+                    self.p.fault.after_step(self.progress.global_step, self.env.rank)
                 self.log_step(step_in_epoch, flags)
                 if flags["eval_due"]:
                     self.evaluate_and_track()

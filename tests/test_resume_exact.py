@@ -1,0 +1,103 @@
+"""Exact resume: interrupted + resumed runs end with the same weights as uninterrupted ones.
+
+Interruptions are real signals (SIGTERM through the same handler as Ctrl-C or scancel, and
+SIGKILL), sent by the rank to itself at a chosen step (hpcdl.faults), so the test hits
+mid-epoch and epoch-boundary points on purpose. Each run is a fresh `hpcdl` process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+# Breast cancer MLP with dropout (so per-rank RNG state matters): 13 steps per epoch at
+# batch 32 with 1 rank (399 training rows).
+BASE = ["trainer.max_epochs=4", "trainer.checkpoint_every_steps=5"]
+LOCAL2 = ["cluster=local", "cluster.tasks_per_node=2"]
+
+
+def sha(run_dir: Path) -> str:
+    return json.loads((run_dir / "summary.json").read_text())["weights_sha256"]
+
+
+def metrics_without_timing(run_dir: Path) -> list[str]:
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    return [",".join(r.split(",")[:7]) for r in rows]
+
+
+def train(hpcdl, run_dir: Path, extra: list[str], fault: str | None = None):
+    env = {"HPCDL_FAULT_INJECT": fault} if fault else None
+    return hpcdl("train", f"run_dir={run_dir}", *BASE, *extra, env=env)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory):
+    """Uninterrupted runs, one per rank count, computed once."""
+    from tests.conftest import run_hpcdl
+
+    root = tmp_path_factory.mktemp("reference")
+    refs = {}
+    for ranks, extra in ((1, []), (2, LOCAL2)):
+        run_dir = root / f"ranks{ranks}"
+        out = run_hpcdl("train", f"run_dir={run_dir}", *BASE, *extra, cwd=root)
+        assert out.returncode == 0, out.stderr + out.stdout
+        refs[ranks] = run_dir
+    assert sha(refs[1]) != sha(refs[2])  # different sharding of dropout RNG: a real check
+    return refs
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize(
+    "faults",
+    [
+        ["SIGTERM@7"],  # mid-epoch, between two step checkpoints
+        ["SIGTERM@12"],  # the step before the first epoch boundary
+        ["SIGTERM@3", "SIGINT@30"],  # twice: early, then again mid-epoch 3 (Ctrl-C)
+    ],
+    ids=["mid-epoch", "epoch-boundary", "twice"],
+)
+def test_sigterm_and_resume_is_exact(hpcdl, tmp_path, reference, ranks, faults):
+    extra = LOCAL2 if ranks == 2 else []
+    run_dir = tmp_path / "run"
+    first = train(hpcdl, run_dir, extra, faults[0])
+    assert first.returncode == 3, first.stderr + first.stdout
+    assert "Continue with: hpcdl resume" in first.stdout
+    assert not (run_dir / "summary.json").exists()
+    for fault in faults[1:]:
+        again = hpcdl("resume", str(run_dir), env={"HPCDL_FAULT_INJECT": fault})
+        assert again.returncode == 3, again.stderr + again.stdout
+    final = hpcdl("resume", str(run_dir))
+    assert final.returncode == 0, final.stderr + final.stdout
+    assert "resumed from" in final.stdout
+    assert sha(run_dir) == sha(reference[ranks])
+    assert metrics_without_timing(run_dir) == metrics_without_timing(reference[ranks])
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sigkill_loses_at_most_one_interval_and_resume_is_exact(hpcdl, tmp_path, reference, ranks):
+    extra = LOCAL2 if ranks == 2 else []
+    run_dir = tmp_path / "run"
+    # Killed right after step 23: no handler runs; the last checkpoint is step 20 (every 5).
+    fault = "SIGKILL@23:rank1" if ranks == 2 else "SIGKILL@23"
+    first = train(hpcdl, run_dir, extra, fault)
+    assert first.returncode != 0
+    steps = sorted(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt"))
+    assert steps and 23 - steps[-1] <= 5
+    final = hpcdl("resume", str(run_dir))
+    assert final.returncode == 0, final.stderr + final.stdout
+    assert sha(run_dir) == sha(reference[ranks])
+
+
+def test_resume_extends_a_finished_run(hpcdl, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    assert train(hpcdl, run_dir, [], None).returncode == 0
+    assert sha(run_dir) == sha(reference[1])
+    longer = hpcdl("resume", str(run_dir), "trainer.max_epochs=6")
+    assert longer.returncode == 0, longer.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == 6 and summary["steps"] == 6 * 13
+    assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 6

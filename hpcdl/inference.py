@@ -29,9 +29,16 @@ def _model_from_checkpoint(state: dict[str, Any], source: str) -> nn.Module:
     return model
 
 
+def _checkpoint_for(run_dir: Path, which: str) -> Path:
+    """--checkpoint best | last | PATH."""
+    if which in ("best", "last"):
+        return resolve_checkpoint(run_dir, which)
+    return resolve_checkpoint(which)
+
+
 def evaluate_checkpoint(cfg: Config, run_dir: Path, which: str) -> dict[str, Any]:
     """Test metrics and a confusion matrix for one checkpoint of a run."""
-    path = resolve_checkpoint(run_dir if which in ("best", "last") else which, which)
+    path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path)
     data = build_data(cfg.data)
     # Build the model the run's config describes and refuse a checkpoint that does not fit.
@@ -56,7 +63,7 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path, which: str) -> dict[str, Any
 
 def predict_rows(run_dir: Path, input_path: str, which: str, output: Optional[str]) -> int:
     """Class predictions for raw rows, with the run's training preprocessing applied."""
-    path = resolve_checkpoint(run_dir if which in ("best", "last") else which, which)
+    path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path)
     model = _model_from_checkpoint(state, str(path))
     info = state["data_info"]

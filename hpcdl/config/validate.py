@@ -19,6 +19,11 @@ def validate(cfg: schema.Config) -> None:
     _check_schedule(cfg.schedule)
     _check_trainer(cfg.trainer)
     _check_cluster(cfg.cluster)
+    if cfg.init_from is not None and not Path(cfg.init_from).expanduser().exists():
+        raise ConfigError(
+            f"init_from={cfg.init_from!r}: no such run dir or checkpoint file; "
+            "give a run dir (its best checkpoint) or a .pt file"
+        )
 
 
 def _positive(key: str, value: float | int | None, *, allow_none: bool = False) -> None:

@@ -1,0 +1,134 @@
+"""The command line as users run it: training, bad input, warm start, evaluate, predict."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FAST = ["trainer.max_epochs=2"]
+TRAINED = ["trainer.max_epochs=10"]
+
+
+def test_bad_input_exits_2_with_one_line_and_touches_nothing(hpcdl, tmp_path: Path) -> None:
+    existing = tmp_path / "exp1"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("keep me")
+    cases = [
+        (["model=nope"], "model=nope: unknown option"),
+        (["trainer.max_epochs=abc"], "trainer.max_epochs"),
+        (["trainer.batch_size=-1"], "trainer.batch_size=-1: must be > 0"),
+        (["data=mnist", "data.path=/no/such/dir"], "data.path='/no/such/dir'"),
+        ([f"run_dir={existing}"], "already exists; continue it with `hpcdl resume"),
+        (["init_from=/no/such/ckpt.pt"], "init_from"),
+    ]
+    for overrides, expected in cases:
+        out = hpcdl("train", *overrides)
+        assert out.returncode == 2, (overrides, out.stdout, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], (overrides, out.stderr)
+    assert (existing / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_resume_and_evaluate_refuse_non_run_dirs(hpcdl, tmp_path: Path) -> None:
+    for verb in ("resume", "evaluate"):
+        out = hpcdl(verb, str(tmp_path))
+        assert out.returncode == 2
+        assert "not an hpcdl run dir" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import run_hpcdl
+
+    root = tmp_path_factory.mktemp("trained")
+    out = run_hpcdl("train", "run_dir=run", *TRAINED, cwd=root)
+    assert out.returncode == 0, out.stderr
+    return root / "run"
+
+
+def test_run_dir_contents(trained: Path) -> None:
+    for name in ("config.yaml", "metrics.csv", "summary.json", "learning_curves.png", "confusion_matrix.png"):
+        assert (trained / name).is_file(), name
+    rows = list(csv.DictReader(open(trained / "metrics.csv")))
+    assert [int(r["epoch"]) for r in rows] == list(range(1, 11))
+    assert {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "seconds", "samples_per_s"} <= set(rows[0])
+    summary = json.loads((trained / "summary.json").read_text())
+    for key in ("test_accuracy", "best_metric", "best_epoch", "steps", "epochs", "world_size", "wall_s",
+                "samples_per_s", "versions", "weights_sha256"):
+        assert key in summary, key
+    assert summary["steps"] == 130 and summary["world_size"] == 1
+    assert len(summary["weights_sha256"]) == 64
+    assert (trained / "checkpoints" / "best.pt").is_file()
+
+
+def test_evaluate_best_last_and_path(hpcdl, trained: Path) -> None:
+    for which in ("best", "last"):
+        out = hpcdl("evaluate", str(trained), "--checkpoint", which)
+        assert out.returncode == 0, out.stderr
+        assert "test_accuracy" in out.stdout and "confusion matrix" in out.stdout
+    last = sorted((trained / "checkpoints").glob("step_*.pt"))[-1]
+    out = hpcdl("evaluate", str(trained), "--checkpoint", str(last))
+    assert out.returncode == 0, out.stderr
+    report = json.loads((trained / "eval" / last.stem / "metrics.json").read_text())
+    summary = json.loads((trained / "summary.json").read_text())
+    assert report["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+    assert sum(map(sum, report["confusion_matrix"])) == report["num_test_samples"] == 85
+
+
+def test_predict_applies_training_preprocessing(hpcdl, trained: Path, tmp_path: Path) -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    np.save(tmp_path / "rows.npy", x)
+    out = hpcdl("predict", str(trained), "--input", str(tmp_path / "rows.npy"), "--output", str(tmp_path / "p.csv"))
+    assert out.returncode == 0, out.stderr
+    preds = [int(r["predicted"]) for r in csv.DictReader(open(tmp_path / "p.csv"))]
+    assert len(preds) == len(y)
+    # Raw, unstandardized rows: only right if the training standardization was applied.
+    assert (np.array(preds) == y).mean() > 0.9
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    out = hpcdl("predict", str(trained), "--input", str(bad))
+    assert out.returncode == 2 and "expects 30 features" in out.stderr
+
+
+def test_init_from_warm_starts_and_refuses_mismatch(hpcdl, trained: Path, tmp_path: Path) -> None:
+    warm = hpcdl("train", "run_dir=warm", f"init_from={trained}", "trainer.max_epochs=1")
+    assert warm.returncode == 0, warm.stderr
+    cold = hpcdl("train", "run_dir=cold", "trainer.max_epochs=1")
+    first = lambda d: float(next(csv.DictReader(open(tmp_path / d / "metrics.csv")))["train_loss"])  # noqa: E731
+    assert first("warm") < first("cold")
+    out = hpcdl("train", "run_dir=mismatch", f"init_from={trained}", "model.hidden_sizes=[16,60]")
+    assert out.returncode == 2
+    assert "parameter 'net.0.weight'" in out.stderr or "has shape" in out.stderr
+    assert "(30, 30)" in out.stderr and "(16, 30)" in out.stderr
+    out = hpcdl("evaluate", str(trained), "--checkpoint", str(tmp_path / "mismatch" / "nothing.pt"))
+    assert out.returncode == 2
+
+
+def test_corrupt_checkpoint_is_skipped_on_resume(hpcdl, tmp_path: Path) -> None:
+    out = hpcdl("train", "run_dir=run", *FAST)
+    assert out.returncode == 0
+    ckpts = sorted((tmp_path / "run" / "checkpoints").glob("step_*.pt"))
+    newest = ckpts[-1]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    out = hpcdl("resume", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr
+    assert newest.name in out.stderr + out.stdout  # warned about the truncated file
+    assert f"resumed from {ckpts[-2]}" in out.stdout
+
+
+def test_cfg_and_info_flags_run_nothing(hpcdl, tmp_path: Path) -> None:
+    out = hpcdl("train", "--cfg", "job", "model=cnn", "data=digits")
+    assert out.returncode == 0 and "name: cnn" in out.stdout
+    out = hpcdl("train", "--info")
+    assert out.returncode == 0 and "config search path" in out.stdout
+    out = hpcdl("train", "--help")
+    assert out.returncode == 0 and "cluster: " in out.stdout
+    assert not (tmp_path / "outputs").exists()

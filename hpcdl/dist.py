@@ -38,8 +38,9 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
 
 @contextmanager
 def process_group(env: RankEnv, device: torch.device, timeout_s: int) -> Iterator[None]:
-    """Form the process group for env.world_size > 1 (NCCL on CUDA, gloo on CPU); no-op for 1."""
-    if env.world_size == 1:
+    """Form the process group (NCCL on CUDA, gloo on CPU) for any launched job; the in-process
+    debug rank runs without one."""
+    if env.world_size == 1 and env.launcher == "debug":
         yield
         return
     store = _rendezvous(env, timeout_s)

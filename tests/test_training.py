@@ -1,0 +1,65 @@
+"""Training quality and the multi-process path (real gloo DDP ranks through submitit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_breast_cancer_mlp_default_reaches_95_percent(hpcdl, tmp_path: Path) -> None:
+    out = hpcdl("train", "run_dir=run")
+    assert out.returncode == 0, out.stderr
+    s = summary(tmp_path / "run")
+    assert s["test_accuracy"] >= 0.95, s
+    assert s["epochs"] == 30 and s["world_size"] == 1
+
+
+@pytest.mark.slow
+def test_digits_cnn_two_rank_gloo_ddp_reaches_95_percent(hpcdl, tmp_path: Path) -> None:
+    out = hpcdl(
+        "train", "run_dir=run", "model=cnn", "data=digits", "cluster=local",
+        "cluster.tasks_per_node=2", "trainer.max_epochs=12",
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    s = summary(tmp_path / "run")
+    assert s["world_size"] == 2
+    assert s["test_accuracy"] >= 0.95, s
+    logs = sorted((tmp_path / "run" / "logs").glob("*_log.out"))
+    assert len(logs) == 2  # one log per rank
+    # Only rank 0 writes the run's files; both ranks ran the same number of steps.
+    assert "epoch 12/12" in out.stdout
+
+
+@pytest.mark.slow
+def test_nonfinite_losses_stop_with_a_clear_error(hpcdl, tmp_path: Path) -> None:
+    out = hpcdl("train", "run_dir=run", "optim.lr=1e12", "optim.momentum=0.9", "trainer.max_bad_steps=3")
+    assert out.returncode != 0
+    assert "non-finite losses in a row" in out.stderr + out.stdout
+
+
+@pytest.mark.gpu
+def test_bf16_compile_on_gpu(hpcdl, tmp_path: Path) -> None:
+    out = hpcdl(
+        "train", "run_dir=run", "model=cnn", "data=digits", "trainer.precision=bf16",
+        "trainer.compile=true", "trainer.channels_last=true", "trainer.max_epochs=8",
+    )
+    assert out.returncode == 0, out.stderr
+    s = summary(tmp_path / "run")
+    assert s["test_accuracy"] >= 0.9 and s["versions"].get("gpu")
+
+
+@pytest.mark.gpu
+def test_nccl_single_rank_local(hpcdl, tmp_path: Path) -> None:
+    out = hpcdl(
+        "train", "run_dir=run", "cluster=local", "cluster.tasks_per_node=1", "cluster.gpus_per_node=1",
+        "trainer.max_epochs=3", "trainer.precision=fp16",
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert summary(tmp_path / "run")["versions"].get("gpu")

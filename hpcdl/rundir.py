@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpcdl.config.convert import load_config, save_config
-from hpcdl.config.schema import Config
+from hpcdl.config.schema import Config, Launcher
 from hpcdl.errors import RunDirError
 
 CONFIG_FILE = "config.yaml"
@@ -43,6 +43,10 @@ def create_run_dir(cfg: Config) -> tuple[Config, Path]:
     cfg = replace(cfg, run_dir=str(path))
     save_config(cfg, path / CONFIG_FILE)
     record_command(path, "train")
+    if cfg.cluster.launcher == Launcher.slurm:
+        from hpcdl.launch.slurm import snapshot_code
+
+        snapshot_code(path)
     return cfg, path
 
 

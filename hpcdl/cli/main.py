@@ -48,11 +48,24 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--info", action="store_true", help="print config search path and choices")
     train.add_argument("--config-dir", "-cd", action="append", default=[], help="extra config dir")
     train.add_argument("--multirun", "-m", action="store_true", help="a sweep over comma lists/ranges")
+    train.add_argument("--dry-run", action="store_true", help="Slurm: print the sbatch script, submit nothing")
+    train.add_argument("--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks")
 
     resume = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
     resume.add_argument("run_dir")
     resume.add_argument("overrides", nargs="*", help="e.g. trainer.max_epochs=50 cluster=local")
     resume.add_argument("--config-dir", "-cd", action="append", default=[])
+    resume.add_argument("--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks")
+
+    status = sub.add_parser("status", help="Slurm job state, attempts, last metrics")
+    status.add_argument("ref", metavar="RUN_DIR|JOB_ID")
+    status.add_argument("--watch", type=float, metavar="SECONDS", help="refresh (at least 10 s apart)")
+    logs = sub.add_parser("logs", help="a rank's log file")
+    logs.add_argument("ref", metavar="RUN_DIR")
+    logs.add_argument("--rank", type=int, default=0)
+    logs.add_argument("-f", "--follow", action="store_true")
+    cancel = sub.add_parser("cancel", help="scancel a run's job")
+    cancel.add_argument("ref", metavar="RUN_DIR|JOB_ID")
 
     evaluate = sub.add_parser("evaluate", help="test metrics + confusion matrix of a checkpoint")
     evaluate.add_argument("run_dir")
@@ -74,6 +87,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             "resume": cmd_resume,
             "evaluate": cmd_evaluate,
             "predict": cmd_predict,
+            "status": cmd_status,
+            "logs": cmd_logs,
+            "cancel": cmd_cancel,
         }[args.command]
         return handler(args)
     except HpcdlError as err:
@@ -99,9 +115,38 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(composed, resolve=args.resolve), end="")
         return 0
     cfg = compose_config(args.overrides, args.config_dir)
+    if args.dry_run:
+        return dry_run(cfg)
+    preflight(cfg, args.no_preflight)
     cfg, run_dir = create_run_dir(cfg)
     print(f"run dir: {run_dir}", flush=True)
     return launch(cfg, run_dir)
+
+
+def preflight(cfg, skip: bool) -> None:  # type: ignore[no-untyped-def]
+    from hpcdl.config.schema import Launcher
+
+    if cfg.cluster.launcher == Launcher.slurm and not skip:
+        from hpcdl.launch.preflight import check
+
+        check(cfg.cluster)
+
+
+def dry_run(cfg) -> int:  # type: ignore[no-untyped-def]
+    from hpcdl.config.schema import Launcher
+    from hpcdl.launch.slurm import rank_environment, sbatch_text
+    from hpcdl.rundir import default_run_dir
+
+    if cfg.cluster.launcher != Launcher.slurm:
+        raise HpcdlError(f"--dry-run: cluster={cfg.cluster.name} is not a Slurm profile; nothing to print")
+    run_dir = Path(cfg.run_dir or default_run_dir()).expanduser().resolve()
+    print(f"# run dir (not created): {run_dir}")
+    print(sbatch_text(cfg, run_dir))
+    print("# per-rank environment")
+    for row in rank_environment(cfg):
+        print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
+    print("# dry run: nothing submitted")
+    return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -111,6 +156,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     cfg, run_dir = open_run_dir(args.run_dir)
     if args.overrides:
         cfg = apply_overrides(cfg, args.overrides, args.config_dir)
+    preflight(cfg, args.no_preflight)
     cfg = rewrite_config(cfg, run_dir)
     record_command(run_dir, "resume")
     print(f"resuming run dir: {run_dir}", flush=True)
@@ -120,6 +166,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def launch(cfg, run_dir: Path) -> int:  # type: ignore[no-untyped-def]
     from hpcdl.config.schema import Launcher
 
+    if cfg.cluster.launcher == Launcher.slurm:
+        from hpcdl.launch.slurm import submit
+
+        print(submit(cfg, run_dir).describe(), flush=True)
+        return 0
     if cfg.cluster.launcher == Launcher.local:
         from hpcdl.launch.local import run_local
 
@@ -160,6 +211,24 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.output:
         print(json.dumps({"rows": count, "output": args.output}))
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from hpcdl.launch.monitor import status
+
+    return status(args.ref, args.watch)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from hpcdl.launch.monitor import logs
+
+    return logs(args.ref, args.rank, args.follow)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from hpcdl.launch.monitor import cancel
+
+    return cancel(args.ref)
 
 
 if __name__ == "__main__":

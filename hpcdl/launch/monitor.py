@@ -1,0 +1,133 @@
+"""`hpcdl status | logs | cancel`: one squeue (then sacct) call per refresh. Stdlib only.
+
+Works on clusters without accounting: when sacct fails, the state comes from squeue and
+the run dir (attempts.jsonl, summary.json).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from hpcdl.errors import HpcdlError
+from hpcdl.launch.slurm import LOG_DIR, SUBMISSION_FILE
+
+# Polling interval floor: a busy scheduler should see at most one query per 10 s from us.
+MIN_REFRESH_S = 10.0
+
+
+def resolve_job(ref: str) -> tuple[str, Optional[Path]]:
+    """RUN_DIR (with slurm.json) or a numeric JOB_ID -> (job id, run dir or None)."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        record = path / SUBMISSION_FILE
+        if not record.exists():
+            raise HpcdlError(f"{ref}: no {SUBMISSION_FILE}; this run was not submitted to Slurm")
+        return str(json.loads(record.read_text())["job_id"]), path.resolve()
+    if ref.replace("_", "").isdigit():
+        return ref, None
+    raise HpcdlError(f"{ref}: neither a run dir nor a Slurm job id")
+
+
+def _query(cmd: list[str]) -> Optional[str]:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def job_state(job_id: str) -> dict[str, str]:
+    """squeue while queued/running; sacct once it has left the queue (if accounting exists)."""
+    out = _query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
+    if out and out.strip():
+        jid, state, elapsed, limit, nodes, where = out.strip().splitlines()[0].split("|")
+        return {"job_id": jid, "state": state, "elapsed": elapsed, "time_limit": limit,
+                "nodes": nodes, "where": where, "source": "squeue"}
+    out = _query(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Elapsed,ExitCode,NodeList"])
+    if out and out.strip():
+        jid, state, elapsed, code, nodes = out.strip().splitlines()[-1].split("|")
+        return {"job_id": jid, "state": state.split()[0], "elapsed": elapsed, "exit_code": code,
+                "where": nodes, "source": "sacct"}
+    return {"job_id": job_id, "state": "UNKNOWN (not queued; no accounting)", "source": "none"}
+
+
+def run_status(run_dir: Optional[Path]) -> dict[str, Any]:
+    if run_dir is None:
+        return {}
+    from hpcdl.launch.slurm_job import read_attempts
+
+    info: dict[str, Any] = {}
+    attempts = read_attempts(run_dir)
+    starts = [a for a in attempts if a.get("event") == "start"]
+    info["attempts"] = len(starts)
+    info["requeues"] = max(0, len(starts) - 1)
+    ends = [a for a in attempts if a.get("event") == "end"]
+    if ends:
+        info["last_end"] = f"{ends[-1].get('reason')} ({ends[-1].get('action', '')})".strip()
+    metrics = run_dir / "metrics.csv"
+    if metrics.exists():
+        rows = list(csv.DictReader(open(metrics)))
+        if rows:
+            last = rows[-1]
+            info["last_epoch"] = last.get("epoch")
+            info["last_metrics"] = {k: last[k] for k in ("train_loss", "val_loss", "val_accuracy") if k in last}
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        info["test_accuracy"] = s.get("test_accuracy")
+        info["weights_sha256"] = s.get("weights_sha256")
+    return info
+
+
+def status(ref: str, watch_s: Optional[float] = None) -> int:
+    job_id, run_dir = resolve_job(ref)
+    while True:
+        report = {**job_state(job_id), **run_status(run_dir)}
+        for key, value in report.items():
+            print(f"{key:>15}: {value}")
+        if watch_s is None or report["state"] not in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"):
+            return 0
+        time.sleep(max(watch_s, MIN_REFRESH_S))
+        print()
+
+
+def log_path(run_dir: Path, job_id: str, rank: int) -> Path:
+    return run_dir / LOG_DIR / f"{job_id}_{rank}_log.out"
+
+
+def logs(ref: str, rank: int, follow: bool) -> int:
+    job_id, run_dir = resolve_job(ref)
+    if run_dir is None:
+        raise HpcdlError(f"{ref}: give the run dir to read its logs (job ids carry no log path)")
+    path = log_path(run_dir, job_id, rank)
+    offset = 0
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        elif not follow:
+            raise HpcdlError(f"{path}: no log yet (job {job_id} may still be pending; try -f)")
+        if not follow:
+            return 0
+        if job_state(job_id)["state"] not in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"):
+            return 0
+        time.sleep(2.0)
+
+
+def cancel(ref: str) -> int:
+    job_id, _ = resolve_job(ref)
+    out = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise HpcdlError(f"scancel {job_id} failed: {out.stderr.strip()}")
+    print(f"cancelled job {job_id}")
+    return 0

@@ -1,0 +1,145 @@
+"""Check a Slurm request against the real cluster (scontrol/sinfo) before queueing it.
+
+A request that can never run (no such partition, no node with the GRES or feature, over the
+partition's MaxTime or size) is refused here with one line naming the key, instead of
+after a day in the queue. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from hpcdl.config.schema import ClusterConfig
+from hpcdl.errors import ConfigError
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"cluster.launcher=slurm: `{cmd[0]}` not found; run on a Slurm login node "
+            "(or skip the check with --no-preflight)"
+        ) from None
+    if out.returncode != 0:
+        raise ConfigError(f"`{' '.join(cmd)}` failed: {out.stderr.strip().splitlines()[:1]}")
+    return out.stdout
+
+
+def parse_partitions(text: str) -> dict[str, dict[str, str]]:
+    """`scontrol show partition -o` lines -> {name: {key: value}}."""
+    parts = {}
+    for line in text.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" in fields:
+            parts[fields["PartitionName"]] = fields
+    return parts
+
+
+def slurm_minutes(value: str) -> float | None:
+    """Slurm time ('UNLIMITED', 'MM', 'HH:MM:SS', 'D-HH:MM:SS', 'D-HH') -> minutes."""
+    if value in ("UNLIMITED", "INFINITE", "NONE", ""):
+        return None
+    days = 0
+    if "-" in value:
+        d, value = value.split("-", 1)
+        days = int(d)
+        parts = [int(x) for x in value.split(":")] + [0, 0]
+        h, m, s = parts[:3]
+    else:
+        parts = [int(x) for x in value.split(":")]
+        if len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, s = 0, parts[0], parts[1]
+        else:
+            h, m, s = parts
+    return days * 1440 + h * 60 + m + s / 60
+
+
+def parse_gres(gres: str) -> dict[str, int]:
+    """'gpu:a100:4(S:0-1),gpu:v100:2' -> {'a100': 4, 'v100': 2, '': 6} (counts by type)."""
+    counts: dict[str, int] = {}
+    for item in gres.split(","):
+        item = re.sub(r"\(.*?\)", "", item)
+        bits = item.split(":")
+        if bits[0] != "gpu" or len(bits) < 2:
+            continue
+        kind, count = (bits[1], bits[2]) if len(bits) >= 3 else ("", bits[1])
+        n = int(re.sub(r"\D.*", "", count) or 0)
+        counts[kind] = counts.get(kind, 0) + n
+        if kind:
+            counts[""] = counts.get("", 0) + n
+    return counts
+
+
+def constraint_satisfied(constraint: str, features: set[str]) -> bool:
+    """Slurm constraint with & (and) and | (or); brackets and counts are not checked."""
+    expr = re.sub(r"[\[\]]|\*\d+", "", constraint)
+    return any(
+        all(f.strip() in features for f in alt.split("&")) for alt in expr.split("|")
+    )
+
+
+def check(cluster: ClusterConfig) -> str:
+    """Raise ConfigError if the request cannot run; return the partition name used."""
+    partitions = parse_partitions(_run(["scontrol", "show", "partition", "-o"]))
+    name = cluster.partition or next(
+        (n for n, f in partitions.items() if f.get("Default") == "YES"), None
+    )
+    if name not in partitions:
+        raise ConfigError(
+            f"cluster.partition={name!r}: no such partition; this cluster has "
+            f"{', '.join(sorted(partitions)) or 'none'} (scontrol show partition)"
+        )
+    info = partitions[name]
+    max_min = slurm_minutes(info.get("MaxTime", "UNLIMITED"))
+    if max_min is not None and cluster.timeout_min > max_min:
+        raise ConfigError(
+            f"cluster.timeout_min={cluster.timeout_min}: partition {name!r} allows at most "
+            f"{max_min:g} minutes (MaxTime={info['MaxTime']})"
+        )
+    nodes = _partition_nodes(name)
+    if cluster.nodes > len(nodes):
+        raise ConfigError(
+            f"cluster.nodes={cluster.nodes}: partition {name!r} has {len(nodes)} nodes (sinfo)"
+        )
+    max_nodes = info.get("MaxNodes", "UNLIMITED")
+    if max_nodes.isdigit() and cluster.nodes > int(max_nodes):
+        raise ConfigError(f"cluster.nodes={cluster.nodes}: partition {name!r} has MaxNodes={max_nodes}")
+    fitting = nodes
+    if cluster.constraint:
+        fitting = [n for n in fitting if constraint_satisfied(cluster.constraint, n[1])]
+        if not fitting:
+            have = sorted(set().union(*(n[1] for n in nodes)))
+            raise ConfigError(
+                f"cluster.constraint={cluster.constraint!r}: no node in partition {name!r} has "
+                f"it (features: {', '.join(have) or 'none'})"
+            )
+    if cluster.gpus_per_node:
+        kind = cluster.gpu_type or ""
+        fitting = [n for n in fitting if n[2].get(kind, 0) >= cluster.gpus_per_node]
+        if not fitting:
+            most = max((n[2].get(kind, 0) for n in nodes), default=0)
+            gres = f"gpu:{kind + ':' if kind else ''}{cluster.gpus_per_node}"
+            raise ConfigError(
+                f"cluster.gpus_per_node={cluster.gpus_per_node} (--gres={gres}): partition {name!r} "
+                f"nodes have at most {most} {kind or 'GPU'}{'s' if most != 1 else ''} (sinfo)"
+            )
+    if cluster.nodes > len(fitting):
+        raise ConfigError(
+            f"cluster.nodes={cluster.nodes}: only {len(fitting)} nodes of partition {name!r} "
+            "have the requested GPUs/features"
+        )
+    return name
+
+
+def _partition_nodes(partition: str) -> list[tuple[str, set[str], dict[str, int]]]:
+    out = _run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%f|%G"])
+    nodes = {}
+    for line in out.splitlines():
+        name, features, gres = (line.split("|") + ["", ""])[:3]
+        feats = {f for f in features.split(",") if f and f != "(null)"}
+        nodes[name] = (name, feats, parse_gres(gres))
+    return list(nodes.values())

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcdl.checkpoint import CheckpointStore, resolve_checkpoint, read_checkpoint
+from hpcdl.checkpoint import CheckpointStore, read_checkpoint, resolve_checkpoint
 from hpcdl.config.convert import config_hash, to_plain
 from hpcdl.config.schema import Config, Precision
 from hpcdl.data import EpochSharder, build_data
@@ -72,7 +72,10 @@ def build_trainer(
         data.y_train = data.y_train.to(device)
     optimizer = build_optimizer(cfg.optim, raw_model.parameters())
     scheduler = build_scheduler(
-        cfg.schedule, optimizer, total_steps(cfg, sharder.num_steps_per_epoch), sharder.num_steps_per_epoch
+        cfg.schedule,
+        optimizer,
+        total_steps(cfg, sharder.num_steps_per_epoch),
+        sharder.num_steps_per_epoch,
     )
     parts = Parts(
         data=data,

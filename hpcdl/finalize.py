@@ -21,7 +21,9 @@ def write_curves(trainer: Trainer, run_dir: Path) -> None:
         plot_learning_curves(rows, run_dir / "learning_curves.png")
 
 
-def finalize_run(trainer: Trainer, result: FitResult, run_dir: Path, wall_s: float) -> dict[str, Any]:
+def finalize_run(
+    trainer: Trainer, result: FitResult, run_dir: Path, wall_s: float
+) -> dict[str, Any]:
     """Test-set evaluation (all ranks) and the run's summary files (rank 0)."""
     test = trainer.evaluate_split("test") if trainer.p.data.y_test.numel() else None
     if not trainer.env.is_main:

@@ -56,7 +56,9 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path, which: str) -> dict[str, Any
         "class_names": list(data.class_names),
     }
     write_json_atomic(out_dir / "metrics.json", report)
-    plot_confusion_matrix(result.confusion, list(data.class_names), out_dir / "confusion_matrix.png")
+    plot_confusion_matrix(
+        result.confusion, list(data.class_names), out_dir / "confusion_matrix.png"
+    )
     report["output_dir"] = str(out_dir)
     return report
 

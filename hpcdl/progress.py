@@ -24,7 +24,13 @@ class ProgressReporter:
     def start_epoch(self, epoch: int, start_step: int, num_steps: int) -> None:
         if not self.interactive:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         if self._bar is None:
             self._bar = Progress(
@@ -46,7 +52,9 @@ class ProgressReporter:
         if not self.enabled:
             return
         if self.interactive:
-            self._bar.update(self._task, completed=step_in_epoch + 1, info=f"loss {loss:.4f} lr {lr:.3g}")
+            self._bar.update(
+                self._task, completed=step_in_epoch + 1, info=f"loss {loss:.4f} lr {lr:.3g}"
+            )
         elif (step_in_epoch + 1) % self.log_every_steps == 0:
             print(
                 f"epoch {epoch + 1}/{self.max_epochs} step {step_in_epoch + 1}/{num_steps} "

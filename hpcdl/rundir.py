@@ -53,7 +53,9 @@ def create_run_dir(cfg: Config) -> tuple[Config, Path]:
 def open_run_dir(run_dir: str) -> tuple[Config, Path]:
     path = Path(run_dir).expanduser().resolve()
     if not (path / CONFIG_FILE).is_file():
-        raise RunDirError(f"{run_dir}: not an hpcdl run dir (no {CONFIG_FILE}); pass the run_dir of a run")
+        raise RunDirError(
+            f"{run_dir}: not an hpcdl run dir (no {CONFIG_FILE}); pass the run_dir of a run"
+        )
     return load_config(path / CONFIG_FILE), path
 
 

@@ -31,7 +31,9 @@ class StopFlag:
 
 
 @contextmanager
-def stop_on_signals(names: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGUSR2")) -> Iterator[StopFlag]:
+def stop_on_signals(
+    names: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGUSR2"),
+) -> Iterator[StopFlag]:
     """Install flag-setting handlers for `names`; the previous handlers come back on exit."""
     flag = StopFlag()
     previous = {}

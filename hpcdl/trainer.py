@@ -224,7 +224,11 @@ class Trainer:
     def log_step(self, step_in_epoch: int, flags: dict[str, bool]) -> None:
         lr = self.p.optimizer.param_groups[0]["lr"]
         self.p.reporter.step(
-            self.progress.epoch, step_in_epoch, self.p.sharder.num_steps_per_epoch, self._last_loss, lr
+            self.progress.epoch,
+            step_in_epoch,
+            self.p.sharder.num_steps_per_epoch,
+            self._last_loss,
+            lr,
         )
 
     # ------------------------------------------------------------------ evaluation
@@ -330,7 +334,9 @@ class Trainer:
         if step == self._last_saved_step and not is_best:
             return self._last_saved_path
         self._last_saved_step = step
-        self._last_saved_path = self.p.store.save(self.state_dict(rng_states), step, is_best=is_best)
+        self._last_saved_path = self.p.store.save(
+            self.state_dict(rng_states), step, is_best=is_best
+        )
         return self._last_saved_path
 
     def restore(self) -> None:
@@ -382,4 +388,3 @@ def total_steps(cfg: Config, steps_per_epoch: int) -> int:
     if cfg.trainer.max_steps is None:
         return by_epochs
     return min(by_epochs, cfg.trainer.max_steps)
-

@@ -25,7 +25,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def run_hpcdl(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_hpcdl(
+    *args: str, cwd: Path, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """The installed command line, as a user runs it (a fresh interpreter each time)."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
@@ -40,7 +42,9 @@ def run_hpcdl(*args: str, cwd: Path, timeout: float = 300, env: dict | None = No
 
 @pytest.fixture
 def hpcdl(tmp_path: Path):
-    def call(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    def call(
+        *args: str, timeout: float = 300, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
         return run_hpcdl(*args, cwd=tmp_path, timeout=timeout, env=env)
 
     return call

@@ -9,6 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
 FAST = ["trainer.max_epochs=2"]
 TRAINED = ["trainer.max_epochs=10"]
 
@@ -53,14 +59,38 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_run_dir_contents(trained: Path) -> None:
-    for name in ("config.yaml", "metrics.csv", "summary.json", "learning_curves.png", "confusion_matrix.png"):
+    for name in (
+        "config.yaml",
+        "metrics.csv",
+        "summary.json",
+        "learning_curves.png",
+        "confusion_matrix.png",
+    ):
         assert (trained / name).is_file(), name
-    rows = list(csv.DictReader(open(trained / "metrics.csv")))
+    rows = read_csv(trained / "metrics.csv")
     assert [int(r["epoch"]) for r in rows] == list(range(1, 11))
-    assert {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "seconds", "samples_per_s"} <= set(rows[0])
+    assert {
+        "train_loss",
+        "train_accuracy",
+        "val_loss",
+        "val_accuracy",
+        "lr",
+        "seconds",
+        "samples_per_s",
+    } <= set(rows[0])
     summary = json.loads((trained / "summary.json").read_text())
-    for key in ("test_accuracy", "best_metric", "best_epoch", "steps", "epochs", "world_size", "wall_s",
-                "samples_per_s", "versions", "weights_sha256"):
+    for key in (
+        "test_accuracy",
+        "best_metric",
+        "best_epoch",
+        "steps",
+        "epochs",
+        "world_size",
+        "wall_s",
+        "samples_per_s",
+        "versions",
+        "weights_sha256",
+    ):
         assert key in summary, key
     assert summary["steps"] == 130 and summary["world_size"] == 1
     assert len(summary["weights_sha256"]) == 64
@@ -86,9 +116,16 @@ def test_predict_applies_training_preprocessing(hpcdl, trained: Path, tmp_path: 
 
     x, y = load_breast_cancer(return_X_y=True)
     np.save(tmp_path / "rows.npy", x)
-    out = hpcdl("predict", str(trained), "--input", str(tmp_path / "rows.npy"), "--output", str(tmp_path / "p.csv"))
+    out = hpcdl(
+        "predict",
+        str(trained),
+        "--input",
+        str(tmp_path / "rows.npy"),
+        "--output",
+        str(tmp_path / "p.csv"),
+    )
     assert out.returncode == 0, out.stderr
-    preds = [int(r["predicted"]) for r in csv.DictReader(open(tmp_path / "p.csv"))]
+    preds = [int(r["predicted"]) for r in read_csv(tmp_path / "p.csv")]
     assert len(preds) == len(y)
     # Raw, unstandardized rows: only right if the training standardization was applied.
     assert (np.array(preds) == y).mean() > 0.9
@@ -102,8 +139,12 @@ def test_init_from_warm_starts_and_refuses_mismatch(hpcdl, trained: Path, tmp_pa
     warm = hpcdl("train", "run_dir=warm", f"init_from={trained}", "trainer.max_epochs=1")
     assert warm.returncode == 0, warm.stderr
     cold = hpcdl("train", "run_dir=cold", "trainer.max_epochs=1")
-    first = lambda d: float(next(csv.DictReader(open(tmp_path / d / "metrics.csv")))["train_loss"])  # noqa: E731
-    assert first("warm") < first("cold")
+    assert cold.returncode == 0, cold.stderr
+
+    def first_loss(run: str) -> float:
+        return float(read_csv(tmp_path / run / "metrics.csv")[0]["train_loss"])
+
+    assert first_loss("warm") < first_loss("cold")
     out = hpcdl("train", "run_dir=mismatch", f"init_from={trained}", "model.hidden_sizes=[16,60]")
     assert out.returncode == 2
     assert "parameter 'net.0.weight'" in out.stderr or "has shape" in out.stderr

@@ -62,15 +62,24 @@ def test_local_cluster_ranks() -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["trainer.max_epoch=3"], "trainer.max_epoch: unknown key; did you mean trainer.max_epochs?"),
+        (
+            ["trainer.max_epoch=3"],
+            "trainer.max_epoch: unknown key; did you mean trainer.max_epochs?",
+        ),
         (["model=foo"], "model=foo: unknown option; choose one of cnn, custom, mlp, resnet18"),
         (["trainer.max_epochs=abc"], "trainer.max_epochs"),
         (["trainer.batch_size=-3"], "trainer.batch_size=-3: must be > 0"),
         (["data=mnist"], "data.path: required value is missing"),
-        (["data=files", "data.path=/no/such/file.npz"], "data.path='/no/such/file.npz': no such file"),
+        (
+            ["data=files", "data.path=/no/such/file.npz"],
+            "data.path='/no/such/file.npz': no such file",
+        ),
         (["model.dropout=1.5"], "model.dropout=1.5: must be in [0, 1)"),
         (["optim.lr=0"], "optim.lr=0.0: must be > 0"),
-        (["optim.nesterov=true", "optim.momentum=0"], "optim.nesterov=true needs optim.momentum > 0"),
+        (
+            ["optim.nesterov=true", "optim.momentum=0"],
+            "optim.nesterov=true needs optim.momentum > 0",
+        ),
         (["trainer.precision=fp8"], "trainer.precision"),
         (["cluster.tasks_per_node=2"], "cluster=debug runs one rank in-process"),
         (["data.fold=3", "data.num_folds=3"], "data.fold=3: must be in [0, data.num_folds=3)"),
@@ -94,7 +103,9 @@ def test_config_round_trips_through_yaml(tmp_path: Path) -> None:
 def test_unknown_top_level_key_in_stored_config() -> None:
     raw = to_plain(compose_config([]))
     raw["trainer"]["max_epocs"] = 3
-    with pytest.raises(ConfigError, match="trainer.max_epocs: unknown key; did you mean trainer.max_epochs"):
+    with pytest.raises(
+        ConfigError, match=r"trainer\.max_epocs: unknown key; did you mean trainer\.max_epochs"
+    ):
         from_dict(raw)
 
 
@@ -105,5 +116,5 @@ def test_resume_overrides_change_values_and_groups() -> None:
     assert cfg.cluster.launcher == schema.Launcher.local
     assert cfg.optim.lr == 0.5
     assert cfg.model == base.model
-    with pytest.raises(ConfigError, match="trainer.max_epoc"):
+    with pytest.raises(ConfigError, match=r"trainer\.max_epoc"):
         apply_overrides(base, ["trainer.max_epoc=5"])

@@ -38,7 +38,13 @@ def test_slurm_step_two_nodes() -> None:
             "SLURM_RESTART_COUNT": "2",
         }
     )
-    assert (env.rank, env.local_rank, env.world_size, env.node_rank, env.num_nodes) == (3, 1, 4, 1, 2)
+    assert (env.rank, env.local_rank, env.world_size, env.node_rank, env.num_nodes) == (
+        3,
+        1,
+        4,
+        1,
+        2,
+    )
     assert env.master_addr == "n1"
     assert env.master_port == port_for_job("4242")
     assert env.launcher == "slurm" and env.restart_count == 2 and not env.is_main
@@ -57,7 +63,13 @@ def test_slurm_batch_shell_without_procid_is_not_a_rank() -> None:
 
 def test_explicit_master_addr_and_port_win() -> None:
     env = rank_env_from(
-        {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "n1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "1234"}
+        {
+            "SLURM_JOB_ID": "7",
+            "SLURM_PROCID": "0",
+            "SLURM_JOB_NODELIST": "n1",
+            "MASTER_ADDR": "10.0.0.5",
+            "MASTER_PORT": "1234",
+        }
     )
     assert (env.master_addr, env.master_port) == ("10.0.0.5", 1234)
 
@@ -77,5 +89,13 @@ def test_submitit_local_ranks() -> None:
 
 
 def test_torchrun_variables() -> None:
-    env = rank_env_from({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "5"})
-    assert (env.rank, env.world_size, env.master_addr, env.master_port, env.launcher) == (2, 4, "h", 5, "torchrun")
+    env = rank_env_from(
+        {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "5"}
+    )
+    assert (env.rank, env.world_size, env.master_addr, env.master_port, env.launcher) == (
+        2,
+        4,
+        "h",
+        5,
+        "torchrun",
+    )

@@ -24,8 +24,13 @@ def test_breast_cancer_mlp_default_reaches_95_percent(hpcdl, tmp_path: Path) -> 
 @pytest.mark.slow
 def test_digits_cnn_two_rank_gloo_ddp_reaches_95_percent(hpcdl, tmp_path: Path) -> None:
     out = hpcdl(
-        "train", "run_dir=run", "model=cnn", "data=digits", "cluster=local",
-        "cluster.tasks_per_node=2", "trainer.max_epochs=12",
+        "train",
+        "run_dir=run",
+        "model=cnn",
+        "data=digits",
+        "cluster=local",
+        "cluster.tasks_per_node=2",
+        "trainer.max_epochs=12",
     )
     assert out.returncode == 0, out.stderr + out.stdout
     s = summary(tmp_path / "run")
@@ -39,7 +44,9 @@ def test_digits_cnn_two_rank_gloo_ddp_reaches_95_percent(hpcdl, tmp_path: Path) 
 
 @pytest.mark.slow
 def test_nonfinite_losses_stop_with_a_clear_error(hpcdl, tmp_path: Path) -> None:
-    out = hpcdl("train", "run_dir=run", "optim.lr=1e12", "optim.momentum=0.9", "trainer.max_bad_steps=3")
+    out = hpcdl(
+        "train", "run_dir=run", "optim.lr=1e12", "optim.momentum=0.9", "trainer.max_bad_steps=3"
+    )
     assert out.returncode != 0
     assert "non-finite losses in a row" in out.stderr + out.stdout
 
@@ -47,8 +54,14 @@ def test_nonfinite_losses_stop_with_a_clear_error(hpcdl, tmp_path: Path) -> None
 @pytest.mark.gpu
 def test_bf16_compile_on_gpu(hpcdl, tmp_path: Path) -> None:
     out = hpcdl(
-        "train", "run_dir=run", "model=cnn", "data=digits", "trainer.precision=bf16",
-        "trainer.compile=true", "trainer.channels_last=true", "trainer.max_epochs=8",
+        "train",
+        "run_dir=run",
+        "model=cnn",
+        "data=digits",
+        "trainer.precision=bf16",
+        "trainer.compile=true",
+        "trainer.channels_last=true",
+        "trainer.max_epochs=8",
     )
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path / "run")
@@ -58,8 +71,13 @@ def test_bf16_compile_on_gpu(hpcdl, tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_nccl_single_rank_local(hpcdl, tmp_path: Path) -> None:
     out = hpcdl(
-        "train", "run_dir=run", "cluster=local", "cluster.tasks_per_node=1", "cluster.gpus_per_node=1",
-        "trainer.max_epochs=3", "trainer.precision=fp16",
+        "train",
+        "run_dir=run",
+        "cluster=local",
+        "cluster.tasks_per_node=1",
+        "cluster.gpus_per_node=1",
+        "trainer.max_epochs=3",
+        "trainer.precision=fp16",
     )
     assert out.returncode == 0, out.stderr + out.stdout
     assert summary(tmp_path / "run")["versions"].get("gpu")

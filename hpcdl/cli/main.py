@@ -10,9 +10,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from hpcdl.errors import HpcdlError
+
+if TYPE_CHECKING:
+    from hpcdl.config.schema import Config
 
 EXIT_BAD_INPUT = 2
 
@@ -43,23 +46,35 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value")
-    train.add_argument("--cfg", "-c", choices=["job", "hydra", "all"], help="print the config, run nothing")
+    train.add_argument(
+        "--cfg", "-c", choices=["job", "hydra", "all"], help="print the config, run nothing"
+    )
     train.add_argument("--resolve", action="store_true", help="with --cfg: resolve interpolations")
     train.add_argument("--info", action="store_true", help="print config search path and choices")
     train.add_argument("--config-dir", "-cd", action="append", default=[], help="extra config dir")
-    train.add_argument("--multirun", "-m", action="store_true", help="a sweep over comma lists/ranges")
-    train.add_argument("--dry-run", action="store_true", help="Slurm: print the sbatch script, submit nothing")
-    train.add_argument("--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks")
+    train.add_argument(
+        "--multirun", "-m", action="store_true", help="a sweep over comma lists/ranges"
+    )
+    train.add_argument(
+        "--dry-run", action="store_true", help="Slurm: print the sbatch script, submit nothing"
+    )
+    train.add_argument(
+        "--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks"
+    )
 
     resume = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
     resume.add_argument("run_dir")
     resume.add_argument("overrides", nargs="*", help="e.g. trainer.max_epochs=50 cluster=local")
     resume.add_argument("--config-dir", "-cd", action="append", default=[])
-    resume.add_argument("--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks")
+    resume.add_argument(
+        "--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks"
+    )
 
     status = sub.add_parser("status", help="Slurm job state, attempts, last metrics")
     status.add_argument("ref", metavar="RUN_DIR|JOB_ID")
-    status.add_argument("--watch", type=float, metavar="SECONDS", help="refresh (at least 10 s apart)")
+    status.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="refresh (at least 10 s apart)"
+    )
     logs = sub.add_parser("logs", help="a rank's log file")
     logs.add_argument("ref", metavar="RUN_DIR")
     logs.add_argument("--rank", type=int, default=0)
@@ -102,7 +117,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hpcdl.rundir import create_run_dir
 
     if args.multirun:
-        raise HpcdlError("-m/--multirun: sweeps arrive with the [sweeps] work; run one config at a time")
+        raise HpcdlError(
+            "-m/--multirun: sweeps arrive with the [sweeps] work; run one config at a time"
+        )
     if args.cfg or args.info:
         from omegaconf import OmegaConf
 
@@ -123,7 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return launch(cfg, run_dir)
 
 
-def preflight(cfg, skip: bool) -> None:  # type: ignore[no-untyped-def]
+def preflight(cfg: Config, skip: bool) -> None:
     from hpcdl.config.schema import Launcher
 
     if cfg.cluster.launcher == Launcher.slurm and not skip:
@@ -132,13 +149,15 @@ def preflight(cfg, skip: bool) -> None:  # type: ignore[no-untyped-def]
         check(cfg.cluster)
 
 
-def dry_run(cfg) -> int:  # type: ignore[no-untyped-def]
+def dry_run(cfg: Config) -> int:
     from hpcdl.config.schema import Launcher
     from hpcdl.launch.slurm import rank_environment, sbatch_text
     from hpcdl.rundir import default_run_dir
 
     if cfg.cluster.launcher != Launcher.slurm:
-        raise HpcdlError(f"--dry-run: cluster={cfg.cluster.name} is not a Slurm profile; nothing to print")
+        raise HpcdlError(
+            f"--dry-run: cluster={cfg.cluster.name} is not a Slurm profile; nothing to print"
+        )
     run_dir = Path(cfg.run_dir or default_run_dir()).expanduser().resolve()
     print(f"# run dir (not created): {run_dir}")
     print(sbatch_text(cfg, run_dir))
@@ -163,7 +182,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return launch(cfg, run_dir)
 
 
-def launch(cfg, run_dir: Path) -> int:  # type: ignore[no-untyped-def]
+def launch(cfg: Config, run_dir: Path) -> int:
     from hpcdl.config.schema import Launcher
 
     if cfg.cluster.launcher == Launcher.slurm:
@@ -193,10 +212,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg, run_dir = open_run_dir(args.run_dir)
     report = evaluate_checkpoint(cfg, run_dir, args.checkpoint)
     print(f"checkpoint: {report['checkpoint']}")
-    print(f"test_loss {report['test_loss']:.4f}  test_accuracy {report['test_accuracy']:.4f}  "
-          f"({report['num_test_samples']} samples)")
+    print(
+        f"test_loss {report['test_loss']:.4f}  test_accuracy {report['test_accuracy']:.4f}  "
+        f"({report['num_test_samples']} samples)"
+    )
     print("confusion matrix [true x predicted]:")
-    for name, row in zip(report["class_names"], report["confusion_matrix"]):
+    for name, row in zip(report["class_names"], report["confusion_matrix"], strict=True):
         print(f"  {name:>12}: {' '.join(f'{v:5d}' for v in row)}")
     print(f"written: {report['output_dir']}")
     return 0

@@ -42,7 +42,7 @@ def to_config(cfg: DictConfig) -> schema.Config:
     return from_dict(container)
 
 
-def from_dict(raw: dict[str, Any]) -> schema.Config:
+def from_dict(raw: dict[Any, Any]) -> schema.Config:
     unknown = [k for k in raw if k not in GROUPS and k not in TOP_LEVEL_KEYS and k != "hydra"]
     if unknown:
         raise ConfigError(_unknown_key_message(unknown[0], [*GROUPS, *TOP_LEVEL_KEYS]))
@@ -97,8 +97,8 @@ def _omegaconf_message(group: str, cls: type, err: OmegaConfBaseException) -> st
 
 def _field_names(cls: type, prefix: str = "") -> list[str]:
     names = []
-    for f in fields(cls):  # type: ignore[arg-type]
-        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+    for f in fields(cls):
+        default = f.default_factory() if callable(f.default_factory) else f.default
         if is_dataclass(default):
             names.extend(_field_names(type(default), f"{prefix}{f.name}."))
         else:
@@ -154,7 +154,9 @@ def load_config(path: Path) -> schema.Config:
     try:
         raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except (OSError, OmegaConfBaseException) as err:
-        raise ConfigError(f"{path}: cannot read the run's config ({err}); is this a run dir?") from None
+        raise ConfigError(
+            f"{path}: cannot read the run's config ({err}); is this a run dir?"
+        ) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: not a config mapping")
     return from_dict(raw)

@@ -104,9 +104,10 @@ def _check_optim(optim: object) -> None:
         _non_negative("optim.momentum", optim.momentum)
         if optim.nesterov and optim.momentum <= 0:
             raise ConfigError("optim.nesterov=true needs optim.momentum > 0")
-    if isinstance(optim, schema.AdamConfig):
-        if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
-            raise ConfigError(f"optim.betas={optim.betas}: need two values in [0, 1)")
+    if isinstance(optim, schema.AdamConfig) and (
+        len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas)
+    ):
+        raise ConfigError(f"optim.betas={optim.betas}: need two values in [0, 1)")
 
 
 def _check_schedule(schedule: schema.ScheduleConfig) -> None:

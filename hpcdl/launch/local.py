@@ -63,7 +63,9 @@ def _wait(job: Any, run_dir: Path) -> int:
 
     def forward(signum: int, _frame: Any) -> None:
         if not stopping:
-            print(f"\n{signal.Signals(signum).name}: stopping all ranks at the next step", flush=True)
+            print(
+                f"\n{signal.Signals(signum).name}: stopping all ranks at the next step", flush=True
+            )
         stopping.append(signum)
         if job._process is not None:  # submitit's controller forwards SIGTERM to every task
             job._process.send_signal(signal.SIGTERM)

@@ -47,13 +47,28 @@ def job_state(job_id: str) -> dict[str, str]:
     out = _query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
     if out and out.strip():
         jid, state, elapsed, limit, nodes, where = out.strip().splitlines()[0].split("|")
-        return {"job_id": jid, "state": state, "elapsed": elapsed, "time_limit": limit,
-                "nodes": nodes, "where": where, "source": "squeue"}
-    out = _query(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Elapsed,ExitCode,NodeList"])
+        return {
+            "job_id": jid,
+            "state": state,
+            "elapsed": elapsed,
+            "time_limit": limit,
+            "nodes": nodes,
+            "where": where,
+            "source": "squeue",
+        }
+    out = _query(
+        ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Elapsed,ExitCode,NodeList"]
+    )
     if out and out.strip():
         jid, state, elapsed, code, nodes = out.strip().splitlines()[-1].split("|")
-        return {"job_id": jid, "state": state.split()[0], "elapsed": elapsed, "exit_code": code,
-                "where": nodes, "source": "sacct"}
+        return {
+            "job_id": jid,
+            "state": state.split()[0],
+            "elapsed": elapsed,
+            "exit_code": code,
+            "where": nodes,
+            "source": "sacct",
+        }
     return {"job_id": job_id, "state": "UNKNOWN (not queued; no accounting)", "source": "none"}
 
 
@@ -72,11 +87,14 @@ def run_status(run_dir: Optional[Path]) -> dict[str, Any]:
         info["last_end"] = f"{ends[-1].get('reason')} ({ends[-1].get('action', '')})".strip()
     metrics = run_dir / "metrics.csv"
     if metrics.exists():
-        rows = list(csv.DictReader(open(metrics)))
+        with open(metrics) as f:
+            rows = list(csv.DictReader(f))
         if rows:
             last = rows[-1]
             info["last_epoch"] = last.get("epoch")
-            info["last_metrics"] = {k: last[k] for k in ("train_loss", "val_loss", "val_accuracy") if k in last}
+            info["last_metrics"] = {
+                k: last[k] for k in ("train_loss", "val_loss", "val_accuracy") if k in last
+            }
     summary = run_dir / "summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())
@@ -91,7 +109,13 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
         report = {**job_state(job_id), **run_status(run_dir)}
         for key, value in report.items():
             print(f"{key:>15}: {value}")
-        if watch_s is None or report["state"] not in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"):
+        if watch_s is None or report["state"] not in (
+            "PENDING",
+            "RUNNING",
+            "REQUEUED",
+            "CONFIGURING",
+            "COMPLETING",
+        ):
             return 0
         time.sleep(max(watch_s, MIN_REFRESH_S))
         print()
@@ -119,7 +143,13 @@ def logs(ref: str, rank: int, follow: bool) -> int:
             raise HpcdlError(f"{path}: no log yet (job {job_id} may still be pending; try -f)")
         if not follow:
             return 0
-        if job_state(job_id)["state"] not in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"):
+        if job_state(job_id)["state"] not in (
+            "PENDING",
+            "RUNNING",
+            "REQUEUED",
+            "CONFIGURING",
+            "COMPLETING",
+        ):
             return 0
         time.sleep(2.0)
 

@@ -77,9 +77,7 @@ def parse_gres(gres: str) -> dict[str, int]:
 def constraint_satisfied(constraint: str, features: set[str]) -> bool:
     """Slurm constraint with & (and) and | (or); brackets and counts are not checked."""
     expr = re.sub(r"[\[\]]|\*\d+", "", constraint)
-    return any(
-        all(f.strip() in features for f in alt.split("&")) for alt in expr.split("|")
-    )
+    return any(all(f.strip() in features for f in alt.split("&")) for alt in expr.split("|"))
 
 
 def check(cluster: ClusterConfig) -> str:
@@ -107,7 +105,9 @@ def check(cluster: ClusterConfig) -> str:
         )
     max_nodes = info.get("MaxNodes", "UNLIMITED")
     if max_nodes.isdigit() and cluster.nodes > int(max_nodes):
-        raise ConfigError(f"cluster.nodes={cluster.nodes}: partition {name!r} has MaxNodes={max_nodes}")
+        raise ConfigError(
+            f"cluster.nodes={cluster.nodes}: partition {name!r} has MaxNodes={max_nodes}"
+        )
     fitting = nodes
     if cluster.constraint:
         fitting = [n for n in fitting if constraint_satisfied(cluster.constraint, n[1])]
@@ -139,7 +139,7 @@ def _partition_nodes(partition: str) -> list[tuple[str, set[str], dict[str, int]
     out = _run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%f|%G"])
     nodes = {}
     for line in out.splitlines():
-        name, features, gres = (line.split("|") + ["", ""])[:3]
+        name, features, gres = [*line.split("|"), "", ""][:3]
         feats = {f for f in features.split(",") if f and f != "(null)"}
         nodes[name] = (name, feats, parse_gres(gres))
     return list(nodes.values())

@@ -68,7 +68,9 @@ def setup_lines(cluster: ClusterConfig, run_dir: Path) -> list[str]:
 def make_executor(cfg: Config, run_dir: Path) -> Any:
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=str(run_dir / LOG_DIR), max_num_timeout=cfg.cluster.max_requeues)
+    executor = submitit.SlurmExecutor(
+        folder=str(run_dir / LOG_DIR), max_num_timeout=cfg.cluster.max_requeues
+    )
     params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{run_dir.name}")
     params["setup"] = setup_lines(cfg.cluster, run_dir)
     executor.update_parameters(**params)
@@ -123,14 +125,21 @@ def snapshot_code(run_dir: Path) -> str:
 def git_revision(path: Path) -> str:
     try:
         out = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+            ["git", "-C", str(path), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     if out.returncode != 0:
         return "unknown"
-    dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout.strip()
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 

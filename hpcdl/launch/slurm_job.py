@@ -93,7 +93,9 @@ def classify(signal_name: str | None, warning: str, job_id: str, signal_delay_s:
 
 
 def requeue(job_id: str) -> str:
-    out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
+    )
     return "requeued" if out.returncode == 0 else f"requeue failed: {out.stderr.strip()}"
 
 
@@ -109,7 +111,9 @@ def main(run_dir: str) -> dict[str, Any]:
     outcome = run_job(run_dir)
     if outcome.completed:
         if env.is_main:
-            append_attempt(path, {"event": "end", "job_id": env.job_id, "end": _now(), "reason": "completed"})
+            append_attempt(
+                path, {"event": "end", "job_id": env.job_id, "end": _now(), "reason": "completed"}
+            )
         return outcome.summary
     warning = "SIG" + cfg.cluster.signal.upper().removeprefix("SIG")
     reason = classify(outcome.signal_name, warning, env.job_id or "", cfg.cluster.signal_delay_s)
@@ -117,7 +121,9 @@ def main(run_dir: str) -> dict[str, Any]:
         action = "exit"
         num_timeouts = sum(1 for a in read_attempts(path) if a.get("reason") == "timeout")
         if reason == "timeout" and num_timeouts >= cfg.cluster.max_requeues:
-            action = f"not requeued: cluster.max_requeues={cfg.cluster.max_requeues} timeouts reached"
+            action = (
+                f"not requeued: cluster.max_requeues={cfg.cluster.max_requeues} timeouts reached"
+            )
         elif reason in ("timeout", "preempted") and env.job_id:
             action = requeue(env.job_id)
         append_attempt(

@@ -1,0 +1,109 @@
+"""The login-node side of Slurm, without a cluster: sbatch text, parsers, no torch import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hpcdl.cli.compose import compose_config
+from hpcdl.launch.preflight import constraint_satisfied, parse_gres, parse_partitions, slurm_minutes
+from hpcdl.launch.slurm import rank_environment, sbatch_parameters
+
+
+def test_dry_run_prints_the_workshop_flags_and_submits_nothing(hpcdl, tmp_path) -> None:
+    out = hpcdl(
+        "train", "cluster=rivanna_a100", "cluster.gpus_per_node=4", "run_dir=r", "--dry-run"
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for line in (
+        "#SBATCH --partition=gpu",
+        "#SBATCH --gres=gpu:a100:4",
+        "#SBATCH --constraint=gpupod",
+        "#SBATCH --ntasks-per-node=4",  # one task per GPU
+        "#SBATCH --signal=USR2@180",
+        "#SBATCH --requeue",
+        "module load cuda",
+        f"export PYTHONPATH={tmp_path / 'r' / 'code'}",
+        "srun --unbuffered",
+    ):
+        assert line in text, line
+    assert text.count("RANK(SLURM_PROCID)=") == 4
+    assert "nothing submitted" in text
+    assert not (tmp_path / "r").exists()
+
+
+def test_login_node_path_never_imports_torch(tmp_path) -> None:
+    code = (
+        "import sys\n"
+        "from hpcdl.cli.main import main\n"
+        "main(['train', 'cluster=rivanna_a100', '--dry-run'])\n"
+        "main(['train', '--cfg', 'job'])\n"
+        "import hpcdl.launch.slurm, hpcdl.launch.monitor, hpcdl.launch.preflight, hpcdl.rundir\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print('no torch')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "no torch" in out.stdout
+
+
+def test_tasks_default_to_one_per_gpu_and_extra_parameters_win() -> None:
+    cfg = compose_config(
+        [
+            "cluster=slurm",
+            "cluster.gpus_per_node=3",
+            "cluster.gpu_type=h100",
+            "+cluster.sbatch_extra.exclusive=true",
+            "cluster.signal=USR1",
+            "cluster.signal_delay_s=60",
+        ]
+    )
+    params = sbatch_parameters(cfg.cluster, "job")
+    assert params["ntasks_per_node"] == 3
+    assert params["gres"] == "gpu:h100:3"
+    assert params["additional_parameters"]["signal"] == "USR1@60"
+    assert params["additional_parameters"]["exclusive"] is True
+    assert len(rank_environment(cfg)) == 3
+
+
+def test_dry_run_needs_a_slurm_profile(hpcdl) -> None:
+    out = hpcdl("train", "--dry-run")
+    assert out.returncode == 2 and "not a Slurm profile" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "minutes"),
+    [
+        ("UNLIMITED", None),
+        ("30", 30),
+        ("1:00:00", 60),
+        ("2-00:00:00", 2880),
+        ("1-12", 2160),
+        ("10:30", 10.5),
+    ],
+)
+def test_slurm_minutes(text: str, minutes: float | None) -> None:
+    assert slurm_minutes(text) == minutes
+
+
+def test_parse_gres_and_constraints() -> None:
+    assert parse_gres("gpu:a100:4(S:0-1)") == {"a100": 4, "": 4}
+    assert parse_gres("gpu:a100:2,gpu:v100:2") == {"a100": 2, "v100": 2, "": 4}
+    assert parse_gres("gpu:4") == {"": 4}
+    assert parse_gres("(null)") == {}
+    assert constraint_satisfied("gpupod", {"gpupod", "ib"})
+    assert constraint_satisfied("gpupod&ib", {"gpupod", "ib"})
+    assert not constraint_satisfied("gpupod&nvlink", {"gpupod"})
+    assert constraint_satisfied("a|gpupod", {"gpupod"})
+
+
+def test_parse_partitions() -> None:
+    text = (
+        "PartitionName=cpu AllowGroups=ALL Default=YES MaxNodes=UNLIMITED MaxTime=01:00:00 Nodes=n[1-2]\n"
+        "PartitionName=gpu Default=NO MaxNodes=2 MaxTime=2-00:00:00 Nodes=n[1-2]\n"
+    )
+    parts = parse_partitions(text)
+    assert parts["cpu"]["Default"] == "YES" and parts["gpu"]["MaxNodes"] == "2"

@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="Slurm: print the sbatch script, submit nothing"
     )
     train.add_argument(
+        "--no-launch", action="store_true", help="only create the run dir (for slurm/train.sbatch)"
+    )
+    train.add_argument(
         "--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks"
     )
 
@@ -137,6 +140,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     preflight(cfg, args.no_preflight)
     cfg, run_dir = create_run_dir(cfg)
     print(f"run dir: {run_dir}", flush=True)
+    if args.no_launch:
+        print(f"not launched; e.g. sbatch slurm/train.sbatch {run_dir}")
+        return 0
     return launch(cfg, run_dir)
 
 

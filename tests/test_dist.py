@@ -30,6 +30,8 @@ def test_missing_rank_is_named_within_the_timeout() -> None:
 def test_unreachable_master_is_named() -> None:
     # Rank 1 with nobody listening at MASTER_ADDR:PORT.
     env = RankEnv(rank=1, world_size=2, master_port=free_port(), launcher="slurm")
-    with pytest.raises(RendezvousError, match="could not reach MASTER_ADDR:PORT=127.0.0.1"):
-        with process_group(env, torch.device("cpu"), timeout_s=2):
-            pass
+    with (
+        pytest.raises(RendezvousError, match=r"could not reach MASTER_ADDR:PORT=127\.0\.0\.1"),
+        process_group(env, torch.device("cpu"), timeout_s=2),
+    ):
+        pass

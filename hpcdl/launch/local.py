@@ -17,6 +17,7 @@ from typing import Any
 
 from hpcdl.config.schema import Config, tasks_per_node
 from hpcdl.job import EXIT_INTERRUPTED
+from hpcdl.launch.logtail import copy_new
 
 # How often the foreground process polls the job and copies rank 0's log to the terminal.
 POLL_S = 0.2
@@ -75,28 +76,15 @@ def _wait(job: Any, run_dir: Path) -> int:
     offset = 0
     try:
         while True:
-            offset = _copy_new(log, offset)
+            offset = copy_new(log, offset)
             if job.done():
                 break
             time.sleep(POLL_S)
-        offset = _copy_new(log, offset)
+        offset = copy_new(log, offset)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     return _exit_code(job, stopping)
-
-
-def _copy_new(log: Path, offset: int) -> int:
-    try:
-        with open(log, "rb") as f:
-            f.seek(offset)
-            chunk = f.read()
-    except FileNotFoundError:
-        return offset
-    if chunk:
-        sys.stdout.write(chunk.decode(errors="replace"))
-        sys.stdout.flush()
-    return offset + len(chunk)
 
 
 def _exit_code(job: Any, stopping: list[int]) -> int:

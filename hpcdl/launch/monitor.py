@@ -9,16 +9,31 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.errors import HpcdlError
+from hpcdl.launch.logtail import copy_new
 from hpcdl.launch.slurm import LOG_DIR, SUBMISSION_FILE
 
 # Polling interval floor: a busy scheduler should see at most one query per 10 s from us.
 MIN_REFRESH_S = 10.0
+
+
+ACTIVE_STATES = (
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "CONFIGURING",
+    "COMPLETING",
+    "RESIZING",
+    "SUSPENDED",
+)
+
+
+def is_active(state: str) -> bool:
+    return state in ACTIVE_STATES
 
 
 def resolve_job(ref: str) -> tuple[str, Optional[Path]]:
@@ -109,13 +124,7 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
         report = {**job_state(job_id), **run_status(run_dir)}
         for key, value in report.items():
             print(f"{key:>15}: {value}")
-        if watch_s is None or report["state"] not in (
-            "PENDING",
-            "RUNNING",
-            "REQUEUED",
-            "CONFIGURING",
-            "COMPLETING",
-        ):
+        if watch_s is None or not is_active(report["state"]):
             return 0
         time.sleep(max(watch_s, MIN_REFRESH_S))
         print()
@@ -130,28 +139,19 @@ def logs(ref: str, rank: int, follow: bool) -> int:
     if run_dir is None:
         raise HpcdlError(f"{ref}: give the run dir to read its logs (job ids carry no log path)")
     path = log_path(run_dir, job_id, rank)
-    offset = 0
-    while True:
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            offset += len(chunk)
-            sys.stdout.write(chunk.decode(errors="replace"))
-            sys.stdout.flush()
-        elif not follow:
+    if not follow:
+        if not path.exists():
             raise HpcdlError(f"{path}: no log yet (job {job_id} may still be pending; try -f)")
-        if not follow:
-            return 0
-        if job_state(job_id)["state"] not in (
-            "PENDING",
-            "RUNNING",
-            "REQUEUED",
-            "CONFIGURING",
-            "COMPLETING",
-        ):
-            return 0
-        time.sleep(2.0)
+        copy_new(path, 0)
+        return 0
+    offset, last_query, active = 0, 0.0, True
+    while active:
+        offset = copy_new(path, offset)
+        if time.monotonic() - last_query >= MIN_REFRESH_S:
+            active, last_query = is_active(job_state(job_id)["state"]), time.monotonic()
+        time.sleep(1.0)
+    copy_new(path, offset)
+    return 0
 
 
 def cancel(ref: str) -> int:

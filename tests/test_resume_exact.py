@@ -8,6 +8,11 @@ mid-epoch and epoch-boundary points on purpose. Each run is a fresh `hpcdl` proc
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +106,52 @@ def test_resume_extends_a_finished_run(hpcdl, tmp_path, reference):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["epochs"] == 6 and summary["steps"] == 6 * 13
     assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 6
+
+
+@pytest.mark.parametrize(
+    ("launcher", "signum"),
+    [([], signal.SIGINT), (LOCAL2, signal.SIGTERM), (LOCAL2, signal.SIGINT)],
+    ids=["debug-ctrl-c", "local-sigterm", "local-ctrl-c"],
+)
+def test_signal_to_the_foreground_command_stops_every_rank_with_a_checkpoint(
+    tmp_path, launcher, signum
+):
+    """Ctrl-C / SIGTERM to `hpcdl train` itself (not to a rank): all ranks save and stop."""
+    run_dir = tmp_path / "run"
+    # Long enough (~100k steps; 350 per epoch) that the signal always lands mid-training.
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpcdl.cli.main",
+        "train",
+        f"run_dir={run_dir}",
+        "data=synthetic",
+        "data.num_samples=2000",
+        "trainer.batch_size=4",
+        "trainer.max_epochs=300",
+        *launcher,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "metrics.csv").exists():  # the first epoch has ended: ranks are training
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stdout.read() if proc.stdout else ""
+        )
+        time.sleep(0.2)
+    # A terminal's Ctrl-C reaches the whole foreground process group; SIGTERM just the command.
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3, output
+    assert "Continue with: hpcdl resume" in output
+    assert list((run_dir / "checkpoints").glob("step_*.pt"))
+    assert not (run_dir / "summary.json").exists()

@@ -23,8 +23,9 @@ def default_run_dir(now: dt.datetime | None = None) -> Path:
     return Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
 
 
-def create_run_dir(cfg: Config) -> tuple[Config, Path]:
-    """Make a fresh run dir and write the resolved config; refuse to reuse an existing one."""
+def create_run_dir(cfg: Config, *, snapshot: bool = True) -> tuple[Config, Path]:
+    """Make a fresh run dir and write the resolved config; refuse to reuse an existing one.
+    Slurm runs also get a frozen copy of the code (snapshot=False: the caller shares one)."""
     if cfg.run_dir is None:
         path = default_run_dir().resolve()
         suffix = 1
@@ -43,7 +44,7 @@ def create_run_dir(cfg: Config) -> tuple[Config, Path]:
     cfg = replace(cfg, run_dir=str(path))
     save_config(cfg, path / CONFIG_FILE)
     record_command(path, "train")
-    if cfg.cluster.launcher == Launcher.slurm:
+    if snapshot and cfg.cluster.launcher == Launcher.slurm:
         from hpcdl.launch.slurm import snapshot_code
 
         snapshot_code(path)

@@ -82,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("ref", metavar="RUN_DIR")
     logs.add_argument("--rank", type=int, default=0)
     logs.add_argument("-f", "--follow", action="store_true")
+    sweep = sub.add_parser("sweep", help="status, summary and rerun of a `train -m` sweep")
+    sweep_sub = sweep.add_subparsers(dest="sweep_command", required=True)
+    sweep_status = sweep_sub.add_parser("status", help="table: trial, overrides, job id, state")
+    sweep_status.add_argument("sweep_dir")
+    sweep_summary = sweep_sub.add_parser("summary", help="ranked table + plot per swept key")
+    sweep_summary.add_argument("sweep_dir")
+    sweep_summary.add_argument("--metric", default="val_accuracy")
+    sweep_summary.add_argument("--format", choices=["markdown", "csv"], default="markdown")
+    sweep_rerun = sweep_sub.add_parser("rerun", help="resubmit failed/cancelled/timed-out trials")
+    sweep_rerun.add_argument("sweep_dir")
+    sweep_rerun.add_argument("--failed", action="store_true", required=True)
+
     cancel = sub.add_parser("cancel", help="scancel a run's job")
     cancel.add_argument("ref", metavar="RUN_DIR|JOB_ID")
 
@@ -108,6 +120,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "status": cmd_status,
             "logs": cmd_logs,
             "cancel": cmd_cancel,
+            "sweep": cmd_sweep,
         }[args.command]
         return handler(args)
     except HpcdlError as err:
@@ -119,10 +132,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import compose, compose_config, conf_dir, user_conf_dirs
     from hpcdl.rundir import create_run_dir
 
-    if args.multirun:
-        raise HpcdlError(
-            "-m/--multirun: sweeps arrive with the [sweeps] work; run one config at a time"
-        )
+    if args.multirun and not (args.cfg or args.info):
+        return run_sweep(args)
     if args.cfg or args.info:
         from omegaconf import OmegaConf
 
@@ -144,6 +155,76 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"not launched; e.g. sbatch slurm/train.sbatch {run_dir}")
         return 0
     return launch(cfg, run_dir)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from hpcdl.cli.expand import plan_sweep
+    from hpcdl.config.schema import Launcher
+    from hpcdl.sweep import ledger as ledger_mod
+    from hpcdl.sweep.launch import create_sweep, run_local_pool, submit_arrays
+
+    plan = plan_sweep(args.overrides, args.config_dir)
+    if args.dry_run:
+        print(f"{len(plan.trials)} trials:")
+        for t in plan.trials:
+            print(f"  {t.index}: {' '.join(t.overrides)}")
+        return (
+            dry_run(plan.trials[0].config)
+            if plan.trials[0].config.cluster.launcher == Launcher.slurm
+            else 0
+        )
+    checked: set[str] = set()
+    for trial in plan.trials:
+        if repr(trial.config.cluster) not in checked:
+            preflight(trial.config, args.no_preflight)
+            checked.add(repr(trial.config.cluster))
+    ledger = create_sweep(plan)
+    sweep_dir = Path(ledger.sweep_dir)
+    print(f"sweep dir: {sweep_dir} ({len(ledger.trials)} trials)", flush=True)
+    indices = [t.index for t in ledger.trials]
+    if ledger.launcher == Launcher.slurm.value:
+        with ledger_mod.locked(sweep_dir) as led:
+            arrays = submit_arrays(led, indices)
+        print(f"submitted job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}")
+        print(f"  status:  hpcdl sweep status {sweep_dir}")
+        print(f"  summary: hpcdl sweep summary {sweep_dir}")
+        return 0
+    return run_local_pool(ledger, indices)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from hpcdl.sweep import ledger as ledger_mod
+    from hpcdl.sweep.ledger import RERUNNABLE
+    from hpcdl.sweep.report import refresh, status_table, write_summary
+
+    sweep_dir = Path(args.sweep_dir).expanduser().resolve()
+    ledger = refresh(sweep_dir)
+    if args.sweep_command == "status":
+        print(status_table(ledger), end="")
+        return 0
+    if args.sweep_command == "summary":
+        table, files = write_summary(ledger, args.metric)
+        if args.format == "csv":
+            print((sweep_dir / "summary.csv").read_text(), end="")
+        else:
+            print(table)
+        print("written: " + ", ".join(str(f) for f in files))
+        return 0
+    failed = [t.index for t in ledger.trials if t.state in RERUNNABLE]
+    if not failed:
+        print("no failed trials to rerun")
+        return 0
+    print(f"rerunning trials {failed}", flush=True)
+    if ledger.launcher == "slurm":
+        from hpcdl.sweep.launch import submit_arrays
+
+        with ledger_mod.locked(sweep_dir) as led:
+            arrays = submit_arrays(led, failed)
+        print(f"submitted job array {', '.join(arrays)}")
+        return 0
+    from hpcdl.sweep.launch import run_local_pool
+
+    return run_local_pool(ledger, failed)
 
 
 def preflight(cfg: Config, skip: bool) -> None:

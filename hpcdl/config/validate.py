@@ -19,6 +19,7 @@ def validate(cfg: schema.Config) -> None:
     _check_schedule(cfg.schedule)
     _check_trainer(cfg.trainer)
     _check_cluster(cfg.cluster)
+    _check_model_fits_data(cfg.model, cfg.data)
     if cfg.init_from is not None and not Path(cfg.init_from).expanduser().exists():
         raise ConfigError(
             f"init_from={cfg.init_from!r}: no such run dir or checkpoint file; "
@@ -65,6 +66,22 @@ def _check_model(model: object) -> None:
                 f"model.target={model.target!r}: expected 'package.module:factory', "
                 "e.g. model.target=mypkg.models:build"
             )
+
+
+def _check_model_fits_data(model: object, data: schema.DataCommon) -> None:
+    """Conv models need (C,H,W) samples; catch the known flat sources before anything runs."""
+    if not isinstance(model, (schema.CnnConfig, schema.Resnet18Config)):
+        return
+    flat = (
+        isinstance(data, schema.BreastCancerConfig)
+        or (isinstance(data, (schema.DigitsConfig, schema.MnistConfig)) and not data.as_images)
+        or (isinstance(data, schema.SyntheticConfig) and len(data.shape) != 3)
+    )
+    if flat:
+        raise ConfigError(
+            f"model={model.name} needs image samples (C,H,W) but data={data.name} gives flat rows; "
+            "use image data (data=digits, data=mnist, data=cifar10, or data.shape=[C,H,W])"
+        )
 
 
 def _check_data(data: schema.DataCommon) -> None:

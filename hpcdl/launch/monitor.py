@@ -131,7 +131,11 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
 
 
 def log_path(run_dir: Path, job_id: str, rank: int) -> Path:
-    return run_dir / LOG_DIR / f"{job_id}_{rank}_log.out"
+    record = run_dir / SUBMISSION_FILE
+    log_dir = (
+        Path(json.loads(record.read_text())["log_dir"]) if record.exists() else run_dir / LOG_DIR
+    )
+    return log_dir / f"{job_id}_{rank}_log.out"
 
 
 def logs(ref: str, rank: int, follow: bool) -> int:

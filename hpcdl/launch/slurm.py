@@ -55,24 +55,26 @@ def signal_name(cluster: ClusterConfig) -> str:
     return cluster.signal.upper().removeprefix("SIG")
 
 
-def setup_lines(cluster: ClusterConfig, run_dir: Path) -> list[str]:
+def setup_lines(cluster: ClusterConfig, code_dir: Path) -> list[str]:
     """Shell lines before srun: the profile's setup, its env, and the frozen code first on
     PYTHONPATH so later edits to the checkout never reach a queued or requeued job."""
     lines = list(cluster.setup)
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
-    code = shlex.quote(str(run_dir / CODE_DIR))
+    code = shlex.quote(str(code_dir))
     lines.append(f"export PYTHONPATH={code}${{PYTHONPATH:+:$PYTHONPATH}}")
     return lines
 
 
-def make_executor(cfg: Config, run_dir: Path) -> Any:
+def make_executor(cfg: Config, base_dir: Path) -> Any:
+    """A submitit executor writing logs to base_dir/logs, running the code in base_dir/code
+    (a run dir, or a sweep dir whose trials share one snapshot)."""
     import submitit
 
     executor = submitit.SlurmExecutor(
-        folder=str(run_dir / LOG_DIR), max_num_timeout=cfg.cluster.max_requeues
+        folder=str(base_dir / LOG_DIR), max_num_timeout=cfg.cluster.max_requeues
     )
-    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{run_dir.name}")
-    params["setup"] = setup_lines(cfg.cluster, run_dir)
+    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{base_dir.name}")
+    params["setup"] = setup_lines(cfg.cluster, base_dir / CODE_DIR)
     executor.update_parameters(**params)
     return executor
 
@@ -82,7 +84,7 @@ def sbatch_text(cfg: Config, run_dir: Path) -> str:
     from submitit.slurm.slurm import _make_sbatch_string
 
     params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{run_dir.name}")
-    params["setup"] = setup_lines(cfg.cluster, run_dir)
+    params["setup"] = setup_lines(cfg.cluster, run_dir / CODE_DIR)
     command = f"{shlex.quote(shutil.which('python3') or 'python3')} -u -m submitit.core._submit {shlex.quote(str(run_dir / LOG_DIR))}"
     return _make_sbatch_string(command=command, folder=str(run_dir / LOG_DIR), **params)
 
@@ -110,16 +112,26 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
     return rows
 
 
-def snapshot_code(run_dir: Path) -> str:
-    """Freeze the hpcdl package into the run dir; returns the git revision (or 'unknown')."""
+def snapshot_code(base_dir: Path) -> str:
+    """Freeze the hpcdl package into base_dir/code; returns the git revision (or 'unknown')."""
     import hpcdl
 
     package = Path(hpcdl.__file__).resolve().parent
-    target = run_dir / CODE_DIR / "hpcdl"
+    target = base_dir / CODE_DIR / "hpcdl"
+    if target.exists():  # a resumed run keeps the code it was submitted with
+        return code_revision(target)
     shutil.copytree(package, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     revision = git_revision(package.parent)
-    (run_dir / CODE_DIR / "REVISION").write_text(revision + "\n")
+    (base_dir / CODE_DIR / "REVISION").write_text(revision + "\n")
     return revision
+
+
+def code_revision(package_dir: Path) -> str:
+    """The revision a package copy was frozen at, or the checkout's own."""
+    frozen = package_dir.parent / "REVISION"
+    if frozen.exists():
+        return frozen.read_text().strip()
+    return git_revision(package_dir.parent)
 
 
 def git_revision(path: Path) -> str:
@@ -163,22 +175,23 @@ def submit(cfg: Config, run_dir: Path) -> Submission:
 
     from hpcdl.launch.slurm_job import main as job_main
 
+    snapshot_code(run_dir)  # no-op when the run already has one (resume keeps its code)
     executor = make_executor(cfg, run_dir)
     # A job submitted from inside another job must not inherit its SLURM_* settings.
     with submitit.helpers.clean_env():
         job = executor.submit(job_main, str(run_dir))
     pattern = str(run_dir / LOG_DIR / f"{job.job_id}_<rank>_log.out")
-    record_submission(run_dir, job.job_id, cfg)
+    record_submission(run_dir, job.job_id, cfg, run_dir / LOG_DIR)
     return Submission(job_id=job.job_id, run_dir=run_dir, log_pattern=pattern)
 
 
-def record_submission(run_dir: Path, job_id: str, cfg: Config) -> None:
+def record_submission(run_dir: Path, job_id: str, cfg: Config, log_dir: Path) -> None:
     path = run_dir / SUBMISSION_FILE
     history: list[dict[str, Any]] = []
     if path.exists():
         history = json.loads(path.read_text()).get("history", [])
     history.append({"job_id": job_id, "cluster": cfg.cluster.name})
-    record = {"job_id": job_id, "log_dir": str(run_dir / LOG_DIR), "history": history}
+    record = {"job_id": job_id, "log_dir": str(log_dir), "history": history}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     tmp.replace(path)

@@ -51,9 +51,10 @@ def _gpu_name() -> str | None:
 
 
 def start_record(env: RankEnv, run_dir: Path) -> dict[str, Any]:
+    import hpcdl
+    from hpcdl.launch.slurm import code_revision
     from hpcdl.report import collect_versions
 
-    revision_file = run_dir / "code" / "REVISION"
     return {
         "event": "start",
         "job_id": env.job_id,
@@ -63,7 +64,7 @@ def start_record(env: RankEnv, run_dir: Path) -> dict[str, Any]:
         "nodes": os.environ.get("SLURM_JOB_NODELIST", socket.gethostname()),
         "world_size": env.world_size,
         "start": _now(),
-        "git_revision": revision_file.read_text().strip() if revision_file.exists() else "unknown",
+        "git_revision": code_revision(Path(hpcdl.__file__).resolve().parent),
         "versions": collect_versions(),
         "gpu": _gpu_name(),
     }

@@ -1,0 +1,102 @@
+"""`hpcdl train -m`: Hydra's sweep syntax -> one validated Config per trial.
+
+Lists (a=1,2), range(0,5), choice(...), glob(*) on config groups: expanded with Hydra's
+own parser, as Hydra's basic sweeper does. Every trial is composed and validated before
+anything is created or submitted; a bad trial is refused naming the trial and the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hpcdl.cli.compose import compose_config, conf_dir, hydra_message, user_conf_dirs
+from hpcdl.config.convert import GROUPS
+from hpcdl.config.schema import Config
+from hpcdl.errors import ConfigError
+
+SWEEP_DIR_KEY = "hydra.sweep.dir"
+
+
+@dataclass
+class Trial:
+    index: int
+    overrides: list[str]  # the swept overrides only, e.g. ["model=cnn", "optim.lr=0.1"]
+    config: Config
+
+
+@dataclass
+class SweepPlan:
+    sweep_dir: Optional[str]
+    common: list[str]  # overrides shared by every trial
+    swept_keys: list[str]
+    trials: list[Trial]
+
+
+def _group_options(group: str, config_dirs: Optional[list[str]]) -> list[str]:
+    dirs = [conf_dir(), *user_conf_dirs(config_dirs)]
+    return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
+
+
+def plan_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) -> SweepPlan:
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+    from hydra.errors import HydraException
+
+    sweep_dir = None
+    rest = []
+    for text in overrides:
+        if text.startswith(SWEEP_DIR_KEY + "="):
+            sweep_dir = text.split("=", 1)[1]
+        elif text.startswith("run_dir="):
+            raise ConfigError(
+                "run_dir: a sweep gives each trial its own run dir under the sweep dir; "
+                f"set {SWEEP_DIR_KEY}=... instead"
+            )
+        else:
+            rest.append(text)
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(rest)
+    except HydraException as err:
+        raise ConfigError(hydra_message(err)) from None
+
+    rewritten: list[str] = []
+    swept: list[str] = []
+    common: list[str] = []
+    for ov, text in zip(parsed, rest, strict=True):
+        key = ov.key_or_group
+        if not ov.is_sweep_override():
+            rewritten.append(text)
+            common.append(text)
+            continue
+        value = ov.value()
+        if isinstance(value, Glob):
+            if key not in GROUPS:
+                raise ConfigError(f"{text}: glob() works on config groups ({', '.join(GROUPS)})")
+            matched = value.filter(_group_options(key, config_dirs))
+            if not matched:
+                raise ConfigError(f"{text}: the glob matches no {key} option")
+            rewritten.append(f"{key}={','.join(matched)}")
+        else:
+            values = list(ov.sweep_string_iterator())
+            if not values:
+                raise ConfigError(f"{text}: empty sweep for {key}; give at least one value")
+            rewritten.append(text)
+        swept.append(key)
+    if not swept:
+        raise ConfigError(
+            "-m: no swept key; give a list (a=1,2), range(0,5), choice(...) or glob(*)"
+        )
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(rewritten), None)
+    combos = [c for batch in batches for c in batch]
+    trials = []
+    for index, combo in enumerate(combos):
+        swept_part = [c for c in combo if c.split("=", 1)[0].lstrip("+~") in swept]
+        try:
+            config = compose_config(combo, config_dirs)
+        except ConfigError as err:
+            raise ConfigError(f"trial {index} ({' '.join(swept_part)}): {err}") from None
+        trials.append(Trial(index=index, overrides=swept_part, config=config))
+    return SweepPlan(sweep_dir=sweep_dir, common=common, swept_keys=swept, trials=trials)

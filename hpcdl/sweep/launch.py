@@ -1,0 +1,174 @@
+"""Launching a sweep's trials: one Slurm job array per resource shape, or a local pool.
+
+Every trial has its own run dir under the sweep dir, created before anything starts, so a
+trial is (re)run by pointing the ordinary payload at its run dir: requeues, `sweep rerun`
+and plain `hpcdl resume` all continue from the trial's own newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hpcdl.cli.expand import SweepPlan
+from hpcdl.config.convert import to_plain
+from hpcdl.config.schema import Config, Launcher
+from hpcdl.errors import RunDirError
+from hpcdl.rundir import create_run_dir, default_run_dir, open_run_dir
+from hpcdl.sweep import ledger as ledger_mod
+from hpcdl.sweep.ledger import Ledger, TrialRecord
+
+# Used when `scontrol show config` cannot tell (Slurm's own default MaxArraySize).
+DEFAULT_MAX_ARRAY_SIZE = 1001
+
+
+def default_sweep_dir() -> Path:
+    return Path("multirun") / default_run_dir().relative_to("outputs")
+
+
+def create_sweep(plan: SweepPlan) -> Ledger:
+    sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
+    if sweep_dir.exists() and any(sweep_dir.iterdir()):
+        raise RunDirError(
+            f"hydra.sweep.dir={str(sweep_dir)!r} already exists; rerun its trials with "
+            f"`hpcdl sweep rerun {sweep_dir} --failed` or choose a new hydra.sweep.dir"
+        )
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    first = plan.trials[0].config
+    ledger = Ledger(
+        sweep_dir=str(sweep_dir),
+        cluster=first.cluster.name,
+        launcher=first.cluster.launcher.value,
+        swept_keys=plan.swept_keys,
+        common_overrides=plan.common,
+    )
+    for trial in plan.trials:
+        cfg = replace(trial.config, run_dir=str(sweep_dir / str(trial.index)))
+        _, run_dir = create_run_dir(cfg, snapshot=False)
+        ledger.trials.append(TrialRecord(trial.index, trial.overrides, str(run_dir)))
+    if first.cluster.launcher == Launcher.slurm:
+        from hpcdl.launch.slurm import snapshot_code
+
+        snapshot_code(sweep_dir)
+    ledger_mod.save(ledger)
+    return ledger
+
+
+def max_array_size() -> int:
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return DEFAULT_MAX_ARRAY_SIZE
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", out.stdout, flags=re.M)
+    return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
+
+
+def submit_arrays(ledger: Ledger, indices: list[int]) -> list[str]:
+    """One job array per distinct cluster config (the sbatch header is shared by an array's
+    tasks), split so no array exceeds the cluster's MaxArraySize. Returns the array job ids."""
+    import submitit
+
+    from hpcdl.launch.slurm import make_executor, record_submission
+    from hpcdl.launch.slurm_job import main as job_main
+
+    sweep_dir = Path(ledger.sweep_dir)
+    groups: dict[str, list[tuple[int, Config]]] = {}
+    for i in indices:
+        cfg, _ = open_run_dir(ledger.trial(i).run_dir)
+        groups.setdefault(json.dumps(to_plain(cfg)["cluster"], sort_keys=True), []).append((i, cfg))
+    chunk = max_array_size() - 1  # task ids run 0..N-1 and must stay below MaxArraySize
+    array_ids = []
+    for members in groups.values():
+        cfg = members[0][1]
+        executor = make_executor(cfg, sweep_dir)
+        if cfg.cluster.array_parallelism:
+            executor.update_parameters(array_parallelism=cfg.cluster.array_parallelism)
+        for start in range(0, len(members), chunk):
+            part = members[start : start + chunk]
+            with submitit.helpers.clean_env():
+                jobs = executor.map_array(job_main, [ledger.trial(i).run_dir for i, _ in part])
+            for (i, trial_cfg), job in zip(part, jobs, strict=True):
+                record = ledger.trial(i)
+                record.job_id, record.state = job.job_id, "PENDING"
+                record.attempts += 1
+                record_submission(Path(record.run_dir), job.job_id, trial_cfg, sweep_dir / "logs")
+            array_ids.append(jobs[0].job_id.split("_")[0])
+            ledger.submissions.append(
+                {"array_job_id": array_ids[-1], "trials": [i for i, _ in part], "time": time.time()}
+            )
+    return array_ids
+
+
+def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
+    """Local sweeps: trials in parallel processes, bounded by this machine's cores."""
+    sweep_dir = Path(ledger.sweep_dir)
+    widest = max(open_run_dir(ledger.trial(i).run_dir)[0].world_size for i in indices)
+    num_workers = max(1, (os.cpu_count() or 1) // widest)
+    print(f"running {len(indices)} trials locally, {num_workers} at a time", flush=True)
+    waiting = list(indices)
+    running: dict[int, subprocess.Popen[Any]] = {}
+    stopping: list[int] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        stopping.append(signum)
+        for proc in running.values():
+            proc.send_signal(signal.SIGTERM)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while waiting or running:
+            while waiting and len(running) < num_workers and not stopping:
+                i = waiting.pop(0)
+                running[i] = _start_trial(ledger, i, sweep_dir)
+            for i, proc in list(running.items()):
+                if proc.poll() is not None:
+                    del running[i]
+                    _finish_trial(sweep_dir, i, proc.returncode)
+            if stopping and not running:
+                break
+            time.sleep(0.2)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 3 if stopping else 0
+
+
+def _start_trial(ledger: Ledger, index: int, sweep_dir: Path) -> subprocess.Popen[Any]:
+    record = ledger.trial(index)
+    log = open(Path(record.run_dir) / "trial.log", "a")  # noqa: SIM115 (closed by the child's exit)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcdl.cli.main", "resume", record.run_dir],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # our handler forwards Ctrl-C as one SIGTERM
+    )
+    log.close()
+    with ledger_mod.locked(sweep_dir) as led:
+        trial = led.trial(index)
+        trial.job_id, trial.state, trial.attempts = str(proc.pid), "RUNNING", trial.attempts + 1
+    print(
+        f"trial {index} ({' '.join(record.overrides)}): started, log {record.run_dir}/trial.log",
+        flush=True,
+    )
+    return proc
+
+
+def _finish_trial(sweep_dir: Path, index: int, code: int) -> None:
+    from hpcdl.sweep.report import trial_metric
+
+    with ledger_mod.locked(sweep_dir) as led:
+        trial = led.trial(index)
+        trial.exit_code = code
+        trial.state = {0: "COMPLETED", 3: "INTERRUPTED"}.get(code, "FAILED")
+        trial.metric = trial_metric(Path(trial.run_dir))
+        print(f"trial {index}: {trial.state} (exit {code})", flush=True)

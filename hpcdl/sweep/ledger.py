@@ -1,0 +1,103 @@
+"""The sweep ledger: sweep.json in the sweep dir, the single source for status, summary and
+rerun. It outlives the submitting process; writes are atomic and serialized by a lock file.
+Stdlib only (login node).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hpcdl.errors import HpcdlError
+
+LEDGER_FILE = "sweep.json"
+LOCK_FILE = ".sweep.lock"
+
+# Trial states. Slurm's own states pass through (PENDING, RUNNING, TIMEOUT, ...); these are
+# the ones the ledger itself decides.
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+NOT_STARTED = "NOT_STARTED"
+RERUNNABLE = (
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "INTERRUPTED",
+    "UNKNOWN",
+    NOT_STARTED,
+)
+
+
+@dataclass
+class TrialRecord:
+    index: int
+    overrides: list[str]
+    run_dir: str
+    job_id: Optional[str] = None  # ARRAYID_TASKID on Slurm, a pid locally
+    state: str = NOT_STARTED
+    attempts: int = 0  # submissions of this trial (reruns add one)
+    metric: Optional[float] = None
+    exit_code: Optional[int] = None
+
+
+@dataclass
+class Ledger:
+    sweep_dir: str
+    cluster: str
+    launcher: str
+    swept_keys: list[str]
+    common_overrides: list[str]
+    created: str = field(default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds"))
+    submissions: list[dict[str, Any]] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)
+
+    def trial(self, index: int) -> TrialRecord:
+        return self.trials[index]
+
+
+def ledger_path(sweep_dir: Path) -> Path:
+    return sweep_dir / LEDGER_FILE
+
+
+def save(ledger: Ledger) -> None:
+    path = ledger_path(Path(ledger.sweep_dir))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(asdict(ledger), f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load(sweep_dir: Path) -> Ledger:
+    path = ledger_path(sweep_dir)
+    if not path.exists():
+        raise HpcdlError(
+            f"{sweep_dir}: no {LEDGER_FILE}; pass the sweep dir printed by `hpcdl train -m`"
+        )
+    raw = json.loads(path.read_text())
+    trials = [TrialRecord(**t) for t in raw.pop("trials")]
+    return Ledger(**raw, trials=trials)
+
+
+@contextmanager
+def locked(sweep_dir: Path) -> Iterator[Ledger]:
+    """Load, let the caller change, and save the ledger under an exclusive lock."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with open(sweep_dir / LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ledger = load(sweep_dir)
+        yield ledger
+        save(ledger)

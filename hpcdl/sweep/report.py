@@ -1,0 +1,197 @@
+"""`hpcdl sweep status | summary`: states refreshed with one squeue + one sacct call, and a
+ranked table (mean +- std across k-fold folds) with a plot of the metric per swept key."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Optional
+
+from hpcdl.sweep import ledger as ledger_mod
+from hpcdl.sweep.ledger import COMPLETED, Ledger
+
+DEFAULT_METRIC = "val_accuracy"
+FOLD_KEY = "data.fold"
+
+
+def trial_metric(run_dir: Path, metric: str = DEFAULT_METRIC) -> Optional[float]:
+    """A trial's metric: summary.json's value when it has one, else the last epoch's row."""
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        value = json.loads(summary.read_text()).get(metric)
+        if isinstance(value, (int, float)):
+            return float(value)
+    metrics = run_dir / "metrics.csv"
+    if metrics.exists():
+        with open(metrics) as f:
+            rows = list(csv.DictReader(f))
+        if rows and rows[-1].get(metric) not in (None, ""):
+            return float(rows[-1][metric])
+    return None
+
+
+def _query(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout if out.returncode == 0 else ""
+
+
+def slurm_states(array_ids: list[str]) -> dict[str, str]:
+    """ARRAYID_TASKID -> state: squeue for queued/running tasks, sacct for the rest."""
+    if not array_ids:
+        return {}
+    ids = ",".join(array_ids)
+    states: dict[str, str] = {}
+    for line in _query(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State"]).splitlines():
+        job, _, state = line.partition("|")
+        states[job] = state.split()[0] if state else "UNKNOWN"
+    for line in _query(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T"]).splitlines():
+        job, _, state = line.partition("|")
+        states[job] = state
+    return states
+
+
+def refresh(sweep_dir: Path) -> Ledger:
+    """Update every trial's state and metric in the ledger; the run dir has the last word
+    (a summary.json means COMPLETED whatever the scheduler says)."""
+    with ledger_mod.locked(sweep_dir) as ledger:
+        if ledger.launcher == "slurm":
+            arrays = sorted({t.job_id.split("_")[0] for t in ledger.trials if t.job_id})
+            states = slurm_states(arrays)
+            for t in ledger.trials:
+                if t.job_id and t.job_id in states:
+                    t.state = states[t.job_id]
+        for t in ledger.trials:
+            run_dir = Path(t.run_dir)
+            if (run_dir / "summary.json").exists():
+                t.state = COMPLETED
+            t.metric = trial_metric(run_dir)
+    return ledger
+
+
+def status_table(ledger: Ledger) -> str:
+    rows = [["trial", "overrides", "job id", "state", "attempts", DEFAULT_METRIC]]
+    for t in ledger.trials:
+        metric = f"{t.metric:.4f}" if t.metric is not None else "-"
+        rows.append(
+            [str(t.index), " ".join(t.overrides), t.job_id or "-", t.state, str(t.attempts), metric]
+        )
+    counts: dict[str, int] = defaultdict(int)
+    for t in ledger.trials:
+        counts[t.state] += 1
+    footer = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    return _markdown(rows) + f"\n{len(ledger.trials)} trials: {footer}\n"
+
+
+def _markdown(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
+    ]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def lower_is_better(metric: str) -> bool:
+    return "loss" in metric
+
+
+def summarize(ledger: Ledger, metric: str) -> list[dict[str, Any]]:
+    """One entry per configuration (folds of a k-fold sweep grouped), best first."""
+    groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    members: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for t in ledger.trials:
+        key = tuple(o for o in t.overrides if not o.startswith(FOLD_KEY + "="))
+        members[key].append(t.index)
+        value = trial_metric(Path(t.run_dir), metric)
+        if value is not None:
+            groups[key].append(value)
+    entries = []
+    for key, trial_ids in members.items():
+        values = groups.get(key, [])
+        entries.append(
+            {
+                "overrides": " ".join(key) or "(no swept key besides data.fold)",
+                "trials": trial_ids,
+                "n": len(values),
+                "mean": statistics.fmean(values) if values else math.nan,
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            }
+        )
+    sign = 1 if lower_is_better(metric) else -1
+    entries.sort(
+        key=lambda e: (math.isnan(e["mean"]), sign * e["mean"] if not math.isnan(e["mean"]) else 0)
+    )
+    return entries
+
+
+def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> str:
+    head = ["rank", "overrides", f"{metric} mean", "std" if folds else "", "n"]
+    rows = [[h for h in head if h]]
+    for rank, e in enumerate(entries, 1):
+        cells = [str(rank), e["overrides"], f"{e['mean']:.4f}"]
+        if folds:
+            cells.append(f"{e['std']:.4f}")
+        cells.append(str(e["n"]))
+        rows.append(cells)
+    return _markdown(rows)
+
+
+def write_summary(ledger: Ledger, metric: str) -> tuple[str, list[Path]]:
+    sweep_dir = Path(ledger.sweep_dir)
+    entries = summarize(ledger, metric)
+    folds = any(k == FOLD_KEY for k in ledger.swept_keys)
+    table = summary_table(entries, metric, folds)
+    (sweep_dir / "summary.md").write_text(table + "\n")
+    with open(sweep_dir / "summary.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["rank", "overrides", f"{metric}_mean", f"{metric}_std", "n", "trials"])
+        for rank, e in enumerate(entries, 1):
+            writer.writerow(
+                [rank, e["overrides"], e["mean"], e["std"], e["n"], " ".join(map(str, e["trials"]))]
+            )
+    plots = plot_metric_per_key(ledger, metric, sweep_dir / f"summary_{metric}.png")
+    return table, [sweep_dir / "summary.md", sweep_dir / "summary.csv", *plots]
+
+
+def plot_metric_per_key(ledger: Ledger, metric: str, out_png: Path) -> list[Path]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    keys = ledger.swept_keys
+    fig = Figure(figsize=(4.5 * len(keys), 3.5))
+    FigureCanvasAgg(fig)
+    for k, key in enumerate(keys):
+        ax = fig.add_subplot(1, len(keys), k + 1)
+        xs, ys = [], []
+        for t in ledger.trials:
+            value = trial_metric(Path(t.run_dir), metric)
+            setting = next(
+                (o.split("=", 1)[1] for o in t.overrides if o.split("=", 1)[0] == key), None
+            )
+            if value is not None and setting is not None:
+                xs.append(setting)
+                ys.append(value)
+        labels = sorted(set(xs), key=_natural)
+        ax.scatter([labels.index(x) for x in xs], ys, alpha=0.7)
+        ax.set_xticks(range(len(labels)), labels, rotation=30)
+        ax.set_xlabel(key)
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    return [out_png]
+
+
+def _natural(text: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(text), "")
+    except ValueError:
+        return (1, 0.0, text)

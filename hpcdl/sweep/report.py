@@ -125,11 +125,13 @@ def summarize(ledger: Ledger, metric: str) -> list[dict[str, Any]]:
                 "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             }
         )
-    sign = 1 if lower_is_better(metric) else -1
-    entries.sort(
-        key=lambda e: (math.isnan(e["mean"]), sign * e["mean"] if not math.isnan(e["mean"]) else 0)
-    )
-    return entries
+    sign = 1.0 if lower_is_better(metric) else -1.0
+
+    def rank_key(entry: dict[str, Any]) -> tuple[bool, float]:
+        mean = float(entry["mean"])
+        return (math.isnan(mean), 0.0 if math.isnan(mean) else sign * mean)
+
+    return sorted(entries, key=rank_key)
 
 
 def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> str:

@@ -1,0 +1,103 @@
+"""Sweeps: Hydra's sweep syntax, refusal of bad trials, the ledger, local pool, rerun, k-fold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcdl.cli.expand import plan_sweep
+from hpcdl.errors import ConfigError
+
+
+def test_lists_range_choice_and_glob_expand_like_hydra() -> None:
+    plan = plan_sweep(["model=mlp,cnn", "data=digits", "optim.lr=choice(0.1,0.01)"])
+    assert [t.overrides for t in plan.trials] == [
+        ["model=mlp", "optim.lr=0.1"],
+        ["model=mlp", "optim.lr=0.01"],
+        ["model=cnn", "optim.lr=0.1"],
+        ["model=cnn", "optim.lr=0.01"],
+    ]
+    assert plan.common == ["data=digits"] and plan.swept_keys == ["model", "optim.lr"]
+    folds = plan_sweep(["data.num_folds=4", "data.fold=range(0,4)"])
+    assert [t.config.data.fold for t in folds.trials] == [0, 1, 2, 3]
+    globbed = plan_sweep(["optim=glob(adam*)"])
+    assert [t.overrides for t in globbed.trials] == [["optim=adam"], ["optim=adamw"]]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["data.fold=range(0,0)"], "data.fold=range(0,0): empty sweep for data.fold"),
+        (
+            ["trainer.max_epoch=1,2"],
+            "trial 0 (trainer.max_epoch=1): trainer.max_epoch: unknown key",
+        ),
+        (["optim.lr=0.1,-1"], "trial 1 (optim.lr=-1): optim.lr=-1.0: must be > 0"),
+        (["model=mlp,cnn"], "trial 1 (model=cnn): model=cnn needs image samples"),
+        (["trainer.max_epochs=2"], "-m: no swept key"),
+        (["run_dir=x", "optim.lr=1,2"], "run_dir: a sweep gives each trial its own run dir"),
+        (["model=glob(zz*)"], "the glob matches no model option"),
+    ],
+)
+def test_bad_sweeps_are_refused_naming_trial_and_key(overrides, expected) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_sweep(overrides)
+    assert expected in str(info.value)
+
+
+def test_bad_sweep_creates_and_runs_nothing(hpcdl, tmp_path: Path) -> None:
+    out = hpcdl("train", "-m", "hydra.sweep.dir=sw", "optim.lr=0.1,-1")
+    assert out.returncode == 2 and "trial 1 (optim.lr=-1)" in out.stderr
+    assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.slow
+def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path: Path) -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    np.savez(tmp_path / "good.npz", x=x, y=y)
+    (tmp_path / "broken.npz").write_bytes(b"not an npz file")  # exists: passes the login checks
+    out = hpcdl(
+        "train",
+        "-m",
+        "hydra.sweep.dir=sw",
+        "data=files",
+        "data.path=good.npz,broken.npz",
+        "data.num_folds=3",
+        "data.fold=range(0,3)",
+        "trainer.max_epochs=3",
+    )
+    sweep = tmp_path / "sw"
+    assert out.returncode == 0, out.stderr + out.stdout
+    ledger = json.loads((sweep / "sweep.json").read_text())
+    assert len(ledger["trials"]) == 6
+    states = {t["index"]: t["state"] for t in ledger["trials"]}
+    assert [states[i] for i in range(3)] == ["COMPLETED"] * 3
+    assert [states[i] for i in range(3, 6)] == ["FAILED"] * 3
+    assert all(t["attempts"] == 1 for t in ledger["trials"])
+    assert all(Path(t["run_dir"]).parent == sweep for t in ledger["trials"])
+
+    status = hpcdl("sweep", "status", str(sweep))
+    assert status.returncode == 0 and "3 COMPLETED, 3 FAILED" in status.stdout
+
+    # Fix the cause, rerun only the failed trials: the completed ones are not touched.
+    mtimes = {i: (sweep / str(i) / "summary.json").stat().st_mtime for i in range(3)}
+    np.savez(tmp_path / "broken.npz", x=x, y=y)
+    rerun = hpcdl("sweep", "rerun", str(sweep), "--failed")
+    assert rerun.returncode == 0, rerun.stderr + rerun.stdout
+    assert "rerunning trials [3, 4, 5]" in rerun.stdout
+    ledger = json.loads((sweep / "sweep.json").read_text())
+    assert [t["state"] for t in ledger["trials"]] == ["COMPLETED"] * 6
+    assert [t["attempts"] for t in ledger["trials"]] == [1, 1, 1, 2, 2, 2]
+    assert {i: (sweep / str(i) / "summary.json").stat().st_mtime for i in range(3)} == mtimes
+
+    summary = hpcdl("sweep", "summary", str(sweep), "--metric", "val_accuracy")
+    assert summary.returncode == 0, summary.stderr
+    assert "| std " in summary.stdout and "| 3 |" in summary.stdout  # mean +- std over 3 folds
+    assert (sweep / "summary.csv").exists() and (sweep / "summary_val_accuracy.png").exists()
+    rows = (sweep / "summary.csv").read_text().splitlines()
+    assert len(rows) == 3  # header + one line per data.path, folds grouped

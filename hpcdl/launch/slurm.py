@@ -7,14 +7,18 @@ slurm.json in the run dir, and return at once.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpcdl.config.schema import ClusterConfig, Config, tasks_per_node
+from hpcdl.errors import HpcdlError
 
 SUBMISSION_FILE = "slurm.json"
 LOG_DIR = "logs"
@@ -155,6 +159,15 @@ def git_revision(path: Path) -> str:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
+class SubmitError(HpcdlError):
+    """sbatch refused a job."""
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "unknown error"
+
+
 @dataclass
 class Submission:
     job_id: str
@@ -170,16 +183,43 @@ class Submission:
         )
 
 
+# Kept when submitting from inside a job: they say which cluster to talk to, not which job
+# we are in.
+KEPT_SLURM_VARIABLES = ("SLURM_CONF", "SLURM_CLUSTERS")
+
+
+@contextmanager
+def outside_job_env() -> Iterator[None]:
+    """Drop the SLURM_*/SUBMITIT_* variables of an enclosing job while submitting, so a job
+    submitted from inside a job gets its own geometry (SLURM_NTASKS etc. would leak)."""
+    saved = {
+        k: v
+        for k, v in os.environ.items()
+        if (k.startswith(("SLURM_", "SUBMITIT_")) and k not in KEPT_SLURM_VARIABLES)
+    }
+    for key in saved:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def submit(cfg: Config, run_dir: Path) -> Submission:
-    import submitit
+    from submitit.core.utils import FailedJobError
 
     from hpcdl.launch.slurm_job import main as job_main
 
     snapshot_code(run_dir)  # no-op when the run already has one (resume keeps its code)
     executor = make_executor(cfg, run_dir)
-    # A job submitted from inside another job must not inherit its SLURM_* settings.
-    with submitit.helpers.clean_env():
-        job = executor.submit(job_main, str(run_dir))
+    try:
+        with outside_job_env():
+            job = executor.submit(job_main, str(run_dir))
+    except FailedJobError as err:
+        raise SubmitError(
+            f"sbatch refused the job: {last_line(str(err))}; the run dir {run_dir} is kept, "
+            f"resubmit with `hpcdl resume {run_dir}`"
+        ) from None
     pattern = str(run_dir / LOG_DIR / f"{job.job_id}_<rank>_log.out")
     record_submission(run_dir, job.job_id, cfg, run_dir / LOG_DIR)
     return Submission(job_id=job.job_id, run_dir=run_dir, log_pattern=pattern)

@@ -76,9 +76,7 @@ def max_array_size() -> int:
 def submit_arrays(ledger: Ledger, indices: list[int]) -> list[str]:
     """One job array per distinct cluster config (the sbatch header is shared by an array's
     tasks), split so no array exceeds the cluster's MaxArraySize. Returns the array job ids."""
-    import submitit
-
-    from hpcdl.launch.slurm import make_executor, record_submission
+    from hpcdl.launch.slurm import make_executor, outside_job_env, record_submission
     from hpcdl.launch.slurm_job import main as job_main
 
     sweep_dir = Path(ledger.sweep_dir)
@@ -95,7 +93,7 @@ def submit_arrays(ledger: Ledger, indices: list[int]) -> list[str]:
             executor.update_parameters(array_parallelism=cfg.cluster.array_parallelism)
         for start in range(0, len(members), chunk):
             part = members[start : start + chunk]
-            with submitit.helpers.clean_env():
+            with outside_job_env():
                 jobs = executor.map_array(job_main, [ledger.trial(i).run_dir for i, _ in part])
             for (i, trial_cfg), job in zip(part, jobs, strict=True):
                 record = ledger.trial(i)

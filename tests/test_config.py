@@ -94,6 +94,11 @@ def test_bad_config_is_one_line_naming_the_key(overrides: list[str], expected: s
     assert "\n" not in message
 
 
+def test_schema_keys_missing_from_a_yaml_can_still_be_set() -> None:
+    cfg = compose_config(["cluster.partition=gpu", "cluster.mem_gb=4"])  # not in debug.yaml
+    assert cfg.cluster.partition == "gpu" and cfg.cluster.mem_gb == 4
+
+
 def test_config_round_trips_through_yaml(tmp_path: Path) -> None:
     cfg = compose_config(["model=cnn", "data=digits", "optim=adamw", "trainer.precision=bf16"])
     save_config(cfg, tmp_path / "config.yaml")

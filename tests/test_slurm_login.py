@@ -107,3 +107,22 @@ def test_parse_partitions() -> None:
     )
     parts = parse_partitions(text)
     assert parts["cpu"]["Default"] == "YES" and parts["gpu"]["MaxNodes"] == "2"
+
+
+def test_requeue_policy_counts_timeouts_not_preemptions() -> None:
+    from hpcdl.launch.slurm_job import should_requeue
+
+    assert should_requeue("preempted", num_timeouts_before=99, max_requeues=0)
+    assert should_requeue("timeout", num_timeouts_before=2, max_requeues=3)
+    assert not should_requeue("timeout", num_timeouts_before=3, max_requeues=3)
+    assert not should_requeue("cancelled", num_timeouts_before=0, max_requeues=3)
+
+
+def test_warning_signal_is_a_timeout_only_near_the_time_limit(monkeypatch) -> None:
+    from hpcdl.launch import slurm_job
+
+    monkeypatch.setattr(slurm_job, "seconds_left", lambda job_id: 40.0)
+    assert slurm_job.classify("SIGUSR2", "SIGUSR2", "1", signal_delay_s=30) == "timeout"
+    monkeypatch.setattr(slurm_job, "seconds_left", lambda job_id: 3000.0)
+    assert slurm_job.classify("SIGUSR2", "SIGUSR2", "1", signal_delay_s=30) == "preempted"
+    assert slurm_job.classify("SIGTERM", "SIGUSR2", "1", signal_delay_s=30) == "cancelled"

@@ -15,7 +15,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpcdl.config import schema
-from hpcdl.config.convert import GROUPS, from_dict, to_config, to_plain, unknown_key_message
+from hpcdl.config.convert import (
+    GROUPS,
+    from_dict,
+    known_keys,
+    to_config,
+    to_plain,
+    unknown_key_message,
+)
 from hpcdl.config.validate import validate
 from hpcdl.errors import ConfigError
 
@@ -47,11 +54,30 @@ def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> Di
 
     searchpath = [f"file://{d}" for d in user_conf_dirs(config_dirs)]
     extra = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
-    try:
-        with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
-            return hydra_compose("config", overrides=[*extra, *overrides])
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
-        raise ConfigError(hydra_message(err)) from None
+    overrides = list(overrides)
+    for _ in range(len(overrides) + 1):
+        try:
+            with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
+                return hydra_compose("config", overrides=[*extra, *overrides])
+        except (HydraException, OmegaConfBaseException, ValueError) as err:
+            # A schema key the chosen YAML leaves out (cluster.partition on cluster=debug)
+            # is still a valid key: add it instead of overriding it.
+            retry = _as_addition(str(err), overrides)
+            if retry is None:
+                raise ConfigError(hydra_message(err)) from None
+            overrides = retry
+    raise ConfigError("could not compose the config")  # unreachable: each retry fixes one key
+
+
+def _as_addition(message: str, overrides: list[str]) -> Optional[list[str]]:
+    match = re.search(r"Could not override '([^']+)'", message)
+    if not match:
+        return None
+    key = match.group(1)
+    group = key.split(".", 1)[0]
+    if group not in GROUPS or key not in known_keys(group):
+        return None
+    return [f"+{o}" if o.split("=", 1)[0] == key else o for o in overrides]
 
 
 def hydra_message(err: Exception) -> str:

@@ -71,15 +71,23 @@ def start_record(env: RankEnv, run_dir: Path) -> dict[str, Any]:
 
 
 def seconds_left(job_id: str) -> float | None:
-    """Seconds until the job's time limit, from squeue (None when unknown)."""
-    end = os.environ.get("SLURM_JOB_END_TIME")
-    if end and end.isdigit():
-        return int(end) - dt.datetime.now().timestamp()
+    """Seconds until the job's time limit (start + limit, from squeue); None when unknown.
+
+    Not squeue's EndTime: on preemption Slurm moves EndTime to now + GraceTime, which would
+    make every preemption look like a time limit.
+    """
+    from hpcdl.launch.preflight import slurm_minutes
+
     try:
         out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True, text=True, timeout=30
+            ["squeue", "-h", "-j", job_id, "-o", "%S|%l"], capture_output=True, text=True, timeout=30
         ).stdout.strip()
-        return (dt.datetime.fromisoformat(out) - dt.datetime.now()).total_seconds()
+        start, _, limit = out.partition("|")
+        minutes = slurm_minutes(limit)
+        if minutes is None:
+            return None
+        end = dt.datetime.fromisoformat(start) + dt.timedelta(minutes=minutes)
+        return (end - dt.datetime.now()).total_seconds()
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return None
 
@@ -91,6 +99,13 @@ def classify(signal_name: str | None, warning: str, job_id: str, signal_delay_s:
     if left is not None and left <= signal_delay_s + TIMEOUT_SLACK_S:
         return "timeout"
     return "preempted"
+
+
+def should_requeue(reason: str, num_timeouts_before: int, max_requeues: int) -> bool:
+    """Preemptions always come back; timeouts only max_requeues times; cancels never."""
+    if reason == "preempted":
+        return True
+    return reason == "timeout" and num_timeouts_before < max_requeues
 
 
 def requeue(job_id: str) -> str:

@@ -1,0 +1,288 @@
+"""hpcdl on a real Slurm (slurm/devcluster): submission, multi-node DDP, requeue,
+preemption, time limits, preflight, the plain sbatch route, monitoring.
+
+Exactness is checked against the same config trained in-process with one thread; the
+Slurm jobs run with OMP_NUM_THREADS=1 too (conf/cluster/devcluster.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_hpcdl
+from tests.slurm.conftest import sacct_state, squeue_ids, wait_until
+
+pytestmark = pytest.mark.slurm
+
+# ~2800 steps per epoch at 1 rank: long enough to interrupt on purpose (a few seconds per epoch).
+LONG = [
+    "data=synthetic",
+    "data.num_samples=4000",
+    "trainer.batch_size=4",
+    "trainer.max_epochs=6",
+    "trainer.checkpoint_every_steps=300",
+    "trainer.log_every_steps=1000",
+]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def attempts(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
+
+
+def submit(tmp_path: Path, *overrides: str) -> tuple[str, Path, float]:
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    out = run_hpcdl("train", "cluster=devcluster", f"run_dir={run_dir}", *overrides, cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    assert out.returncode == 0, out.stderr + out.stdout
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    assert f"submitted job {job_id}" in out.stdout
+    return job_id, run_dir, elapsed
+
+
+def reference_sha(tmp_path: Path, *overrides: str) -> str:
+    ref = tmp_path / "reference"
+    out = run_hpcdl("train", f"run_dir={ref}", *overrides, cwd=tmp_path, env=ONE_THREAD)
+    assert out.returncode == 0, out.stderr
+    return summary(ref)["weights_sha256"]
+
+
+def wait_done(run_dir: Path, timeout_s: float = 300) -> dict:
+    wait_until(lambda: (run_dir / "summary.json").exists(), timeout_s, f"{run_dir}/summary.json")
+    return summary(run_dir)
+
+
+def wait_for_checkpoint(run_dir: Path) -> None:
+    wait_until(
+        lambda: any((run_dir / "checkpoints").glob("step_*.pt")), 120, "a first checkpoint", 0.2
+    )
+
+
+def test_cluster_is_up_with_two_idle_nodes(devcluster) -> None:
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N %P %t %G %f"], capture_output=True, text=True
+    )
+    lines = out.stdout.splitlines()
+    assert {ln.split()[0] for ln in lines} == {"n1", "n2"}
+    assert any("gpu:a100:4" in ln and "gpupod" in ln for ln in lines)
+
+
+def test_single_node_job_returns_at_once_completes_and_matches_in_process(
+    devcluster, tmp_path
+) -> None:
+    job_id, run_dir, submit_s = submit(tmp_path)
+    print(f"submit returned in {submit_s:.2f}s")
+    assert job_id in squeue_ids() or sacct_state(job_id)  # queued for real
+    s = wait_done(run_dir)
+    assert s["test_accuracy"] >= 0.95
+    assert s["weights_sha256"] == reference_sha(tmp_path)
+    record = attempts(run_dir)
+    assert [a["event"] for a in record] == ["start", "end"] and record[1]["reason"] == "completed"
+    assert record[0]["job_id"] == job_id and record[0]["git_revision"]
+    wait_until(lambda: sacct_state(job_id) == "COMPLETED", 60, "sacct COMPLETED")
+    status = run_hpcdl("status", str(run_dir), cwd=tmp_path)
+    assert (
+        status.returncode == 0 and "COMPLETED" in status.stdout and "attempts: 1" in status.stdout
+    )
+    logs = run_hpcdl("logs", str(run_dir), cwd=tmp_path)
+    assert logs.returncode == 0 and "epoch 30/30" in logs.stdout
+
+
+def test_submission_path_never_imports_torch(devcluster, tmp_path) -> None:
+    code = (
+        "import sys\n"
+        "from hpcdl.cli.main import main\n"
+        f"rc = main(['train', 'cluster=devcluster', 'run_dir={tmp_path / 'run'}', 'trainer.max_epochs=1'])\n"
+        "assert rc == 0\n"
+        "assert 'torch' not in sys.modules, 'torch imported on the login path'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    wait_done(tmp_path / "run")
+
+
+def test_two_nodes_two_tasks_each_train_with_four_ranks(devcluster, tmp_path) -> None:
+    _, run_dir, _ = submit(
+        tmp_path,
+        "model=cnn",
+        "data=digits",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=2",
+        "trainer.max_epochs=8",
+    )
+    s = wait_done(run_dir)
+    assert s["world_size"] == 4
+    assert s["test_accuracy"] >= 0.9
+    assert attempts(run_dir)[0]["nodes"] == "n[1-2]"
+    assert len(list((run_dir / "logs").glob("*_log.out"))) == 4  # one log per rank
+
+
+def test_outside_scontrol_requeue_mid_run_resumes_exactly(devcluster, tmp_path) -> None:
+    job_id, run_dir, _ = submit(tmp_path, *LONG)
+    wait_for_checkpoint(run_dir)
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    s = wait_done(run_dir)
+    record = attempts(run_dir)
+    starts = [a for a in record if a["event"] == "start"]
+    assert len(starts) >= 2 and starts[-1]["restart_count"] >= 1
+    assert s["weights_sha256"] == reference_sha(tmp_path, *LONG)
+
+
+def test_preemption_by_the_urgent_partition_requeues_and_resumes_exactly(
+    devcluster, tmp_path
+) -> None:
+    cpu = [
+        "cluster.partition=cpu",
+        "cluster.gpus_per_node=0",
+        "cluster.gpu_type=null",
+        "cluster.constraint=null",
+    ]
+    _, run_dir, _ = submit(tmp_path, *cpu, *LONG)
+    wait_for_checkpoint(run_dir)
+    # Both whole nodes for the urgent job: the victim must give way.
+    urgent = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "urgent",
+            "-N",
+            "2",
+            "--exclusive",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 5",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    wait_until(lambda: sacct_state(urgent) == "COMPLETED", 180, "the urgent job")
+    s = wait_done(run_dir)
+    ends = [a for a in attempts(run_dir) if a["event"] == "end"]
+    assert ends[0]["reason"] == "preempted" and ends[0]["signal"] == "SIGUSR2"
+    assert s["weights_sha256"] == reference_sha(tmp_path, *LONG)
+
+
+def test_too_short_time_limit_requeues_itself_until_done(devcluster, tmp_path) -> None:
+    # 1 minute limit, warning 45 s before it (Slurm may deliver it ~30 s late): each attempt
+    # trains 15-45 s; the whole run needs ~60 s of training.
+    longer = [*LONG, "trainer.max_epochs=12"]
+    limits = ["cluster.timeout_min=1", "cluster.signal_delay_s=45", "cluster.max_requeues=6"]
+    _, run_dir, _ = submit(tmp_path, *limits, *longer)
+    s = wait_done(run_dir, timeout_s=600)
+    ends = [a for a in attempts(run_dir) if a["event"] == "end"]
+    timeouts = [a for a in ends if a["reason"] == "timeout"]
+    assert timeouts and all(a["action"] == "requeued" for a in timeouts)
+    assert ends[-1]["reason"] == "completed"
+    assert s["weights_sha256"] == reference_sha(tmp_path, *longer)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["cluster.partition=nope"], "cluster.partition='nope': no such partition"),
+        (
+            ["cluster.gpus_per_node=5"],
+            "cluster.gpus_per_node=5 (--gres=gpu:a100:5): partition 'gpu' nodes have at most 4",
+        ),
+        (["cluster.gpu_type=h100"], "partition 'gpu' nodes have at most 0 h100"),
+        (
+            ["cluster.constraint=nvlink"],
+            "cluster.constraint='nvlink': no node in partition 'gpu' has it",
+        ),
+        (
+            ["cluster.timeout_min=120"],
+            "cluster.timeout_min=120: partition 'gpu' allows at most 60 minutes",
+        ),
+        (["cluster.nodes=3"], "cluster.nodes=3: partition 'gpu' has 2 nodes"),
+    ],
+)
+def test_preflight_refuses_impossible_requests(devcluster, tmp_path, overrides, expected) -> None:
+    before = set(squeue_ids())
+    out = run_hpcdl("train", "cluster=devcluster", "run_dir=run", *overrides, cwd=tmp_path)
+    assert out.returncode == 2
+    assert expected in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "run").exists()
+    assert set(squeue_ids()) == before  # nothing submitted
+
+
+def test_dry_run_script_is_accepted_by_sbatch(devcluster, tmp_path) -> None:
+    out = run_hpcdl(
+        "train",
+        "cluster=devcluster",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=2",
+        "--dry-run",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    script = "\n".join(
+        ln
+        for ln in out.stdout.splitlines()
+        if not ln.startswith(("# run dir", "  RANK", "# per-rank", "# dry run"))
+    )
+    (tmp_path / "job.sh").write_text(script)
+    test = subprocess.run(
+        ["sbatch", "--test-only", str(tmp_path / "job.sh")], capture_output=True, text=True
+    )
+    assert test.returncode == 0 and "to start at" in test.stderr, test.stderr
+
+
+def test_plain_sbatch_template_runs_the_same_payload(devcluster, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    out = run_hpcdl(
+        "train",
+        "cluster=devcluster",
+        f"run_dir={run_dir}",
+        "trainer.max_epochs=5",
+        "--no-launch",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    # The template asks for the workshop's 4 A100s for 2 h; the dev cluster's partitions
+    # allow 60 min, so shrink the request on the command line (it overrides #SBATCH lines).
+    sbatch = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--time=10",
+            "--gres=gpu:a100:1",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=1",
+            "--mem=1G",
+            f"--output={tmp_path}/sbatch-%j.out",
+            str(REPO / "slurm" / "train.sbatch"),
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, **ONE_THREAD},
+    )
+    assert sbatch.returncode == 0, sbatch.stderr
+    s = wait_done(run_dir)
+    assert s["weights_sha256"] == reference_sha(tmp_path, "trainer.max_epochs=5")
+    assert (run_dir / "logs" / f"{sbatch.stdout.strip()}_0_log.out").exists()
+
+
+def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
+    job_id, run_dir, _ = submit(tmp_path, *LONG)
+    wait_for_checkpoint(run_dir)
+    out = run_hpcdl("cancel", str(run_dir), cwd=tmp_path)
+    assert out.returncode == 0 and f"cancelled job {job_id}" in out.stdout
+    wait_until(lambda: sacct_state(job_id).startswith("CANCELLED"), 60, "CANCELLED in sacct")
+    assert not (run_dir / "summary.json").exists()
+    status = run_hpcdl("status", job_id, cwd=tmp_path)
+    assert "CANCELLED" in status.stdout

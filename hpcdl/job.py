@@ -13,7 +13,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from hpcdl.config.schema import Config
+    from hpcdl.signals import StopFlag
 
 # Exit status of a run that stopped on a signal after saving a checkpoint.
 EXIT_INTERRUPTED = 3
@@ -32,32 +36,43 @@ class JobOutcome:
         return 0 if self.completed else EXIT_INTERRUPTED
 
 
-def run_job(run_dir: str) -> JobOutcome:
-    import torch  # noqa: F401  (imported here: the login-node path must not import torch)
-
-    from hpcdl.build import build_trainer
+def run_job(run_dir: str, stop: Optional[StopFlag] = None) -> JobOutcome:
+    """Train the run in `run_dir` as this rank. Stop-signal handlers go in before torch is
+    even imported: a warning signal can come within the first seconds of a job (Slurm may
+    send it up to 60 s early) and must only set the flag."""
     from hpcdl.config.convert import load_config
+    from hpcdl.signals import stop_on_signals
+
+    path = Path(run_dir)
+    cfg = load_config(path / "config.yaml")
+    if stop is not None:
+        return _train(cfg, path, stop)
+    with stop_on_signals(stop_signal_names(cfg.cluster.signal)) as flag:
+        return _train(cfg, path, flag)
+
+
+def stop_signal_names(warning: str) -> tuple[str, ...]:
+    return ("SIGTERM", "SIGINT", "SIG" + warning.upper().removeprefix("SIG"))
+
+
+def _train(cfg: Config, path: Path, stop: StopFlag) -> JobOutcome:
+    from hpcdl.build import build_trainer
     from hpcdl.dist import pick_device, process_group
     from hpcdl.env import rank_env_from
     from hpcdl.finalize import finalize_run, write_curves
-    from hpcdl.signals import stop_on_signals
     from hpcdl.trainer import Outcome
 
     started = time.monotonic()
-    path = Path(run_dir)
-    cfg = load_config(path / "config.yaml")
     env = rank_env_from(os.environ)
-    warning_signal = "SIG" + cfg.cluster.signal.upper().removeprefix("SIG")
-    with stop_on_signals(("SIGTERM", "SIGINT", warning_signal)) as stop:
-        device = pick_device(cfg.trainer.device.value, env.local_rank)
-        with process_group(env, device, cfg.cluster.rendezvous_timeout_s):
-            trainer = build_trainer(cfg, env, path, device, stop)
-            result = trainer.fit()
-            summary: dict[str, Any] = {}
-            if result.outcome == Outcome.completed:
-                summary = finalize_run(trainer, result, path, time.monotonic() - started)
-            elif env.is_main:
-                write_curves(trainer, path)
+    device = pick_device(cfg.trainer.device.value, env.local_rank)
+    with process_group(env, device, cfg.cluster.rendezvous_timeout_s):
+        trainer = build_trainer(cfg, env, path, device, stop)
+        result = trainer.fit()
+        summary: dict[str, Any] = {}
+        if result.outcome == Outcome.completed:
+            summary = finalize_run(trainer, result, path, time.monotonic() - started)
+        elif env.is_main:
+            write_curves(trainer, path)
     sys.stdout.flush()
     return JobOutcome(
         rank=env.rank,

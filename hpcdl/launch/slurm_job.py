@@ -20,9 +20,9 @@ from typing import Any
 from hpcdl.env import RankEnv, rank_env_from
 
 ATTEMPTS_FILE = "attempts.jsonl"
-# A warning signal that arrives within this many seconds of (end time - signal_delay_s) is
-# the time-limit warning; earlier ones are preemptions. Slurm delivers --signal up to ~30 s
-# late (it checks periodically), hence the slack.
+# A warning signal with at most signal_delay_s + this many seconds left before the time
+# limit is the time-limit warning; with more left it is a preemption. sbatch(1): "the
+# signal may be sent up to 60 seconds earlier than specified", hence the slack.
 TIMEOUT_SLACK_S = 90
 
 
@@ -80,7 +80,10 @@ def seconds_left(job_id: str) -> float | None:
 
     try:
         out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%S|%l"], capture_output=True, text=True, timeout=30
+            ["squeue", "-h", "-j", job_id, "-o", "%S|%l"],
+            capture_output=True,
+            text=True,
+            timeout=30,
         ).stdout.strip()
         start, _, limit = out.partition("|")
         minutes = slurm_minutes(limit)
@@ -117,31 +120,35 @@ def requeue(job_id: str) -> str:
 
 def main(run_dir: str) -> dict[str, Any]:
     from hpcdl.config.convert import load_config
-    from hpcdl.job import EXIT_INTERRUPTED, run_job
+    from hpcdl.job import EXIT_INTERRUPTED, run_job, stop_signal_names
+    from hpcdl.signals import stop_on_signals
 
     path = Path(run_dir)
-    env = rank_env_from(os.environ)
     cfg = load_config(path / "config.yaml")
-    if env.is_main:
-        append_attempt(path, start_record(env, path))
-    outcome = run_job(run_dir)
+    # First thing, before torch is imported: the warning signal may already be on its way.
+    with stop_on_signals(stop_signal_names(cfg.cluster.signal)) as stop:
+        env = rank_env_from(os.environ)
+        if env.is_main:
+            append_attempt(path, start_record(env, path))
+        outcome = run_job(run_dir, stop)
     if outcome.completed:
         if env.is_main:
             append_attempt(
                 path, {"event": "end", "job_id": env.job_id, "end": _now(), "reason": "completed"}
             )
         return outcome.summary
-    warning = "SIG" + cfg.cluster.signal.upper().removeprefix("SIG")
+    warning = stop_signal_names(cfg.cluster.signal)[-1]
     reason = classify(outcome.signal_name, warning, env.job_id or "", cfg.cluster.signal_delay_s)
     if env.is_main:
-        action = "exit"
         num_timeouts = sum(1 for a in read_attempts(path) if a.get("reason") == "timeout")
-        if reason == "timeout" and num_timeouts >= cfg.cluster.max_requeues:
+        if should_requeue(reason, num_timeouts, cfg.cluster.max_requeues) and env.job_id:
+            action = requeue(env.job_id)
+        elif reason == "timeout":
             action = (
                 f"not requeued: cluster.max_requeues={cfg.cluster.max_requeues} timeouts reached"
             )
-        elif reason in ("timeout", "preempted") and env.job_id:
-            action = requeue(env.job_id)
+        else:
+            action = "exit"
         append_attempt(
             path,
             {

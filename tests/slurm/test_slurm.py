@@ -8,6 +8,7 @@ Slurm jobs run with OMP_NUM_THREADS=1 too (conf/cluster/devcluster.yaml).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -177,17 +178,35 @@ def test_preemption_by_the_urgent_partition_requeues_and_resumes_exactly(
 
 
 def test_too_short_time_limit_requeues_itself_until_done(devcluster, tmp_path) -> None:
-    # 1 minute limit, warning 45 s before it (Slurm may deliver it ~30 s late): each attempt
-    # trains 15-45 s; the whole run needs ~60 s of training.
-    longer = [*LONG, "trainer.max_epochs=12"]
-    limits = ["cluster.timeout_min=1", "cluster.signal_delay_s=45", "cluster.max_requeues=6"]
+    # A 2-minute limit with the warning 30 s before it; Slurm may send it up to 60 s early,
+    # so each attempt trains 30-90 s. The run needs ~100 s of training: at least one
+    # time-limit stop, save, self-requeue and exact resume.
+    longer = [
+        "data=synthetic",
+        "data.num_samples=40000",
+        "trainer.batch_size=4",
+        "trainer.max_epochs=24",
+        "trainer.checkpoint_every_steps=2000",
+        "trainer.log_every_steps=5000",
+    ]
+    limits = ["cluster.timeout_min=2", "cluster.signal_delay_s=30", "cluster.max_requeues=4"]
     _, run_dir, _ = submit(tmp_path, *limits, *longer)
-    s = wait_done(run_dir, timeout_s=600)
+    # The uninterrupted reference trains meanwhile (one thread each; the box has two cores).
+    ref = tmp_path / "reference"
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "hpcdl.cli.main", "train", f"run_dir={ref}", *longer],
+        cwd=tmp_path,
+        env={**os.environ, **ONE_THREAD},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    s = wait_done(run_dir, timeout_s=540)
+    assert reference.wait(timeout=300) == 0
     ends = [a for a in attempts(run_dir) if a["event"] == "end"]
     timeouts = [a for a in ends if a["reason"] == "timeout"]
-    assert timeouts and all(a["action"] == "requeued" for a in timeouts)
+    assert timeouts and all(a["action"] == "requeued" for a in timeouts), ends
     assert ends[-1]["reason"] == "completed"
-    assert s["weights_sha256"] == reference_sha(tmp_path, *longer)
+    assert s["weights_sha256"] == summary(ref)["weights_sha256"]
 
 
 @pytest.mark.parametrize(
@@ -269,7 +288,7 @@ def test_plain_sbatch_template_runs_the_same_payload(devcluster, tmp_path) -> No
         ],
         capture_output=True,
         text=True,
-        env={**__import__("os").environ, **ONE_THREAD},
+        env={**os.environ, **ONE_THREAD},
     )
     assert sbatch.returncode == 0, sbatch.stderr
     s = wait_done(run_dir)

@@ -60,7 +60,17 @@ def reference_sha(tmp_path: Path, *overrides: str) -> str:
 
 
 def wait_done(run_dir: Path, timeout_s: float = 300) -> dict:
-    wait_until(lambda: (run_dir / "summary.json").exists(), timeout_s, f"{run_dir}/summary.json")
+    """Until the job has written its summary and recorded the attempt's end."""
+
+    def finished() -> bool:
+        if not (run_dir / "summary.json").exists():
+            return False
+        if not (run_dir / "attempts.jsonl").exists():  # the plain sbatch route records too
+            return False
+        last = attempts(run_dir)[-1]
+        return last["event"] == "end" and last["reason"] == "completed"
+
+    wait_until(finished, timeout_s, f"{run_dir} to complete")
     return summary(run_dir)
 
 

@@ -36,6 +36,19 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
+def warm_start_checkpoint(ref: str) -> Path:
+    """init_from: a checkpoint file, or a run dir's best checkpoint (its newest without one)."""
+    path = Path(ref)
+    if (
+        path.is_dir()
+        and CheckpointStore(
+            path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        ).best_path()
+    ):
+        return resolve_checkpoint(path, "best")
+    return resolve_checkpoint(path, "last")
+
+
 def build_trainer(
     cfg: Config, env: RankEnv, run_dir: Path, device: torch.device, stop: StopFlag
 ) -> Trainer:
@@ -45,8 +58,9 @@ def build_trainer(
     seed_everything(t.seed, t.deterministic)
     data = build_data(cfg.data)
     raw_model = build_model(cfg.model, data.input_shape, data.num_classes)
-    if cfg.init_from:
-        ckpt = resolve_checkpoint(cfg.init_from)
+    store = CheckpointStore(run_dir / "checkpoints", keep_last=t.keep_last)
+    if cfg.init_from and not store.list_steps():  # a resumed run restores its own weights
+        ckpt = warm_start_checkpoint(cfg.init_from)
         load_matching_weights(raw_model, read_checkpoint(ckpt)["model"], str(ckpt))
     raw_model.to(device)
     if t.channels_last:
@@ -85,7 +99,7 @@ def build_trainer(
         scheduler=scheduler,
         scaler=torch.amp.GradScaler(device.type, enabled=t.precision == Precision.fp16),
         sharder=sharder,
-        store=CheckpointStore(run_dir / "checkpoints", keep_last=t.keep_last),
+        store=store,
         metrics=MetricsLog(run_dir / "metrics.csv"),
         reporter=ProgressReporter(
             enabled=env.is_main, log_every_steps=t.log_every_steps, max_epochs=t.max_epochs

@@ -103,7 +103,9 @@ class Trainer:
                     self.p.fault.after_step(self.progress.global_step, self.env.rank)
                 self.log_step(step_in_epoch, flags)
                 if flags["eval_due"]:
-                    self.evaluate_and_track()
+                    _, improved = self.evaluate_and_track()
+                    if improved:
+                        self.save(is_best=True)
                 if flags["stop"]:
                     return self.interrupt()
                 if flags["save_due"]:

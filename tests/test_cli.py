@@ -173,3 +173,30 @@ def test_cfg_and_info_flags_run_nothing(hpcdl, tmp_path: Path) -> None:
     out = hpcdl("train", "--help")
     assert out.returncode == 0 and "cluster: " in out.stdout
     assert not (tmp_path / "outputs").exists()
+
+
+def test_bad_data_found_inside_local_ranks_is_one_line_exit_2(hpcdl, tmp_path: Path) -> None:
+    np.savez(tmp_path / "bad.npz", q=np.zeros(3))
+    out = hpcdl(
+        "train", "cluster=local", "data=files", f"data.path={tmp_path / 'bad.npz'}", "run_dir=run"
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"error: data.path='{tmp_path / 'bad.npz'}': no array 'x' (has ['q']); "
+        "save with np.savez(path, x=features, y=labels)"
+    ]
+
+
+def test_dict_keys_can_be_added_from_the_command_line(hpcdl) -> None:
+    out = hpcdl(
+        "train",
+        "model=custom",
+        "model.target=pkg.mod:build",
+        "model.kwargs.depth=4",
+        "cluster=local",
+        "cluster.env.NCCL_DEBUG=INFO",
+        "--cfg",
+        "job",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "depth: 4" in out.stdout and "NCCL_DEBUG: INFO" in out.stdout

@@ -75,7 +75,11 @@ def _as_addition(message: str, overrides: list[str]) -> Optional[list[str]]:
         return None
     key = match.group(1)
     group = key.split(".", 1)[0]
-    if group not in GROUPS or key not in known_keys(group):
+    if group not in GROUPS:
+        return None
+    known = known_keys(group)
+    # A known key, or an entry of a known mapping key (model.kwargs.depth, cluster.env.X).
+    if key not in known and key.rsplit(".", 1)[0] not in known:
         return None
     return [f"+{o}" if o.split("=", 1)[0] == key else o for o in overrides]
 

@@ -20,13 +20,14 @@ if TYPE_CHECKING:
 EXIT_BAD_INPUT = 2
 
 
-def _group_listing() -> str:
-    from hpcdl.cli.compose import conf_dir
+def _group_listing(config_dirs: Optional[list[str]] = None) -> str:
+    from hpcdl.cli.compose import conf_dir, user_conf_dirs
     from hpcdl.config.convert import GROUPS
 
+    dirs = [conf_dir(), *user_conf_dirs(config_dirs)]
     lines = ["config groups (choose with group=option; see docs/configuration.md):"]
     for group in GROUPS:
-        options = sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+        options = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
         lines.append(f"  {group}: {', '.join(options)}")
     lines.append("override any key with key=value, e.g. trainer.max_epochs=5 optim.lr=0.03")
     return "\n".join(lines) + "\n"
@@ -46,9 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("overrides", nargs="*", help="Hydra overrides: group=option, key=value")
-    train.add_argument(
-        "--cfg", "-c", choices=["job", "hydra", "all"], help="print the config, run nothing"
-    )
+    train.add_argument("--cfg", "-c", choices=["job", "all"], help="print the config, run nothing")
     train.add_argument("--resolve", action="store_true", help="with --cfg: resolve interpolations")
     train.add_argument("--info", action="store_true", help="print config search path and choices")
     train.add_argument("--config-dir", "-cd", action="append", default=[], help="extra config dir")
@@ -141,7 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.info:
             dirs = [conf_dir(), *user_conf_dirs(args.config_dir)]
             print("config search path:\n" + "\n".join(f"  {d}" for d in dirs))
-            print(_group_listing())
+            print(_group_listing(args.config_dir))
             return 0
         print(OmegaConf.to_yaml(composed, resolve=args.resolve), end="")
         return 0

@@ -23,7 +23,7 @@ def validate(cfg: schema.Config) -> None:
     if cfg.init_from is not None and not Path(cfg.init_from).expanduser().exists():
         raise ConfigError(
             f"init_from={cfg.init_from!r}: no such run dir or checkpoint file; "
-            "give a run dir (its best checkpoint) or a .pt file"
+            "give a run dir (its best checkpoint, else its newest) or a .pt file"
         )
 
 
@@ -117,6 +117,12 @@ def _check_data(data: schema.DataCommon) -> None:
 def _check_optim(optim: object) -> None:
     _positive("optim.lr", getattr(optim, "lr", None))
     _non_negative("optim.weight_decay", getattr(optim, "weight_decay", 0.0))
+    eps = getattr(optim, "eps", 1.0)
+    if eps <= 0:
+        raise ConfigError(f"optim.eps={eps}: must be > 0")
+    if isinstance(optim, schema.RmspropConfig):
+        _fraction("optim.alpha", optim.alpha)
+        _non_negative("optim.momentum", optim.momentum)
     if isinstance(optim, schema.SgdConfig):
         _non_negative("optim.momentum", optim.momentum)
         if optim.nesterov and optim.momentum <= 0:
@@ -136,7 +142,8 @@ def _check_schedule(schedule: schema.ScheduleConfig) -> None:
     _positive("schedule.step_size_epochs", schedule.step_size_epochs)
     _positive("schedule.gamma", schedule.gamma)
     _fraction("schedule.min_lr_ratio", schedule.min_lr_ratio, upper_open=False)
-    _positive("schedule.max_lr_ratio", schedule.max_lr_ratio)
+    if schedule.max_lr_ratio < 1:
+        raise ConfigError(f"schedule.max_lr_ratio={schedule.max_lr_ratio}: must be >= 1 (the peak)")
     if not 0 < schedule.pct_start < 1:
         raise ConfigError(f"schedule.pct_start={schedule.pct_start}: must be in (0, 1)")
 

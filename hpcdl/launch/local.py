@@ -8,6 +8,7 @@ process becomes SIGTERM to every rank: each stops at the next step boundary and 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -19,6 +20,8 @@ from hpcdl.config.schema import Config, tasks_per_node
 from hpcdl.job import EXIT_INTERRUPTED
 from hpcdl.launch.logtail import copy_new
 
+# Same meaning as the CLI's: bad input, reported in one line.
+EXIT_BAD_INPUT = 2
 # How often the foreground process polls the job and copies rank 0's log to the terminal.
 POLL_S = 0.2
 
@@ -91,8 +94,18 @@ def _exit_code(job: Any, stopping: list[int]) -> int:
     try:
         outcomes = job.results()
     except Exception as err:  # submitit wraps the rank's exception in its own types
-        message = str(err).strip().splitlines()
-        tail = next((ln for ln in reversed(message) if ln.strip()), "unknown error")
-        print(f"error: a rank failed: {tail.strip()}", file=sys.stderr)
+        text = str(err)
+        ours = re.findall(r"^\s*(?:\[rank\d+\]: )?hpcdl\.[\w.]+Error: (.*)$", text, flags=re.M)
+        if ours:  # bad input found inside the job (data contents, a checkpoint): one line
+            print(f"error: {ours[-1]}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        errors = re.findall(
+            r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*)$", text, flags=re.M
+        )
+        detail = errors[-1] if errors else text.strip().splitlines()[0]
+        print(
+            f"error: a rank failed: {detail} (logs: {Path(job.paths.stdout).parent})",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED if stopping else 1
     return max(o.exit_code for o in outcomes)

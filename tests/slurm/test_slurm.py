@@ -245,7 +245,7 @@ def test_preflight_refuses_impossible_requests(devcluster, tmp_path, overrides, 
     assert out.returncode == 2
     assert expected in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (tmp_path / "run").exists()
-    assert set(squeue_ids()) == before  # nothing submitted
+    assert not (set(squeue_ids()) - before)  # nothing submitted
 
 
 def test_dry_run_script_is_accepted_by_sbatch(devcluster, tmp_path) -> None:
@@ -313,5 +313,9 @@ def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
     assert out.returncode == 0 and f"cancelled job {job_id}" in out.stdout
     wait_until(lambda: sacct_state(job_id).startswith("CANCELLED"), 60, "CANCELLED in sacct")
     assert not (run_dir / "summary.json").exists()
-    status = run_hpcdl("status", job_id, cwd=tmp_path)
-    assert "CANCELLED" in status.stdout
+    # squeue may show the job COMPLETING for KillWait seconds before it leaves the queue.
+    wait_until(
+        lambda: "CANCELLED" in run_hpcdl("status", job_id, cwd=tmp_path).stdout,
+        60,
+        "status CANCELLED",
+    )

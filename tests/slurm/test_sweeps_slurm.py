@@ -1,0 +1,129 @@
+"""`hpcdl train -m` on the real dev cluster: one job array, the ledger, rerun, k-fold."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_hpcdl
+from tests.slurm.conftest import sacct_state, wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+def ledger(sweep: Path) -> dict:
+    return json.loads((sweep / "sweep.json").read_text())
+
+
+def all_completed(sweep: Path) -> bool:
+    return all((Path(t["run_dir"]) / "summary.json").exists() for t in ledger(sweep)["trials"])
+
+
+def test_six_trial_sweep_is_one_array_and_returns_before_it_finishes(devcluster, tmp_path) -> None:
+    sweep = tmp_path / "sw"
+    started = time.monotonic()
+    out = run_hpcdl(
+        "train",
+        "-m",
+        "cluster=devcluster",
+        f"hydra.sweep.dir={sweep}",
+        "model=mlp,cnn",
+        "data=digits",
+        "optim.lr=0.1,0.03,0.01",
+        "trainer.max_epochs=3",
+        cwd=tmp_path,
+    )
+    submit_s = time.monotonic() - started
+    assert out.returncode == 0, out.stderr + out.stdout
+    trials = ledger(sweep)["trials"]
+    assert not all_completed(sweep)  # returned while the array was still queued/running
+    print(f"sweep submit returned in {submit_s:.2f}s")
+    assert len(trials) == 6
+    arrays = {t["job_id"].split("_")[0] for t in trials}
+    assert len(arrays) == 1, arrays  # one job array, not six jobs
+    assert sorted(int(t["job_id"].split("_")[1]) for t in trials) == list(range(6))
+    assert [t["overrides"] for t in trials][:2] == [
+        ["model=mlp", "optim.lr=0.1"],
+        ["model=mlp", "optim.lr=0.03"],
+    ]
+    wait_until(lambda: all_completed(sweep), 300, "all six trials")
+    status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
+    assert status.returncode == 0 and "6 trials: 6 COMPLETED" in status.stdout, status.stdout
+    refreshed = ledger(sweep)["trials"]
+    assert all(t["state"] == "COMPLETED" and t["metric"] is not None for t in refreshed)
+    for t in refreshed:  # each trial ran as its own array task and recorded it
+        start = json.loads((Path(t["run_dir"]) / "attempts.jsonl").read_text().splitlines()[0])
+        assert f"{start['array_job']}_{start['array_task']}" == t["job_id"]
+
+
+def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    np.savez(tmp_path / "good.npz", x=x, y=y)
+    (tmp_path / "broken.npz").write_bytes(b"not an npz")
+    sweep = tmp_path / "sw"
+    out = run_hpcdl(
+        "train",
+        "-m",
+        "cluster=devcluster",
+        f"hydra.sweep.dir={sweep}",
+        "data=files",
+        "data.path=good.npz,broken.npz",
+        "trainer.max_epochs=3",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    first = ledger(sweep)["trials"]
+    wait_until(lambda: sacct_state(first[1]["job_id"]) == "FAILED", 180, "trial 1 to fail")
+    wait_until(lambda: (Path(first[0]["run_dir"]) / "summary.json").exists(), 180, "trial 0")
+    good_summary = (Path(first[0]["run_dir"]) / "summary.json").stat().st_mtime
+    status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
+    assert "1 COMPLETED, 1 FAILED" in status.stdout, status.stdout
+
+    np.savez(tmp_path / "broken.npz", x=x, y=y)  # the fix
+    rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", cwd=tmp_path)
+    assert rerun.returncode == 0 and "rerunning trials [1]" in rerun.stdout, rerun.stdout
+    after = ledger(sweep)["trials"]
+    assert after[0]["job_id"] == first[0]["job_id"] and after[0]["attempts"] == 1
+    assert after[1]["job_id"] != first[1]["job_id"] and after[1]["attempts"] == 2
+    wait_until(lambda: all_completed(sweep), 180, "the rerun trial")
+    assert (Path(first[0]["run_dir"]) / "summary.json").stat().st_mtime == good_summary
+
+
+def test_kfold_sweep_summary_reports_mean_and_std(devcluster, tmp_path) -> None:
+    sweep = tmp_path / "cv"
+    out = run_hpcdl(
+        "train",
+        "-m",
+        "cluster=devcluster",
+        f"hydra.sweep.dir={sweep}",
+        "data=breast_cancer",
+        "data.num_folds=3",
+        "data.fold=range(0,3)",
+        "optim.lr=0.1,0.01",
+        "trainer.max_epochs=5",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    wait_until(lambda: all_completed(sweep), 300, "six fold trials")
+    summary = run_hpcdl("sweep", "summary", str(sweep), "--metric", "val_accuracy", cwd=tmp_path)
+    assert summary.returncode == 0, summary.stderr
+    lines = [ln for ln in summary.stdout.splitlines() if ln.startswith("| ")]
+    assert "std" in lines[0]
+    assert len(lines) == 3  # header + one row per learning rate, 3 folds each
+    trials = ledger(sweep)["trials"]
+    for row in lines[1:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        lr, mean, std, n = cells[1], float(cells[2]), float(cells[3]), int(cells[4])
+        folds = [t["metric"] for t in trials if lr in t["overrides"]]
+        assert n == len(folds) == 3 and 0.5 < mean <= 1.0
+        assert mean == pytest.approx(statistics.fmean(folds), abs=1e-4)
+        assert std == pytest.approx(statistics.stdev(folds), abs=1e-4)
+    csv_out = run_hpcdl("sweep", "summary", str(sweep), "--format", "csv", cwd=tmp_path)
+    assert "val_accuracy_mean,val_accuracy_std" in csv_out.stdout

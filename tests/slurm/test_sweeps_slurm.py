@@ -127,3 +127,30 @@ def test_kfold_sweep_summary_reports_mean_and_std(devcluster, tmp_path) -> None:
         assert std == pytest.approx(statistics.stdev(folds), abs=1e-4)
     csv_out = run_hpcdl("sweep", "summary", str(sweep), "--format", "csv", cwd=tmp_path)
     assert "val_accuracy_mean,val_accuracy_std" in csv_out.stdout
+
+
+def test_sweeps_larger_than_max_array_size_are_split(devcluster, tmp_path, monkeypatch) -> None:
+    # The dev cluster allows 1001 tasks per array; pretend it allows 3 (task ids 0..1).
+    from hpcdl.cli.main import main
+    from hpcdl.sweep import launch
+
+    monkeypatch.setattr(launch, "max_array_size", lambda: 3)
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sw"
+    rc = main(
+        [
+            "train",
+            "-m",
+            "cluster=devcluster",
+            f"hydra.sweep.dir={sweep}",
+            "optim.lr=0.1,0.05,0.02,0.01,0.005",
+            "trainer.max_epochs=1",
+        ]
+    )
+    assert rc == 0
+    record = ledger(sweep)
+    assert [len(s["trials"]) for s in record["submissions"]] == [2, 2, 1]
+    assert len({t["job_id"].split("_")[0] for t in record["trials"]}) == 3
+    # (submitit submits a one-element chunk as a plain job: id without _TASK)
+    assert all(int(t["job_id"].partition("_")[2] or 0) < 2 for t in record["trials"])
+    wait_until(lambda: all_completed(sweep), 180, "five trials in three arrays")

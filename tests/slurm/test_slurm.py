@@ -319,3 +319,34 @@ def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
         60,
         "status CANCELLED",
     )
+
+
+def test_a_job_submitted_from_inside_a_job_gets_its_own_geometry(devcluster, tmp_path) -> None:
+    # The outer job has 2 tasks on 2 nodes; its SLURM_* variables must not leak into the
+    # inner submission (which asks for 1 node, 1 task).
+    inner = tmp_path / "inner"
+    command = (
+        f"{sys.executable} -m hpcdl.cli.main train cluster=devcluster run_dir={inner} "
+        "trainer.max_epochs=2"
+    )
+    outer = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-N",
+            "2",
+            "-n",
+            "2",
+            f"--output={tmp_path}/outer-%j.out",
+            f"--chdir={tmp_path}",
+            "--wrap",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    wait_until(lambda: sacct_state(outer) == "COMPLETED", 120, "the outer job")
+    s = wait_done(inner)
+    assert s["world_size"] == 1
+    assert attempts(inner)[0]["nodes"] in ("n1", "n2")

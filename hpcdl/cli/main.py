@@ -259,6 +259,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from hpcdl.rundir import open_run_dir, record_command, rewrite_config
 
     cfg, run_dir = open_run_dir(args.run_dir)
+    refuse_if_still_queued(run_dir)
     if args.overrides:
         cfg = apply_overrides(cfg, args.overrides, args.config_dir)
     preflight(cfg, args.no_preflight)
@@ -266,6 +267,21 @@ def cmd_resume(args: argparse.Namespace) -> int:
     record_command(run_dir, "resume")
     print(f"resuming run dir: {run_dir}", flush=True)
     return launch(cfg, run_dir)
+
+
+def refuse_if_still_queued(run_dir: Path) -> None:
+    """Two jobs training one run dir would corrupt it: resume only once the last is gone."""
+    from hpcdl.launch.monitor import SUBMISSION_FILE, is_active, job_state, resolve_job
+
+    if not (run_dir / SUBMISSION_FILE).exists():
+        return
+    job_id, _ = resolve_job(str(run_dir))
+    state = job_state(job_id)["state"]
+    if is_active(state):
+        raise HpcdlError(
+            f"{run_dir}: its job {job_id} is still {state}; it resumes by itself when requeued, "
+            f"or stop it first with `hpcdl cancel {run_dir}`"
+        )
 
 
 def launch(cfg: Config, run_dir: Path) -> int:

@@ -309,6 +309,8 @@ def test_plain_sbatch_template_runs_the_same_payload(devcluster, tmp_path) -> No
 def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
     job_id, run_dir, _ = submit(tmp_path, *LONG)
     wait_for_checkpoint(run_dir)
+    busy = run_hpcdl("resume", str(run_dir), cwd=tmp_path)  # one run dir, one job at a time
+    assert busy.returncode == 2 and f"its job {job_id} is still RUNNING" in busy.stderr
     out = run_hpcdl("cancel", str(run_dir), cwd=tmp_path)
     assert out.returncode == 0 and f"cancelled job {job_id}" in out.stdout
     wait_until(lambda: sacct_state(job_id).startswith("CANCELLED"), 60, "CANCELLED in sacct")
@@ -319,6 +321,18 @@ def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
         60,
         "status CANCELLED",
     )
+    # Rerun it from its newest checkpoint on another profile: local ranks, same world size.
+    local = run_hpcdl(
+        "resume",
+        str(run_dir),
+        "cluster=local",
+        "cluster.tasks_per_node=1",
+        cwd=tmp_path,
+        env=ONE_THREAD,
+    )
+    assert local.returncode == 0, local.stderr + local.stdout
+    assert "resumed from" in local.stdout
+    assert summary(run_dir)["weights_sha256"] == reference_sha(tmp_path, *LONG)
 
 
 def test_a_job_submitted_from_inside_a_job_gets_its_own_geometry(devcluster, tmp_path) -> None:

@@ -45,9 +45,9 @@ def create_run_dir(cfg: Config, *, snapshot: bool = True) -> tuple[Config, Path]
     save_config(cfg, path / CONFIG_FILE)
     record_command(path, "train")
     if snapshot and cfg.cluster.launcher == Launcher.slurm:
-        from hpcdl.launch.slurm import snapshot_code
+        from hpcdl.launch.slurm import custom_targets, snapshot_code
 
-        snapshot_code(path)
+        snapshot_code(path, custom_targets(cfg))
     return cfg, path
 
 

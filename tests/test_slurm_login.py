@@ -126,3 +126,30 @@ def test_warning_signal_is_a_timeout_only_near_the_time_limit(monkeypatch) -> No
     monkeypatch.setattr(slurm_job, "seconds_left", lambda job_id: 3000.0)
     assert slurm_job.classify("SIGUSR2", "SIGUSR2", "1", signal_delay_s=30) == "preempted"
     assert slurm_job.classify("SIGTERM", "SIGUSR2", "1", signal_delay_s=30) == "cancelled"
+
+
+def test_snapshot_freezes_the_users_model_module_but_not_installed_ones(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from hpcdl.launch.snapshot import snapshot_code
+
+    src = tmp_path / "src"
+    (src / "mypkg_frz").mkdir(parents=True)
+    (src / "mypkg_frz" / "__init__.py").write_text("")
+    (src / "mypkg_frz" / "nets.py").write_text("def build(**kw): ...\n")
+    (src / "mymod_frz.py").write_text("def build(**kw): ...\n")
+    monkeypatch.syspath_prepend(str(src))
+    base = tmp_path / "run"
+    targets = ["mypkg_frz.nets:build", "mymod_frz:build", "numpy.random:x", "absent_frz:f"]
+    snapshot_code(base, targets)
+    code = base / "code"
+    assert (code / "hpcdl" / "trainer.py").exists()
+    assert (code / "mypkg_frz" / "nets.py").read_text() == "def build(**kw): ...\n"
+    assert (code / "mymod_frz.py").exists()
+    assert not (code / "numpy").exists()  # installed libraries are not copied
+    assert (code / "FROZEN").read_text().split()[::2] == ["mymod_frz", "mypkg_frz"]
+    assert "module 'absent_frz' is not importable here" in capsys.readouterr().err
+    # later edits stay out of the run; a second snapshot (resume) keeps the first one
+    (src / "mymod_frz.py").write_text("raise ImportError('edited')\n")
+    snapshot_code(base, targets)
+    assert (code / "mymod_frz.py").read_text() == "def build(**kw): ...\n"

@@ -10,19 +10,18 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcdl.config.schema import ClusterConfig, Config, tasks_per_node
+from hpcdl.config.schema import ClusterConfig, Config, CustomModelConfig, tasks_per_node
 from hpcdl.errors import HpcdlError
+from hpcdl.launch.snapshot import CODE_DIR, snapshot_code
 
 SUBMISSION_FILE = "slurm.json"
 LOG_DIR = "logs"
-CODE_DIR = "code"
 
 
 def sbatch_parameters(cluster: ClusterConfig, job_name: str) -> dict[str, Any]:
@@ -66,6 +65,9 @@ def setup_lines(cluster: ClusterConfig, code_dir: Path) -> list[str]:
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
     code = shlex.quote(str(code_dir))
     lines.append(f"export PYTHONPATH={code}${{PYTHONPATH:+:$PYTHONPATH}}")
+    # `python -m` would put the job's working directory (the submit dir, often a checkout)
+    # ahead of PYTHONPATH, shadowing the frozen copy (Python >= 3.11 honours this).
+    lines.append("export PYTHONSAFEPATH=1")
     return lines
 
 
@@ -116,47 +118,9 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
     return rows
 
 
-def snapshot_code(base_dir: Path) -> str:
-    """Freeze the hpcdl package into base_dir/code; returns the git revision (or 'unknown')."""
-    import hpcdl
-
-    package = Path(hpcdl.__file__).resolve().parent
-    target = base_dir / CODE_DIR / "hpcdl"
-    if target.exists():  # a resumed run keeps the code it was submitted with
-        return code_revision(target)
-    shutil.copytree(package, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    revision = git_revision(package.parent)
-    (base_dir / CODE_DIR / "REVISION").write_text(revision + "\n")
-    return revision
-
-
-def code_revision(package_dir: Path) -> str:
-    """The revision a package copy was frozen at, or the checkout's own."""
-    frozen = package_dir.parent / "REVISION"
-    if frozen.exists():
-        return frozen.read_text().strip()
-    return git_revision(package_dir.parent)
-
-
-def git_revision(path: Path) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    if out.returncode != 0:
-        return "unknown"
-    dirty = subprocess.run(
-        ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-    ).stdout.strip()
-    return out.stdout.strip() + ("-dirty" if dirty else "")
+def custom_targets(*configs: Config) -> list[str]:
+    """The `model.target`s of model=custom configs: their modules are frozen with the code."""
+    return [c.model.target for c in configs if isinstance(c.model, CustomModelConfig)]
 
 
 class SubmitError(HpcdlError):
@@ -210,7 +174,8 @@ def submit(cfg: Config, run_dir: Path) -> Submission:
 
     from hpcdl.launch.slurm_job import main as job_main
 
-    snapshot_code(run_dir)  # no-op when the run already has one (resume keeps its code)
+    # A no-op when the run already has code: a resumed run keeps what it was submitted with.
+    snapshot_code(run_dir, custom_targets(cfg))
     executor = make_executor(cfg, run_dir)
     try:
         with outside_job_env():

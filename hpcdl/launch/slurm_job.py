@@ -52,7 +52,7 @@ def _gpu_name() -> str | None:
 
 def start_record(env: RankEnv, run_dir: Path) -> dict[str, Any]:
     import hpcdl
-    from hpcdl.launch.slurm import code_revision
+    from hpcdl.launch.snapshot import code_revision
     from hpcdl.report import collect_versions
 
     return {

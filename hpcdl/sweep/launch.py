@@ -55,9 +55,9 @@ def create_sweep(plan: SweepPlan) -> Ledger:
         _, run_dir = create_run_dir(cfg, snapshot=False)
         ledger.trials.append(TrialRecord(trial.index, trial.overrides, str(run_dir)))
     if first.cluster.launcher == Launcher.slurm:
-        from hpcdl.launch.slurm import snapshot_code
+        from hpcdl.launch.slurm import custom_targets, snapshot_code
 
-        snapshot_code(sweep_dir)
+        snapshot_code(sweep_dir, custom_targets(*(t.config for t in plan.trials)))
     ledger_mod.save(ledger)
     return ledger
 

@@ -364,3 +364,34 @@ def test_a_job_submitted_from_inside_a_job_gets_its_own_geometry(devcluster, tmp
     s = wait_done(inner)
     assert s["world_size"] == 1
     assert attempts(inner)[0]["nodes"] in ("n1", "n2")
+
+
+def test_the_users_model_module_is_frozen_at_submission(devcluster, tmp_path) -> None:
+    # Submitted from the folder holding the module (the job's working directory too): an
+    # edit made right after submitting must not reach the job, nor shadow the frozen copy.
+    marker = tmp_path / "imported_from.txt"
+    (tmp_path / "mymodels.py").write_text(
+        "import math\nfrom pathlib import Path\nfrom torch import nn\n\n\n"
+        "def build(input_shape, num_classes, width=16):\n"
+        f"    Path({str(marker)!r}).write_text(__file__)\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width),"
+        " nn.ReLU(), nn.Linear(width, num_classes))\n"
+    )
+    run_dir = tmp_path / "run"
+    out = run_hpcdl(
+        "train",
+        "cluster=devcluster",
+        f"run_dir={run_dir}",
+        "model=custom",
+        "model.target=mymodels:build",
+        "model.kwargs.width=32",
+        "trainer.max_epochs=3",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    (tmp_path / "mymodels.py").write_text("raise ImportError('edited after submission')\n")
+    s = wait_done(run_dir)
+    assert s["test_accuracy"] >= 0.9
+    assert Path(marker.read_text()).parent == run_dir / "code"
+    assert (run_dir / "code" / "FROZEN").read_text().startswith("mymodels ")

@@ -1,0 +1,121 @@
+"""The code a Slurm job runs: hpcdl itself and the user's own model module, frozen into
+BASE_DIR/code at submission so edits made afterwards never reach a queued or requeued job.
+Stdlib only (login node): the user's module is located, never imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterable
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from typing import Optional
+
+CODE_DIR = "code"
+REVISION_FILE = "REVISION"
+FROZEN_FILE = "FROZEN"  # one line per frozen user module: "name path"
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
+
+
+def snapshot_code(base_dir: Path, custom_targets: Iterable[str] = ()) -> str:
+    """Freeze hpcdl (and the modules of `model.target`s) into base_dir/code; returns the
+    git revision (or 'unknown'). A resumed run keeps the code it was submitted with."""
+    import hpcdl
+
+    package = Path(hpcdl.__file__).resolve().parent
+    code = base_dir / CODE_DIR
+    target = code / "hpcdl"
+    if target.exists():
+        return code_revision(target)
+    shutil.copytree(package, target, ignore=IGNORED)
+    revision = git_revision(package.parent)
+    (code / REVISION_FILE).write_text(revision + "\n")
+    frozen = []
+    for name in sorted({t.partition(":")[0].split(".")[0] for t in custom_targets if t}):
+        spec = find_top_level(name)
+        if spec is None:
+            print(
+                f"warning: model.target: module {name!r} is not importable here, so it is not "
+                "frozen with the run's code; the job imports whatever it finds (put its folder "
+                "on PYTHONPATH before submitting to freeze it)",
+                file=sys.stderr,
+            )
+            continue
+        source = user_module_source(spec)
+        if source is not None:
+            copy_module(source, code)
+            frozen.append(f"{name} {source}")
+    if frozen:
+        (code / FROZEN_FILE).write_text("\n".join(frozen) + "\n")
+    return revision
+
+
+def find_top_level(name: str) -> Optional[ModuleSpec]:
+    """Locate a top-level module without running it (None: not importable here)."""
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def user_module_source(spec: ModuleSpec) -> Optional[Path]:
+    """The file or package folder of a top-level module when it is the user's own code
+    (outside the installed and standard libraries); None otherwise."""
+    if spec.name in sys.stdlib_module_names or spec.name == "hpcdl":
+        return None
+    if not spec.origin or spec.origin in ("built-in", "frozen"):
+        return None
+    origin = Path(spec.origin).resolve()
+    if installed(origin):
+        return None
+    if spec.submodule_search_locations:  # a package: freeze its folder
+        return origin.parent
+    return origin if origin.suffix == ".py" else None
+
+
+def installed(path: Path) -> bool:
+    roots = {sysconfig.get_path(key) for key in ("purelib", "platlib", "stdlib", "platstdlib")}
+    resolved = [Path(r).resolve() for r in roots]
+    return any(path.is_relative_to(root) for root in resolved) or any(
+        part in ("site-packages", "dist-packages") for part in path.parts
+    )
+
+
+def copy_module(source: Path, code: Path) -> None:
+    if source.is_dir():
+        shutil.copytree(source, code / source.name, ignore=IGNORED)
+    else:
+        shutil.copy2(source, code / source.name)
+
+
+def code_revision(package_dir: Path) -> str:
+    """The revision a package copy was frozen at, or the checkout's own."""
+    frozen = package_dir.parent / REVISION_FILE
+    if frozen.exists():
+        return frozen.read_text().strip()
+    return git_revision(package_dir.parent)
+
+
+def git_revision(path: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if out.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run(
+        ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")

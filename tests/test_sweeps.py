@@ -101,3 +101,46 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
     assert (sweep / "summary.csv").exists() and (sweep / "summary_val_accuracy.png").exists()
     rows = (sweep / "summary.csv").read_text().splitlines()
     assert len(rows) == 3  # header + one line per data.path, folds grouped
+
+
+def _attempts(run_dir: Path, *records: dict, cut: str = "") -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    (run_dir / "attempts.jsonl").write_text(text + cut)
+
+
+def test_a_job_that_left_the_queue_is_judged_by_its_run_dir(tmp_path: Path) -> None:
+    # What `hpcdl status` and `hpcdl sweep status` say on a cluster without accounting.
+    from hpcdl.launch.monitor import state_from_run_dir
+    from hpcdl.sweep.report import requeues
+
+    start = {"event": "start", "restart_count": 0}
+    assert state_from_run_dir(tmp_path / "never") == "UNKNOWN"
+    _attempts(tmp_path / "crashed", start, cut='{"event": "en')  # a line cut by a kill
+    assert state_from_run_dir(tmp_path / "crashed") == "FAILED"
+    timeout = {"event": "end", "reason": "timeout", "action": "not requeued"}
+    _attempts(tmp_path / "timeout", start, timeout)
+    assert state_from_run_dir(tmp_path / "timeout") == "TIMEOUT"
+    preempted = {"event": "end", "reason": "preempted", "action": "requeued"}
+    requeued = {"event": "start", "restart_count": 1}
+    done = {"event": "end", "reason": "completed"}
+    _attempts(tmp_path / "done", start, preempted, requeued, done)
+    (tmp_path / "done" / "summary.json").write_text("{}")
+    assert state_from_run_dir(tmp_path / "done") == "COMPLETED"
+    assert requeues(tmp_path / "done") == 1 and requeues(tmp_path / "crashed") == 0
+
+
+def test_ledger_written_by_an_older_version_still_loads(tmp_path: Path) -> None:
+    from hpcdl.sweep import ledger as ledger_mod
+
+    old = {
+        "sweep_dir": str(tmp_path),
+        "cluster": "devcluster",
+        "launcher": "slurm",
+        "swept_keys": ["optim.lr"],
+        "common_overrides": [],
+        "trials": [{"index": 0, "overrides": ["optim.lr=0.1"], "run_dir": "x", "gone": 1}],
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps(old))
+    trial = ledger_mod.load(tmp_path).trials[0]
+    assert trial.overrides == ["optim.lr=0.1"] and trial.requeues == 0

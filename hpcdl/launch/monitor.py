@@ -21,6 +21,8 @@ from hpcdl.launch.slurm import LOG_DIR, SUBMISSION_FILE
 MIN_REFRESH_S = 10.0
 
 
+NO_ACCOUNTING = "none (not queued; no accounting)"
+
 ACTIVE_STATES = (
     "PENDING",
     "RUNNING",
@@ -60,7 +62,9 @@ def _query(cmd: list[str]) -> Optional[str]:
 def job_state(job_id: str) -> dict[str, str]:
     """squeue while queued/running; sacct once it has left the queue (if accounting exists)."""
     out = _query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
-    if out and out.strip():
+    if out is None:  # the controller did not answer: say so, guess nothing
+        return {"job_id": job_id, "state": "UNKNOWN", "source": "none (squeue failed)"}
+    if out.strip():
         jid, state, elapsed, limit, nodes, where = out.strip().splitlines()[0].split("|")
         return {
             "job_id": jid,
@@ -84,7 +88,24 @@ def job_state(job_id: str) -> dict[str, str]:
             "where": nodes,
             "source": "sacct",
         }
-    return {"job_id": job_id, "state": "UNKNOWN (not queued; no accounting)", "source": "none"}
+    return {"job_id": job_id, "state": "UNKNOWN", "source": NO_ACCOUNTING}
+
+
+def state_from_run_dir(run_dir: Path) -> str:
+    """A job that left the queue, judged by its run dir alone (no accounting): the last
+    attempt's end record, or FAILED when it started and recorded no end (a crash, scancel,
+    a node failure: rerunnable either way), or UNKNOWN when it never started."""
+    if (run_dir / "summary.json").exists():
+        return "COMPLETED"
+    from hpcdl.launch.slurm_job import read_attempts
+
+    events = read_attempts(run_dir)
+    if not events:
+        return "UNKNOWN"
+    last = events[-1]
+    if last.get("event") == "end" and last.get("reason") in ("timeout", "preempted"):
+        return "TIMEOUT" if last["reason"] == "timeout" else "PREEMPTED"
+    return "FAILED"
 
 
 def run_status(run_dir: Optional[Path]) -> dict[str, Any]:
@@ -122,6 +143,9 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
     job_id, run_dir = resolve_job(ref)
     while True:
         report = {**job_state(job_id), **run_status(run_dir)}
+        if report["source"] == NO_ACCOUNTING and run_dir is not None:
+            report["state"] = state_from_run_dir(run_dir)
+            report["source"] = "run dir (not queued; no accounting)"
         for key, value in report.items():
             print(f"{key:>15}: {value}")
         if watch_s is None or not is_active(report["state"]):

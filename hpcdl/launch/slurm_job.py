@@ -38,10 +38,17 @@ def append_attempt(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    """One start (and, unless the run was killed, one end) record per run of the job."""
     path = run_dir / ATTEMPTS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # blank, or cut short by a kill mid-write
+            continue
+    return records
 
 
 def _gpu_name() -> str | None:

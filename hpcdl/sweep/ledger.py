@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -48,6 +48,7 @@ class TrialRecord:
     job_id: Optional[str] = None  # ARRAYID_TASKID on Slurm, a pid locally
     state: str = NOT_STARTED
     attempts: int = 0  # submissions of this trial (reruns add one)
+    requeues: int = 0  # times Slurm restarted it under the same job id (from its run dir)
     metric: Optional[float] = None
     exit_code: Optional[int] = None
 
@@ -88,7 +89,8 @@ def load(sweep_dir: Path) -> Ledger:
             f"{sweep_dir}: no {LEDGER_FILE}; pass the sweep dir printed by `hpcdl train -m`"
         )
     raw = json.loads(path.read_text())
-    trials = [TrialRecord(**t) for t in raw.pop("trials")]
+    known = {f.name for f in fields(TrialRecord)}
+    trials = [TrialRecord(**{k: v for k, v in t.items() if k in known}) for t in raw.pop("trials")]
     return Ledger(**raw, trials=trials)
 
 

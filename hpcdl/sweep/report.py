@@ -9,9 +9,12 @@ import math
 import statistics
 import subprocess
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from hpcdl.launch.monitor import state_from_run_dir
+from hpcdl.launch.slurm_job import read_attempts
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.ledger import COMPLETED, Ledger
 
@@ -35,54 +38,83 @@ def trial_metric(run_dir: Path, metric: str = DEFAULT_METRIC) -> Optional[float]
     return None
 
 
-def _query(cmd: list[str]) -> str:
+def _query(cmd: list[str]) -> Optional[str]:
+    """A command's stdout, or None when it failed (no accounting, controller down)."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout if out.returncode == 0 else ""
+        return None
+    return out.stdout if out.returncode == 0 else None
 
 
-def slurm_states(array_ids: list[str]) -> dict[str, str]:
-    """ARRAYID_TASKID -> state: squeue for queued/running tasks, sacct for the rest."""
-    if not array_ids:
-        return {}
-    ids = ",".join(array_ids)
+def _parse(out: str) -> dict[str, str]:
     states: dict[str, str] = {}
-    for line in _query(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State"]).splitlines():
+    for line in out.splitlines():  # a requeued task has one sacct row per run: last wins
         job, _, state = line.partition("|")
-        states[job] = state.split()[0] if state else "UNKNOWN"
-    for line in _query(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T"]).splitlines():
-        job, _, state = line.partition("|")
-        states[job] = state
+        states[job.strip()] = state.split()[0] if state.strip() else "UNKNOWN"
     return states
 
 
+@dataclass
+class SchedulerView:
+    states: dict[str, str]  # ARRAYID_TASKID -> state
+    queue_ok: bool  # squeue answered: a task missing from it has left the queue
+    accounting_ok: bool  # sacct answered: finished tasks have a state
+
+
+def slurm_states(array_ids: list[str]) -> SchedulerView:
+    """One sacct call (finished tasks) and one squeue call (queued/running tasks, which win)."""
+    if not array_ids:
+        return SchedulerView({}, True, True)
+    ids = ",".join(array_ids)
+    accounting = _query(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State"])
+    queue = _query(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T"])
+    states = {**_parse(accounting or ""), **_parse(queue or "")}
+    return SchedulerView(states, queue is not None, accounting is not None)
+
+
+def requeues(run_dir: Path) -> int:
+    """Runs that Slurm started again under the same job id (preemption, time limit,
+    scontrol requeue): start records with SLURM_RESTART_COUNT > 0."""
+    return sum(
+        1
+        for e in read_attempts(run_dir)
+        if e.get("event") == "start" and (e.get("restart_count") or 0) > 0
+    )
+
+
 def refresh(sweep_dir: Path) -> Ledger:
-    """Update every trial's state and metric in the ledger; the run dir has the last word
-    (a summary.json means COMPLETED whatever the scheduler says)."""
+    """Update every trial's state, requeue count and metric in the ledger.
+
+    The scheduler decides while a task is queued or running; once it has left the queue,
+    accounting (sacct) decides, or the run dir where the cluster has no accounting. The run
+    dir has the last word: a summary.json means COMPLETED whatever the scheduler says."""
     with ledger_mod.locked(sweep_dir) as ledger:
         if ledger.launcher == "slurm":
             arrays = sorted({t.job_id.split("_")[0] for t in ledger.trials if t.job_id})
-            states = slurm_states(arrays)
+            view = slurm_states(arrays)
             for t in ledger.trials:
-                if t.job_id and t.job_id in states:
-                    t.state = states[t.job_id]
+                if not t.job_id:
+                    continue
+                if t.job_id in view.states:
+                    t.state = view.states[t.job_id]
+                elif view.queue_ok and not view.accounting_ok:
+                    t.state = state_from_run_dir(Path(t.run_dir))
         for t in ledger.trials:
             run_dir = Path(t.run_dir)
             if (run_dir / "summary.json").exists():
                 t.state = COMPLETED
+            t.requeues = requeues(run_dir)
             t.metric = trial_metric(run_dir)
     return ledger
 
 
 def status_table(ledger: Ledger) -> str:
-    rows = [["trial", "overrides", "job id", "state", "attempts", DEFAULT_METRIC]]
+    rows = [["trial", "overrides", "job id", "state", "attempts", "requeues", DEFAULT_METRIC]]
     for t in ledger.trials:
         metric = f"{t.metric:.4f}" if t.metric is not None else "-"
-        rows.append(
-            [str(t.index), " ".join(t.overrides), t.job_id or "-", t.state, str(t.attempts), metric]
-        )
+        cells = [str(t.index), " ".join(t.overrides), t.job_id or "-", t.state]
+        rows.append([*cells, str(t.attempts), str(t.requeues), metric])
     counts: dict[str, int] = defaultdict(int)
     for t in ledger.trials:
         counts[t.state] += 1

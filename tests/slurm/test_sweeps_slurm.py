@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -154,3 +156,115 @@ def test_sweeps_larger_than_max_array_size_are_split(devcluster, tmp_path, monke
     # (submitit submits a one-element chunk as a plain job: id without _TASK)
     assert all(int(t["job_id"].partition("_")[2] or 0) < 2 for t in record["trials"])
     wait_until(lambda: all_completed(sweep), 180, "five trials in three arrays")
+
+
+def test_a_requeued_array_task_keeps_its_id_and_resumes_exactly(devcluster, tmp_path) -> None:
+    from tests.slurm.test_slurm import ONE_THREAD, wait_for_checkpoint
+
+    long = [
+        "data=synthetic",
+        "data.num_samples=4000",
+        "trainer.batch_size=4",
+        "trainer.max_epochs=3",
+        "trainer.checkpoint_every_steps=300",
+        "trainer.log_every_steps=1000",
+    ]
+    sweep = tmp_path / "sw"
+    out = run_hpcdl(
+        "train",
+        "-m",
+        "cluster=devcluster",
+        f"hydra.sweep.dir={sweep}",
+        *long,
+        "trainer.seed=1,2",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    trial = ledger(sweep)["trials"][0]
+    run_dir = Path(trial["run_dir"])
+    wait_for_checkpoint(run_dir)
+    subprocess.run(["scontrol", "requeue", trial["job_id"]], check=True)
+    wait_until(lambda: all_completed(sweep), 300, "both trials")
+    status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
+    assert "2 trials: 2 COMPLETED" in status.stdout, status.stdout
+    after = ledger(sweep)["trials"][0]
+    assert after["job_id"] == trial["job_id"] and after["attempts"] == 1
+    assert after["requeues"] >= 1
+    starts = [
+        json.loads(line)
+        for line in (run_dir / "attempts.jsonl").read_text().splitlines()
+        if '"start"' in line
+    ]
+    assert len(starts) >= 2
+    assert {f"{s['array_job']}_{s['array_task']}" for s in starts} == {trial["job_id"]}
+    ref = tmp_path / "reference"
+    alone = run_hpcdl(
+        "train", f"run_dir={ref}", *long, "trainer.seed=1", cwd=tmp_path, env=ONE_THREAD
+    )
+    assert alone.returncode == 0, alone.stderr
+    sha = json.loads((run_dir / "summary.json").read_text())["weights_sha256"]
+    assert sha == json.loads((ref / "summary.json").read_text())["weights_sha256"]
+
+
+@pytest.fixture
+def without_accounting(devcluster, tmp_path) -> dict[str, str]:
+    """The client side of a cluster without accounting: the dev cluster's slurm.conf minus
+    its accounting lines, so sacct fails exactly as it does there ("Slurm accounting
+    storage is disabled") while squeue/sbatch still talk to the real controller."""
+    conf = tmp_path / "no-accounting" / "slurm.conf"
+    conf.parent.mkdir()
+    lines = Path(devcluster.slurm_conf).read_text().splitlines()
+    keep = [ln for ln in lines if not ln.startswith(("AccountingStorage", "JobAcctGather"))]
+    conf.write_text("\n".join(keep) + "\n")
+    env = {"SLURM_CONF": str(conf)}
+    sacct = subprocess.run(
+        ["sacct", "-X"], capture_output=True, text=True, env={**os.environ, **env}
+    )
+    assert sacct.returncode != 0 and "accounting storage is disabled" in sacct.stdout + sacct.stderr
+    return env
+
+
+def test_status_and_rerun_work_on_a_cluster_without_accounting(
+    devcluster, tmp_path, without_accounting
+) -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    np.savez(tmp_path / "good.npz", x=x, y=y)
+    (tmp_path / "broken.npz").write_bytes(b"not an npz")
+    sweep = tmp_path / "sw"
+    out = run_hpcdl(
+        "train",
+        "-m",
+        "cluster=devcluster",
+        f"hydra.sweep.dir={sweep}",
+        "data=files",
+        "data.path=good.npz,broken.npz",
+        "trainer.max_epochs=3",
+        cwd=tmp_path,
+        env=without_accounting,
+    )
+    assert out.returncode == 0, out.stderr
+    trials = ledger(sweep)["trials"]
+    ids = [t["job_id"] for t in trials]
+    wait_until(lambda: not set(ids) & set(squeue_task_ids()), 180, "both tasks to leave the queue")
+    status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path, env=without_accounting)
+    assert "2 trials: 1 COMPLETED, 1 FAILED" in status.stdout, status.stdout
+    single = run_hpcdl("status", trials[1]["run_dir"], cwd=tmp_path, env=without_accounting)
+    assert single.returncode == 0 and "state: FAILED" in single.stdout, single.stdout
+    assert "no accounting" in single.stdout and "attempts: 1" in single.stdout
+
+    np.savez(tmp_path / "broken.npz", x=x, y=y)  # the fix
+    rerun = run_hpcdl(
+        "sweep", "rerun", str(sweep), "--failed", cwd=tmp_path, env=without_accounting
+    )
+    assert rerun.returncode == 0 and "rerunning trials [1]" in rerun.stdout, rerun.stdout
+    wait_until(lambda: all_completed(sweep), 180, "the rerun trial")
+    status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path, env=without_accounting)
+    assert "2 trials: 2 COMPLETED" in status.stdout, status.stdout
+
+
+def squeue_task_ids() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()

@@ -51,7 +51,8 @@ def resolve_job(ref: str) -> tuple[str, Optional[Path]]:
     raise HpcdlError(f"{ref}: neither a run dir nor a Slurm job id")
 
 
-def _query(cmd: list[str]) -> Optional[str]:
+def query(cmd: list[str]) -> Optional[str]:
+    """A command's stdout, or None when it failed (no accounting, controller down)."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -61,7 +62,7 @@ def _query(cmd: list[str]) -> Optional[str]:
 
 def job_state(job_id: str) -> dict[str, str]:
     """squeue while queued/running; sacct once it has left the queue (if accounting exists)."""
-    out = _query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
+    out = query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
     if out is None:  # the controller did not answer: say so, guess nothing
         return {"job_id": job_id, "state": "UNKNOWN", "source": "none (squeue failed)"}
     if out.strip():
@@ -75,7 +76,7 @@ def job_state(job_id: str) -> dict[str, str]:
             "where": where,
             "source": "squeue",
         }
-    out = _query(
+    out = query(
         ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Elapsed,ExitCode,NodeList"]
     )
     if out and out.strip():

@@ -7,13 +7,12 @@ import csv
 import json
 import math
 import statistics
-import subprocess
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from hpcdl.launch.monitor import state_from_run_dir
+from hpcdl.launch.monitor import query, state_from_run_dir
 from hpcdl.launch.slurm_job import read_attempts
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.ledger import COMPLETED, Ledger
@@ -38,15 +37,6 @@ def trial_metric(run_dir: Path, metric: str = DEFAULT_METRIC) -> Optional[float]
     return None
 
 
-def _query(cmd: list[str]) -> Optional[str]:
-    """A command's stdout, or None when it failed (no accounting, controller down)."""
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
 def _parse(out: str) -> dict[str, str]:
     states: dict[str, str] = {}
     for line in out.splitlines():  # a requeued task has one sacct row per run: last wins
@@ -67,8 +57,8 @@ def slurm_states(array_ids: list[str]) -> SchedulerView:
     if not array_ids:
         return SchedulerView({}, True, True)
     ids = ",".join(array_ids)
-    accounting = _query(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State"])
-    queue = _query(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T"])
+    accounting = query(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State"])
+    queue = query(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T"])
     states = {**_parse(accounting or ""), **_parse(queue or "")}
     return SchedulerView(states, queue is not None, accounting is not None)
 

@@ -18,6 +18,21 @@ from tests.slurm.conftest import sacct_state, wait_until
 pytestmark = pytest.mark.slurm
 
 
+def submit_sweep(sweep: Path, *overrides: str, env: dict[str, str] | None = None) -> Path:
+    """`hpcdl train -m` on the dev cluster into `sweep`, run from its parent folder."""
+    out = run_hpcdl(
+        "train",
+        "-m",
+        "cluster=devcluster",
+        f"hydra.sweep.dir={sweep}",
+        *overrides,
+        cwd=sweep.parent,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    return sweep
+
+
 def ledger(sweep: Path) -> dict:
     return json.loads((sweep / "sweep.json").read_text())
 
@@ -27,21 +42,15 @@ def all_completed(sweep: Path) -> bool:
 
 
 def test_six_trial_sweep_is_one_array_and_returns_before_it_finishes(devcluster, tmp_path) -> None:
-    sweep = tmp_path / "sw"
     started = time.monotonic()
-    out = run_hpcdl(
-        "train",
-        "-m",
-        "cluster=devcluster",
-        f"hydra.sweep.dir={sweep}",
+    sweep = submit_sweep(
+        tmp_path / "sw",
         "model=mlp,cnn",
         "data=digits",
         "optim.lr=0.1,0.03,0.01",
         "trainer.max_epochs=3",
-        cwd=tmp_path,
     )
     submit_s = time.monotonic() - started
-    assert out.returncode == 0, out.stderr + out.stdout
     trials = ledger(sweep)["trials"]
     assert not all_completed(sweep)  # returned while the array was still queued/running
     print(f"sweep submit returned in {submit_s:.2f}s")
@@ -63,24 +72,29 @@ def test_six_trial_sweep_is_one_array_and_returns_before_it_finishes(devcluster,
         assert f"{start['array_job']}_{start['array_task']}" == t["job_id"]
 
 
-def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None:
+def submit_good_and_broken(tmp_path: Path, env: dict[str, str] | None = None) -> Path:
+    """A 2-trial sweep over data files: trial 0 reads good.npz, trial 1 a broken file."""
     from sklearn.datasets import load_breast_cancer
 
     x, y = load_breast_cancer(return_X_y=True)
     np.savez(tmp_path / "good.npz", x=x, y=y)
     (tmp_path / "broken.npz").write_bytes(b"not an npz")
-    sweep = tmp_path / "sw"
-    out = run_hpcdl(
-        "train",
-        "-m",
-        "cluster=devcluster",
-        f"hydra.sweep.dir={sweep}",
+    return submit_sweep(
+        tmp_path / "sw",
         "data=files",
         "data.path=good.npz,broken.npz",
         "trainer.max_epochs=3",
-        cwd=tmp_path,
+        env=env,
     )
-    assert out.returncode == 0, out.stderr
+
+
+def fix_broken(tmp_path: Path) -> None:
+    with np.load(tmp_path / "good.npz") as good:
+        np.savez(tmp_path / "broken.npz", x=good["x"], y=good["y"])
+
+
+def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None:
+    sweep = submit_good_and_broken(tmp_path)
     first = ledger(sweep)["trials"]
     wait_until(lambda: sacct_state(first[1]["job_id"]) == "FAILED", 180, "trial 1 to fail")
     wait_until(lambda: (Path(first[0]["run_dir"]) / "summary.json").exists(), 180, "trial 0")
@@ -88,7 +102,7 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
     assert "1 COMPLETED, 1 FAILED" in status.stdout, status.stdout
 
-    np.savez(tmp_path / "broken.npz", x=x, y=y)  # the fix
+    fix_broken(tmp_path)
     rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", cwd=tmp_path)
     assert rerun.returncode == 0 and "rerunning trials [1]" in rerun.stdout, rerun.stdout
     after = ledger(sweep)["trials"]
@@ -99,20 +113,14 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
 
 
 def test_kfold_sweep_summary_reports_mean_and_std(devcluster, tmp_path) -> None:
-    sweep = tmp_path / "cv"
-    out = run_hpcdl(
-        "train",
-        "-m",
-        "cluster=devcluster",
-        f"hydra.sweep.dir={sweep}",
+    sweep = submit_sweep(
+        tmp_path / "cv",
         "data=breast_cancer",
         "data.num_folds=3",
         "data.fold=range(0,3)",
         "optim.lr=0.1,0.01",
         "trainer.max_epochs=5",
-        cwd=tmp_path,
     )
-    assert out.returncode == 0, out.stderr
     wait_until(lambda: all_completed(sweep), 300, "six fold trials")
     summary = run_hpcdl("sweep", "summary", str(sweep), "--metric", "val_accuracy", cwd=tmp_path)
     assert summary.returncode == 0, summary.stderr
@@ -169,17 +177,7 @@ def test_a_requeued_array_task_keeps_its_id_and_resumes_exactly(devcluster, tmp_
         "trainer.checkpoint_every_steps=300",
         "trainer.log_every_steps=1000",
     ]
-    sweep = tmp_path / "sw"
-    out = run_hpcdl(
-        "train",
-        "-m",
-        "cluster=devcluster",
-        f"hydra.sweep.dir={sweep}",
-        *long,
-        "trainer.seed=1,2",
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr
+    sweep = submit_sweep(tmp_path / "sw", *long, "trainer.seed=1,2")
     trial = ledger(sweep)["trials"][0]
     run_dir = Path(trial["run_dir"])
     wait_for_checkpoint(run_dir)
@@ -227,24 +225,7 @@ def without_accounting(devcluster, tmp_path) -> dict[str, str]:
 def test_status_and_rerun_work_on_a_cluster_without_accounting(
     devcluster, tmp_path, without_accounting
 ) -> None:
-    from sklearn.datasets import load_breast_cancer
-
-    x, y = load_breast_cancer(return_X_y=True)
-    np.savez(tmp_path / "good.npz", x=x, y=y)
-    (tmp_path / "broken.npz").write_bytes(b"not an npz")
-    sweep = tmp_path / "sw"
-    out = run_hpcdl(
-        "train",
-        "-m",
-        "cluster=devcluster",
-        f"hydra.sweep.dir={sweep}",
-        "data=files",
-        "data.path=good.npz,broken.npz",
-        "trainer.max_epochs=3",
-        cwd=tmp_path,
-        env=without_accounting,
-    )
-    assert out.returncode == 0, out.stderr
+    sweep = submit_good_and_broken(tmp_path, without_accounting)
     trials = ledger(sweep)["trials"]
     ids = [t["job_id"] for t in trials]
     wait_until(lambda: not set(ids) & set(squeue_task_ids()), 180, "both tasks to leave the queue")
@@ -254,7 +235,7 @@ def test_status_and_rerun_work_on_a_cluster_without_accounting(
     assert single.returncode == 0 and "state: FAILED" in single.stdout, single.stdout
     assert "no accounting" in single.stdout and "attempts: 1" in single.stdout
 
-    np.savez(tmp_path / "broken.npz", x=x, y=y)  # the fix
+    fix_broken(tmp_path)
     rerun = run_hpcdl(
         "sweep", "rerun", str(sweep), "--failed", cwd=tmp_path, env=without_accounting
     )
@@ -266,5 +247,4 @@ def test_status_and_rerun_work_on_a_cluster_without_accounting(
 
 def squeue_task_ids() -> list[str]:
     out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
     return out.stdout.split()

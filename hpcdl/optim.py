@@ -15,13 +15,13 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from hpcdl.config.schema import (
-    SCHEDULE_NAMES,
     AdamConfig,
     AdamWConfig,
     RmspropConfig,
     ScheduleConfig,
     SgdConfig,
 )
+from hpcdl.config.validate import check_optim, check_schedule
 from hpcdl.errors import ConfigError
 
 ParamsT = Iterable[Any]  # tensors or param-group dicts, as torch.optim accepts
@@ -30,7 +30,7 @@ ParamsT = Iterable[Any]  # tensors or param-group dicts, as torch.optim accepts
 # ----------------------------------------------------------------------------- optimizers
 def build_optimizer(cfg: Any, params: ParamsT) -> torch.optim.Optimizer:
     """The optimizer named by ``cfg`` (a dataclass from schema.OPTIM_SCHEMAS)."""
-    _check_optim(cfg)
+    check_optim(cfg)  # the ranges, as on the login node
     # AdamWConfig subclasses AdamConfig: test it first.
     if isinstance(cfg, AdamWConfig):
         return torch.optim.AdamW(
@@ -65,26 +65,6 @@ def build_optimizer(cfg: Any, params: ParamsT) -> torch.optim.Optimizer:
 
 def _betas(cfg: AdamConfig) -> tuple[float, float]:
     return float(cfg.betas[0]), float(cfg.betas[1])
-
-
-def _check_optim(cfg: Any) -> None:
-    _require(cfg.lr > 0, f"optim.lr={cfg.lr}: must be > 0")
-    _require(cfg.weight_decay >= 0, f"optim.weight_decay={cfg.weight_decay}: must be >= 0")
-    if isinstance(cfg, SgdConfig):
-        _require(cfg.momentum >= 0, f"optim.momentum={cfg.momentum}: must be >= 0")
-        _require(
-            not cfg.nesterov or cfg.momentum > 0, "optim.nesterov=true needs optim.momentum > 0"
-        )
-    if isinstance(cfg, AdamConfig):
-        _require(
-            len(cfg.betas) == 2 and all(0 <= b < 1 for b in cfg.betas),
-            f"optim.betas={list(cfg.betas)}: need two values in [0, 1)",
-        )
-        _require(cfg.eps > 0, f"optim.eps={cfg.eps}: must be > 0")
-    if isinstance(cfg, RmspropConfig):
-        _require(0 <= cfg.alpha < 1, f"optim.alpha={cfg.alpha}: must be in [0, 1)")
-        _require(cfg.momentum >= 0, f"optim.momentum={cfg.momentum}: must be >= 0")
-        _require(cfg.eps > 0, f"optim.eps={cfg.eps}: must be > 0")
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -143,11 +123,7 @@ def _cosine(progress: float, start: float, end: float) -> float:
 
 
 def _check_schedule(cfg: ScheduleConfig, total_steps: int, steps_per_epoch: int) -> None:
-    _require(
-        cfg.name in SCHEDULE_NAMES,
-        f"schedule.name={cfg.name!r}: unknown schedule; choose one of {', '.join(SCHEDULE_NAMES)}",
-    )
-    _require(cfg.warmup_steps >= 0, f"schedule.warmup_steps={cfg.warmup_steps}: must be >= 0")
+    check_schedule(cfg)  # the ranges, as on the login node
     _require(
         total_steps > 0,
         f"total_steps={total_steps}: must be > 0 (set trainer.max_epochs / trainer.max_steps)",
@@ -156,20 +132,6 @@ def _check_schedule(cfg: ScheduleConfig, total_steps: int, steps_per_epoch: int)
         steps_per_epoch > 0,
         f"steps_per_epoch={steps_per_epoch}: must be > 0 (trainer.batch_size vs the data size)",
     )
-    if cfg.name == "step":
-        _require(
-            cfg.step_size_epochs > 0,
-            f"schedule.step_size_epochs={cfg.step_size_epochs}: must be > 0",
-        )
-        _require(cfg.gamma > 0, f"schedule.gamma={cfg.gamma}: must be > 0")
-    if cfg.name in ("cosine", "onecycle"):
-        _require(
-            0 <= cfg.min_lr_ratio <= 1,
-            f"schedule.min_lr_ratio={cfg.min_lr_ratio}: must be in [0, 1]",
-        )
-    if cfg.name == "onecycle":
-        _require(cfg.max_lr_ratio >= 1, f"schedule.max_lr_ratio={cfg.max_lr_ratio}: must be >= 1")
-        _require(0 < cfg.pct_start < 1, f"schedule.pct_start={cfg.pct_start}: must be in (0, 1)")
 
 
 def _require(ok: bool, message: str) -> None:

@@ -168,7 +168,10 @@ def test_cifar10_default_class_names_and_errors(tmp_path):
     (tmp_path / "data_batch_3").unlink()
     with pytest.raises(DataError, match=r"missing .*data_batch_3"):
         build_data(cfg)
+    (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=r"data.path=.*no test_batch"):
+        build_data(schema.Cifar10Config(path=str(tmp_path / "empty")))
+    with pytest.raises(ConfigError, match=r"data.path=.*nowhere.*no such file or folder"):
         build_data(schema.Cifar10Config(path=str(tmp_path / "nowhere")))
 
 
@@ -250,10 +253,13 @@ def test_files_errors(tmp_path, setup, match):
     elif setup == "one_class":
         np.save(tmp_path / "y.npy", np.zeros(50))
     elif setup == "unknown_suffix":
+        (tmp_path / "d.txt").write_text("1,0\n")
         cfg = files_cfg(tmp_path / "d.txt")
     elif setup == "missing_file":
         cfg = files_cfg(tmp_path / "nope.npz")
-    with pytest.raises(DataError, match=match) as info:
+    # a missing file is caught by the config check, as on the login node
+    expected = ConfigError if setup == "missing_file" else DataError
+    with pytest.raises(expected, match=match) as info:
         build_data(cfg)
     assert "\n" not in str(info.value)
 

@@ -198,7 +198,7 @@ def test_state_dict_is_weights_only_safe_and_resumes_identically(name: str) -> N
     [
         (
             ScheduleConfig(name="linear"),
-            "schedule.name='linear': unknown schedule; choose one of none, step",
+            "schedule.name='linear': unknown; choose one of none, step",
         ),
         (ScheduleConfig(warmup_steps=-1), "schedule.warmup_steps=-1: must be >= 0"),
         (

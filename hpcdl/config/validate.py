@@ -1,7 +1,9 @@
 """Value checks on a typed Config, run before anything starts or is submitted.
 
 Types and key names are already checked by convert.py; this checks ranges and files, with
-one line per problem naming the key. Stdlib only: runs on the login node.
+one line per problem naming the key. Stdlib only: runs on the login node. The builders on
+the torch side (models, data, optim) call the per-group checks too, so a config built in
+code gets the same one-line errors and no check is written twice.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from pathlib import Path
 from hpcdl.config import schema
 from hpcdl.errors import ConfigError
 
+TARGET_FORM = "expected 'package.module:factory', e.g. model.target=mypkg.models:build"
+
 
 def validate(cfg: schema.Config) -> None:
-    _check_model(cfg.model)
-    _check_data(cfg.data)
-    _check_optim(cfg.optim)
-    _check_schedule(cfg.schedule)
+    check_model(cfg.model)
+    check_data(cfg.data)
+    check_optim(cfg.optim)
+    check_schedule(cfg.schedule)
     _check_trainer(cfg.trainer)
     _check_cluster(cfg.cluster)
     _check_model_fits_data(cfg.model, cfg.data)
@@ -44,7 +48,7 @@ def _fraction(key: str, value: float, *, upper_open: bool = True) -> None:
         raise ConfigError(f"{key}={value}: must be in [0, 1{')' if upper_open else ']'}")
 
 
-def _check_model(model: object) -> None:
+def check_model(model: object) -> None:
     if isinstance(model, schema.MlpConfig):
         for i, size in enumerate(model.hidden_sizes):
             _positive(f"model.hidden_sizes[{i}]", size)
@@ -62,10 +66,7 @@ def _check_model(model: object) -> None:
     elif isinstance(model, schema.CustomModelConfig):
         module, sep, attr = model.target.partition(":")
         if not sep or not module or not attr:
-            raise ConfigError(
-                f"model.target={model.target!r}: expected 'package.module:factory', "
-                "e.g. model.target=mypkg.models:build"
-            )
+            raise ConfigError(f"model.target={model.target!r}: {TARGET_FORM}")
 
 
 def _check_model_fits_data(model: object, data: schema.DataCommon) -> None:
@@ -84,7 +85,7 @@ def _check_model_fits_data(model: object, data: schema.DataCommon) -> None:
         )
 
 
-def _check_data(data: schema.DataCommon) -> None:
+def check_data(data: schema.DataCommon) -> None:
     _fraction("data.val_fraction", data.val_fraction)
     _fraction("data.test_fraction", data.test_fraction)
     if data.val_fraction + data.test_fraction >= 1:
@@ -101,12 +102,19 @@ def _check_data(data: schema.DataCommon) -> None:
         _positive("data.num_samples", data.num_samples)
         if data.num_classes < 2:
             raise ConfigError(f"data.num_classes={data.num_classes}: must be >= 2")
+        if data.num_samples < data.num_classes:
+            raise ConfigError(
+                f"data.num_samples={data.num_samples}: need at least one sample per class "
+                f"(data.num_classes={data.num_classes})"
+            )
         if not data.shape:
             raise ConfigError("data.shape=[]: give the per-sample shape, e.g. [16] or [1,8,8]")
         for i, size in enumerate(data.shape):
             _positive(f"data.shape[{i}]", size)
         _non_negative("data.noise", data.noise)
     path = getattr(data, "path", None)
+    if path in (schema.MISSING, ""):
+        raise ConfigError(f"data.path is not set: data={data.name} needs data.path=/path/to/data")
     if path is not None and not Path(path).expanduser().exists():
         raise ConfigError(f"data.path={path!r}: no such file or folder; point it at your data")
     labels = getattr(data, "labels_path", None)
@@ -114,7 +122,7 @@ def _check_data(data: schema.DataCommon) -> None:
         raise ConfigError(f"data.labels_path={labels!r}: no such file")
 
 
-def _check_optim(optim: object) -> None:
+def check_optim(optim: object) -> None:
     _positive("optim.lr", getattr(optim, "lr", None))
     _non_negative("optim.weight_decay", getattr(optim, "weight_decay", 0.0))
     eps = getattr(optim, "eps", 1.0)
@@ -133,7 +141,7 @@ def _check_optim(optim: object) -> None:
         raise ConfigError(f"optim.betas={optim.betas}: need two values in [0, 1)")
 
 
-def _check_schedule(schedule: schema.ScheduleConfig) -> None:
+def check_schedule(schedule: schema.ScheduleConfig) -> None:
     if schedule.name not in schema.SCHEDULE_NAMES:
         raise ConfigError(
             f"schedule.name={schedule.name!r}: unknown; choose one of {', '.join(schema.SCHEDULE_NAMES)}"

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcdl.config.validate import check_data
 from hpcdl.data.preprocessing import Preprocessing
 from hpcdl.data.raw import RawData
 from hpcdl.data.sources import read_source
@@ -32,6 +33,7 @@ class DataSplits:
 
 def build_data(cfg: Any) -> DataSplits:
     """cfg: one of schema.DATA_SCHEMAS' dataclasses."""
+    check_data(cfg)  # the ranges and files, as on the login node
     raw = read_source(cfg)
     split = split_indices(raw.y, cfg, has_official_test=raw.has_official_test)
     x_test, y_test = test_arrays(raw, split.test)

@@ -37,10 +37,8 @@ def read_source(cfg: Any) -> RawData:
 
 
 def require_path(cfg: Any) -> str:
-    path = cfg.path
-    if not path or path == schema.MISSING:
-        raise ConfigError(f"data.path is not set: data={cfg.name} needs data.path=/path/to/data")
-    return str(path)
+    """data.path as a str (build_data's check_data has refused an unset one)."""
+    return str(cfg.path)
 
 
 def read_breast_cancer(cfg: schema.BreastCancerConfig) -> RawData:
@@ -69,17 +67,7 @@ def read_digits(cfg: schema.DigitsConfig) -> RawData:
 
 def read_synthetic(cfg: schema.SyntheticConfig) -> RawData:
     """Gaussian clusters, one per class, the same for a given data.seed."""
-    if cfg.num_classes < 2:
-        raise ConfigError(f"data.num_classes={cfg.num_classes}: must be >= 2")
-    if cfg.num_samples < cfg.num_classes:
-        raise ConfigError(
-            f"data.num_samples={cfg.num_samples}: need at least one sample per class "
-            f"(data.num_classes={cfg.num_classes})"
-        )
-    if not cfg.shape or any(s <= 0 for s in cfg.shape):
-        raise ConfigError(f"data.shape={cfg.shape}: give a positive per-sample shape, e.g. [16]")
-    if cfg.noise < 0:
-        raise ConfigError(f"data.noise={cfg.noise}: must be >= 0")
+    # (ranges: checked by build_data through hpcdl.config.validate.check_data)
     rng = np.random.default_rng(cfg.seed)
     shape = tuple(int(s) for s in cfg.shape)
     # Two centres with per-feature std s lie sqrt(2 * num_features) * s apart on average.

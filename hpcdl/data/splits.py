@@ -21,7 +21,6 @@ def split_indices(y: np.ndarray, cfg: Any, *, has_official_test: bool) -> SplitI
     """Indices into y. Without an official test set: a stratified test split of
     data.test_fraction first, then val (data.val_fraction of all of y, or a k-fold fold)
     from the rest. With one, y is the official train set and only val comes out of it."""
-    check_split_config(cfg)
     everything = np.arange(len(y), dtype=np.int64)
     if has_official_test:
         rest, test = everything, everything[:0]
@@ -38,21 +37,6 @@ def split_indices(y: np.ndarray, cfg: Any, *, has_official_test: bool) -> SplitI
             rest, y[rest], num_val, cfg.split_seed, f"data.val_fraction={cfg.val_fraction}"
         )
     return SplitIndices(train=np.sort(train), val=np.sort(val), test=np.sort(test))
-
-
-def check_split_config(cfg: Any) -> None:
-    for key, value in (("val_fraction", cfg.val_fraction), ("test_fraction", cfg.test_fraction)):
-        if not 0 <= value < 1:
-            raise ConfigError(f"data.{key}={value}: must be in [0, 1)")
-    if cfg.val_fraction + cfg.test_fraction >= 1:
-        raise ConfigError(
-            f"data.val_fraction + data.test_fraction = {cfg.val_fraction + cfg.test_fraction}: "
-            "must leave training data (sum < 1)"
-        )
-    if cfg.num_folds == 1 or cfg.num_folds < 0:
-        raise ConfigError(f"data.num_folds={cfg.num_folds}: use 0 (off) or >= 2")
-    if cfg.num_folds and not 0 <= cfg.fold < cfg.num_folds:
-        raise ConfigError(f"data.fold={cfg.fold}: must be in [0, data.num_folds={cfg.num_folds})")
 
 
 def stratified_split(

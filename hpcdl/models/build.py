@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from hpcdl.config.validate import check_model
 from hpcdl.errors import ConfigError
 from hpcdl.models.cnn import build_cnn
 from hpcdl.models.custom import build_custom
@@ -26,6 +27,7 @@ def build_model(cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> nn.
     builder = BUILDERS.get(cfg.name)
     if builder is None:
         raise ConfigError(f"model.name={cfg.name!r}: unknown; choose one of {', '.join(BUILDERS)}")
+    check_model(cfg)  # the ranges, as on the login node
     if num_classes < 1:
         raise ValueError(f"num_classes={num_classes}: the data must have classes")
     return builder(cfg, tuple(int(s) for s in input_shape), num_classes)

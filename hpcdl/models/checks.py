@@ -1,25 +1,9 @@
-"""Value checks shared by the model builders; each error names the config key."""
+"""The data-shape check shared by the image model builders (value ranges live in
+hpcdl.config.validate, which build_model runs first)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from hpcdl.errors import ConfigError
-
-
-def require_positive(key: str, value: int) -> None:
-    if value <= 0:
-        raise ConfigError(f"{key}={value}: must be > 0")
-
-
-def require_positive_list(key: str, values: Sequence[int]) -> None:
-    for i, value in enumerate(values):
-        require_positive(f"{key}[{i}]", value)
-
-
-def require_dropout(key: str, value: float) -> None:
-    if not 0 <= value < 1:
-        raise ConfigError(f"{key}={value}: must be in [0, 1)")
 
 
 def require_image_shape(model_name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:

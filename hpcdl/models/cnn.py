@@ -5,23 +5,11 @@ from __future__ import annotations
 from torch import nn
 
 from hpcdl.config.schema import CnnConfig
-from hpcdl.errors import ConfigError
-from hpcdl.models.checks import (
-    require_dropout,
-    require_image_shape,
-    require_positive,
-    require_positive_list,
-)
+from hpcdl.models.checks import require_image_shape
 
 
 def build_cnn(cfg: CnnConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     num_in, height, width = require_image_shape("cnn", input_shape)
-    if not cfg.channels:
-        raise ConfigError("model.channels=[]: give at least one conv block, e.g. [32, 64]")
-    require_positive_list("model.channels", cfg.channels)
-    require_positive("model.kernel_size", cfg.kernel_size)
-    require_positive("model.hidden_size", cfg.hidden_size)
-    require_dropout("model.dropout", cfg.dropout)
     k = cfg.kernel_size
     layers: list[nn.Module] = []
     for num_out in cfg.channels:

@@ -6,25 +6,22 @@ import importlib
 
 from torch import nn
 
-from hpcdl.config.schema import MISSING, CustomModelConfig
+from hpcdl.config.schema import CustomModelConfig
+from hpcdl.config.validate import TARGET_FORM
 from hpcdl.errors import ConfigError
-
-EXPECTED_FORM = "expected 'package.module:factory', e.g. model.target=mypkg.models:build"
 
 
 def build_custom(
     cfg: CustomModelConfig, input_shape: tuple[int, ...], num_classes: int
 ) -> nn.Module:
     key = f"model.target={cfg.target!r}"
-    module_name, sep, attr_path = cfg.target.partition(":")
-    if cfg.target == MISSING or not sep or not module_name or not attr_path:
-        raise ConfigError(f"{key}: {EXPECTED_FORM}")
+    module_name, _, attr_path = cfg.target.partition(":")  # the form: checked by build_model
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
             f"{key}: cannot import {module_name!r} ({exc}); install it or put its folder on "
-            f"PYTHONPATH; {EXPECTED_FORM}"
+            f"PYTHONPATH; {TARGET_FORM}"
         ) from exc
     factory: object = module
     for attr in attr_path.split("."):

@@ -7,12 +7,9 @@ import math
 from torch import nn
 
 from hpcdl.config.schema import MlpConfig
-from hpcdl.models.checks import require_dropout, require_positive_list
 
 
 def build_mlp(cfg: MlpConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
-    require_positive_list("model.hidden_sizes", cfg.hidden_sizes)
-    require_dropout("model.dropout", cfg.dropout)
     layers: list[nn.Module] = [nn.Flatten()]
     num_in = math.prod(input_shape)
     for num_out in cfg.hidden_sizes:

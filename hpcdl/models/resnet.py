@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from hpcdl.config.schema import Resnet18Config
-from hpcdl.models.checks import require_image_shape, require_positive
+from hpcdl.models.checks import require_image_shape
 
 # BasicBlocks per stage and the stages' width multipliers (ResNet-18).
 NUM_BLOCKS_PER_STAGE = (2, 2, 2, 2)
@@ -67,5 +67,4 @@ class ResNet18(nn.Module):
 
 def build_resnet18(cfg: Resnet18Config, input_shape: tuple[int, ...], num_classes: int) -> ResNet18:
     num_in_channels, _, _ = require_image_shape("resnet18", input_shape)
-    require_positive("model.width", cfg.width)
     return ResNet18(num_in_channels, num_classes, width=cfg.width)

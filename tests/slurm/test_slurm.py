@@ -59,6 +59,17 @@ def reference_sha(tmp_path: Path, *overrides: str) -> str:
     return summary(ref)["weights_sha256"]
 
 
+def sbatch_wrap(command: str, *options: str) -> str:
+    """A plain `sbatch --wrap` job (not through hpcdl); returns its job id."""
+    out = subprocess.run(
+        ["sbatch", "--parsable", *options, "--wrap", command],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
 def wait_done(run_dir: Path, timeout_s: float = 300) -> dict:
     """Until the job has written its summary and recorded the attempt's end."""
 
@@ -162,24 +173,7 @@ def test_preemption_by_the_urgent_partition_requeues_and_resumes_exactly(
     _, run_dir, _ = submit(tmp_path, *cpu, *LONG)
     wait_for_checkpoint(run_dir)
     # Both whole nodes for the urgent job: the victim must give way.
-    urgent = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-p",
-            "urgent",
-            "-N",
-            "2",
-            "--exclusive",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 5",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    urgent = sbatch_wrap("sleep 5", "-p", "urgent", "-N", "2", "--exclusive", "-o", "/dev/null")
     wait_until(lambda: sacct_state(urgent) == "COMPLETED", 180, "the urgent job")
     s = wait_done(run_dir)
     ends = [a for a in attempts(run_dir) if a["event"] == "end"]
@@ -343,23 +337,9 @@ def test_a_job_submitted_from_inside_a_job_gets_its_own_geometry(devcluster, tmp
         f"{sys.executable} -m hpcdl.cli.main train cluster=devcluster run_dir={inner} "
         "trainer.max_epochs=2"
     )
-    outer = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-N",
-            "2",
-            "-n",
-            "2",
-            f"--output={tmp_path}/outer-%j.out",
-            f"--chdir={tmp_path}",
-            "--wrap",
-            command,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    outer = sbatch_wrap(
+        command, "-N", "2", "-n", "2", f"--output={tmp_path}/outer-%j.out", f"--chdir={tmp_path}"
+    )
     wait_until(lambda: sacct_state(outer) == "COMPLETED", 120, "the outer job")
     s = wait_done(inner)
     assert s["world_size"] == 1

@@ -15,12 +15,13 @@ from hpcdl.config.convert import config_hash, to_plain
 from hpcdl.config.schema import Config, Precision
 from hpcdl.data import EpochSharder, build_data
 from hpcdl.env import RankEnv
+from hpcdl.errors import CheckpointError
 from hpcdl.evaluation import load_matching_weights
-from hpcdl.faults import fault_from
+from hpcdl.hooks import load_step_hooks
 from hpcdl.models import build_model
 from hpcdl.optim import build_optimizer, build_scheduler
 from hpcdl.progress import ProgressReporter
-from hpcdl.report import MetricsLog
+from hpcdl.rundir import RunDir
 from hpcdl.signals import StopFlag
 from hpcdl.trainer import Parts, Trainer, total_steps
 
@@ -38,19 +39,14 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 def warm_start_checkpoint(ref: str) -> Path:
     """init_from: a checkpoint file, or a run dir's best checkpoint (its newest without one)."""
-    path = Path(ref)
-    if (
-        path.is_dir()
-        and CheckpointStore(
-            path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        ).best_path()
-    ):
-        return resolve_checkpoint(path, "best")
-    return resolve_checkpoint(path, "last")
+    try:
+        return resolve_checkpoint(ref, "best")
+    except CheckpointError:
+        return resolve_checkpoint(ref, "last")
 
 
 def build_trainer(
-    cfg: Config, env: RankEnv, run_dir: Path, device: torch.device, stop: StopFlag
+    cfg: Config, env: RankEnv, run_dir: RunDir, device: torch.device, stop: StopFlag
 ) -> Trainer:
     t = cfg.trainer
     # The model is built from the same seed on every rank (DDP also broadcasts rank 0's
@@ -58,7 +54,7 @@ def build_trainer(
     seed_everything(t.seed, t.deterministic)
     data = build_data(cfg.data)
     raw_model = build_model(cfg.model, data.input_shape, data.num_classes)
-    store = CheckpointStore(run_dir / "checkpoints", keep_last=t.keep_last)
+    store = CheckpointStore(run_dir.checkpoint_dir, keep_last=t.keep_last)
     if cfg.init_from and not store.list_steps():  # a resumed run restores its own weights
         ckpt = warm_start_checkpoint(cfg.init_from)
         load_matching_weights(raw_model, read_checkpoint(ckpt)["model"], str(ckpt))
@@ -100,13 +96,13 @@ def build_trainer(
         scaler=torch.amp.GradScaler(device.type, enabled=t.precision == Precision.fp16),
         sharder=sharder,
         store=store,
-        metrics=MetricsLog(run_dir / "metrics.csv"),
+        metrics=run_dir.metrics,
         reporter=ProgressReporter(
             enabled=env.is_main, log_every_steps=t.log_every_steps, max_epochs=t.max_epochs
         ),
         device=device,
         config_hash=config_hash(cfg),
         model_config=to_plain(cfg)["model"],
-        fault=fault_from(os.environ),
+        step_hooks=load_step_hooks(t.step_hooks),
     )
     return Trainer(cfg, env, parts, stop)

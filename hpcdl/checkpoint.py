@@ -14,27 +14,26 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import random
 import re
 import struct
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 
+from hpcdl.atomic import purge_temp_files, write_atomic
 from hpcdl.errors import CheckpointError, ConfigError
+from hpcdl.rundir import RunDir
 
 MAGIC = b"HPCDLCK1"
 # magic (8 bytes), SHA-256 of the payload (32 bytes), payload length (little-endian uint64).
 _HEADER = struct.Struct("<8s32sQ")
 BEST_NAME = "best.pt"
 _STEP_NAME = re.compile(r"^step_(\d+)\.pt$")
-_TEMP_NAME = re.compile(r"^\..+\.tmp-\d+$")
 
 # What torch.load(weights_only=True) accepts, besides tensors.
 _PLAIN_TYPES = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
@@ -72,9 +71,9 @@ class CheckpointStore:
         header = _HEADER.pack(MAGIC, hashlib.sha256(payload).digest(), len(payload))
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / step_file_name(step)
-        write_file_atomic(path, (header, payload))
+        write_atomic(path, (header, payload))
         if is_best:
-            write_file_atomic(self.directory / BEST_NAME, (header, payload))
+            write_atomic(self.directory / BEST_NAME, (header, payload))
         self._purge(keep=path)
         return path
 
@@ -111,9 +110,7 @@ class CheckpointStore:
         for _, path in old:
             if path != keep:
                 path.unlink(missing_ok=True)
-        for entry in self.directory.iterdir():
-            if _TEMP_NAME.match(entry.name):
-                entry.unlink(missing_ok=True)
+        purge_temp_files(self.directory)
 
 
 def read_checkpoint(path: PathLike) -> dict[str, Any]:
@@ -143,7 +140,8 @@ def resolve_checkpoint(ref: PathLike, which: str = "last") -> Path:
         return ref_path
     if not ref_path.is_dir():
         raise CheckpointError(f"{ref}: no such checkpoint file or run directory")
-    directory = ref_path / "checkpoints" if (ref_path / "checkpoints").is_dir() else ref_path
+    run_checkpoints = RunDir(ref_path).checkpoint_dir
+    directory = run_checkpoints if run_checkpoints.is_dir() else ref_path
     store = CheckpointStore(directory)
     if which == "best":
         best = store.best_path()
@@ -221,37 +219,6 @@ def check_weights_only_safe(state: Any, where: str = "state") -> None:
         f"{where}: {kind.__module__}.{kind.__qualname__} is not weights_only-safe; "
         "store tensors, dicts, lists, tuples, str, int, float, bool or None"
     )
-
-
-def write_file_atomic(path: PathLike, chunks: Iterable[Union[bytes, memoryview]]) -> None:
-    """Write to ``.<name>.tmp-<pid>`` beside ``path``, fsync, rename, fsync the directory."""
-    path = Path(path)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a rename durable: fsync the directory entry (a no-op where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- RNG state

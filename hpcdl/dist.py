@@ -109,8 +109,3 @@ def all_gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-def barrier() -> None:
-    if is_distributed():
-        dist.barrier()

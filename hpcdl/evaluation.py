@@ -45,7 +45,7 @@ def evaluate(
     device = x.device
     idx = torch.arange(rank, x.shape[0], world_size, device=device)
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, count
-    confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
     for start in range(0, idx.numel(), EVAL_BATCH_SIZE):
         batch = idx[start : start + EVAL_BATCH_SIZE]
         xb, yb = x[batch], y[batch]
@@ -53,13 +53,12 @@ def evaluate(
             logits = model(xb)
         sums[0] += F.cross_entropy(logits.float(), yb, reduction="sum").double()
         sums[1] += yb.numel()
-        preds = logits.argmax(dim=1)
-        confusion += torch.bincount(yb * num_classes + preds, minlength=num_classes**2)
+        confusion += confusion_matrix(logits.argmax(dim=1), yb, num_classes)
     all_reduce_sum(sums)
     all_reduce_sum(confusion)
     model.train(was_training)
     count = int(sums[1].item())
-    matrix = confusion.view(num_classes, num_classes).cpu()
+    matrix = confusion.cpu()
     correct = int(matrix.diagonal().sum().item())
     return EvalResult(
         loss=float(sums[0].item()) / max(count, 1),
@@ -67,6 +66,19 @@ def evaluate(
         num_samples=count,
         confusion=matrix,
     )
+
+
+def confusion_matrix(preds: torch.Tensor, targets: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Counts indexed [true class, predicted class], int64, on the inputs' device."""
+    preds = preds.reshape(-1).long()
+    targets = targets.reshape(-1).long()
+    if preds.shape != targets.shape:
+        raise ValueError(f"preds has {preds.numel()} values but targets has {targets.numel()}")
+    for name, values in (("preds", preds), ("targets", targets)):
+        if values.numel() and (values.min() < 0 or values.max() >= num_classes):
+            raise ValueError(f"{name} holds a class outside [0, {num_classes})")
+    counts = torch.bincount(targets * num_classes + preds, minlength=num_classes * num_classes)
+    return counts.reshape(num_classes, num_classes)
 
 
 def load_matching_weights(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:

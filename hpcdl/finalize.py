@@ -1,58 +1,29 @@
-"""What a finished run leaves behind: summary.json, learning_curves.png, confusion_matrix.png."""
+"""What a run leaves behind for people: summary.json and the plots. Rank 0 only."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Optional
 
-from hpcdl.report import (
-    collect_versions,
-    plot_confusion_matrix,
-    plot_learning_curves,
-    weights_sha256,
-    write_json_atomic,
-)
-from hpcdl.trainer import FitResult, Trainer
+from hpcdl.evaluation import EvalResult
+from hpcdl.plots import plot_confusion_matrix, plot_learning_curves
+from hpcdl.rundir import RunDir
 
 
-def write_curves(trainer: Trainer, run_dir: Path) -> None:
-    rows = trainer.p.metrics.read()
+def write_curves(run_dir: RunDir) -> None:
+    rows = run_dir.metrics.read()
     if rows:
-        plot_learning_curves(rows, run_dir / "learning_curves.png")
+        plot_learning_curves(rows, run_dir.curves_png)
 
 
 def finalize_run(
-    trainer: Trainer, result: FitResult, run_dir: Path, wall_s: float
-) -> dict[str, Any]:
-    """Test-set evaluation (all ranks) and the run's summary files (rank 0)."""
-    test = trainer.evaluate_split("test") if trainer.p.data.y_test.numel() else None
-    if not trainer.env.is_main:
-        return {}
-    pr = result.progress
-    d = trainer.p.data
-    summary: dict[str, Any] = {
-        "outcome": result.outcome.value,
-        "test_loss": test.loss if test else None,
-        "test_accuracy": test.accuracy if test else None,
-        "num_test_samples": test.num_samples if test else 0,
-        "best_metric_name": trainer.t.early_stopping.monitor,
-        "best_metric": pr.best_metric,
-        "best_epoch": pr.best_epoch,
-        "early_stopped": pr.early_stopped,
-        "steps": pr.global_step,
-        "epochs": pr.epoch,
-        "num_skipped_steps": pr.num_skipped_steps,
-        "world_size": trainer.env.world_size,
-        "train_s": pr.train_s,
-        "wall_s": wall_s,
-        "samples_per_s": pr.num_samples_seen / pr.train_s if pr.train_s > 0 else 0.0,
-        "num_samples_seen": pr.num_samples_seen,
-        "weights_sha256": weights_sha256(trainer.p.raw_model.state_dict()),
-        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-        "versions": collect_versions(),
-    }
-    write_json_atomic(run_dir / "summary.json", summary)
-    write_curves(trainer, run_dir)
+    run_dir: RunDir,
+    summary: Mapping[str, Any],
+    test: Optional[EvalResult],
+    class_names: list[str],
+) -> None:
+    """summary.json (its presence marks the run complete), learning curves, confusion matrix."""
+    run_dir.write_summary(summary)
+    write_curves(run_dir)
     if test is not None:
-        plot_confusion_matrix(test.confusion, list(d.class_names), run_dir / "confusion_matrix.png")
-    return summary
+        plot_confusion_matrix(test.confusion, class_names, run_dir.confusion_png)

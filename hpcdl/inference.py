@@ -10,13 +10,15 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from hpcdl.atomic import write_json_atomic
 from hpcdl.checkpoint import read_checkpoint, resolve_checkpoint
 from hpcdl.config.convert import model_from_dict
 from hpcdl.config.schema import Config
 from hpcdl.data import Preprocessing, build_data, load_feature_rows
 from hpcdl.evaluation import evaluate, load_matching_weights
 from hpcdl.models import build_model
-from hpcdl.report import plot_confusion_matrix, write_json_atomic
+from hpcdl.plots import plot_confusion_matrix
+from hpcdl.rundir import RunDir
 
 
 def _model_from_checkpoint(state: dict[str, Any], source: str) -> nn.Module:
@@ -29,14 +31,14 @@ def _model_from_checkpoint(state: dict[str, Any], source: str) -> nn.Module:
     return model
 
 
-def _checkpoint_for(run_dir: Path, which: str) -> Path:
+def _checkpoint_for(run_dir: RunDir, which: str) -> Path:
     """--checkpoint best | last | PATH."""
     if which in ("best", "last"):
-        return resolve_checkpoint(run_dir, which)
+        return resolve_checkpoint(run_dir.path, which)
     return resolve_checkpoint(which)
 
 
-def evaluate_checkpoint(cfg: Config, run_dir: Path, which: str) -> dict[str, Any]:
+def evaluate_checkpoint(cfg: Config, run_dir: RunDir, which: str) -> dict[str, Any]:
     """Test metrics and a confusion matrix for one checkpoint of a run."""
     path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path)
@@ -45,8 +47,6 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path, which: str) -> dict[str, Any
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     load_matching_weights(model, state["model"], str(path))
     result = evaluate(model, data.x_test, data.y_test, data.num_classes)
-    out_dir = run_dir / "eval" / path.stem
-    out_dir.mkdir(parents=True, exist_ok=True)
     report = {
         "checkpoint": str(path),
         "test_loss": result.loss,
@@ -55,15 +55,15 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path, which: str) -> dict[str, Any
         "confusion_matrix": result.confusion.tolist(),
         "class_names": list(data.class_names),
     }
-    write_json_atomic(out_dir / "metrics.json", report)
+    write_json_atomic(run_dir.eval_metrics_file(path.stem), report)
     plot_confusion_matrix(
-        result.confusion, list(data.class_names), out_dir / "confusion_matrix.png"
+        result.confusion, list(data.class_names), run_dir.eval_confusion_png(path.stem)
     )
-    report["output_dir"] = str(out_dir)
+    report["output_dir"] = str(run_dir.eval_dir(path.stem))
     return report
 
 
-def predict_rows(run_dir: Path, input_path: str, which: str, output: Optional[str]) -> int:
+def predict_rows(run_dir: RunDir, input_path: str, which: str, output: Optional[str]) -> int:
     """Class predictions for raw rows, with the run's training preprocessing applied."""
     path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path)

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
+    from hpcdl.rundir import RunDir
     from hpcdl.signals import StopFlag
-
-# Exit status of a run that stopped on a signal after saving a checkpoint.
-EXIT_INTERRUPTED = 3
 
 
 @dataclass
@@ -33,18 +33,18 @@ class JobOutcome:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.completed else EXIT_INTERRUPTED
+        return EXIT_OK if self.completed else EXIT_INTERRUPTED
 
 
 def run_job(run_dir: str, stop: Optional[StopFlag] = None) -> JobOutcome:
     """Train the run in `run_dir` as this rank. Stop-signal handlers go in before torch is
     even imported: a warning signal can come within the first seconds of a job (Slurm may
     send it up to 60 s early) and must only set the flag."""
-    from hpcdl.config.convert import load_config
+    from hpcdl.rundir import RunDir
     from hpcdl.signals import stop_on_signals
 
-    path = Path(run_dir)
-    cfg = load_config(path / "config.yaml")
+    path = RunDir(Path(run_dir))
+    cfg = path.load_config()
     if stop is not None:
         return _train(cfg, path, stop)
     with stop_on_signals(stop_signal_names(cfg.cluster.signal)) as flag:
@@ -55,7 +55,7 @@ def stop_signal_names(warning: str) -> tuple[str, ...]:
     return ("SIGTERM", "SIGINT", "SIG" + warning.upper().removeprefix("SIG"))
 
 
-def _train(cfg: Config, path: Path, stop: StopFlag) -> JobOutcome:
+def _train(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
     from hpcdl.build import build_trainer
     from hpcdl.dist import pick_device, process_group
     from hpcdl.env import rank_env_from
@@ -68,16 +68,18 @@ def _train(cfg: Config, path: Path, stop: StopFlag) -> JobOutcome:
     with process_group(env, device, cfg.cluster.rendezvous_timeout_s):
         trainer = build_trainer(cfg, env, path, device, stop)
         result = trainer.fit()
-        summary: dict[str, Any] = {}
+        summary: Optional[dict[str, Any]] = None
         if result.outcome == Outcome.completed:
-            summary = finalize_run(trainer, result, path, time.monotonic() - started)
+            summary, test = trainer.test_summary(result, time.monotonic() - started)
+            if summary is not None:
+                finalize_run(path, summary, test, trainer.class_names)
         elif env.is_main:
-            write_curves(trainer, path)
+            write_curves(path)
     sys.stdout.flush()
     return JobOutcome(
         rank=env.rank,
         completed=result.outcome == Outcome.completed,
         signal_name=result.signal_name,
-        summary=summary,
+        summary=summary or {},
         global_step=result.progress.global_step,
     )

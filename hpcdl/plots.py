@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from hpcdl.checkpoint import write_file_atomic
+from hpcdl.atomic import write_atomic
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -39,7 +39,7 @@ def plot_learning_curves(rows: Sequence[Mapping[str, Any]], out_png: PathLike) -
             ax.legend()
     loss_ax.set_title("loss")
     acc_ax.set_title("accuracy")
-    _save_png(fig, out_png)
+    save_png(fig, out_png)
 
 
 def _plot_series(ax: Axes, rows: Sequence[Mapping[str, Any]], key: str, label: str) -> None:
@@ -83,15 +83,16 @@ def plot_confusion_matrix(cm: Any, class_names: Sequence[str], out_png: PathLike
                 value = int(counts[true, pred])
                 color = "white" if value > threshold else "black"
                 ax.text(pred, true, str(value), ha="center", va="center", color=color)
-    _save_png(fig, out_png)
+    save_png(fig, out_png)
 
 
-def _save_png(fig: Figure, out_png: PathLike) -> None:
+def save_png(fig: Figure, out_png: PathLike, dpi: int = 120) -> None:
+    """Draw with the Agg canvas and write the PNG atomically (folders made as needed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
+    fig.savefig(buffer, format="png", dpi=dpi)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_file_atomic(out, [buffer.getvalue()])
+    write_atomic(out, buffer.getvalue())

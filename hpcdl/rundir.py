@@ -1,31 +1,233 @@
-"""Run directories: decided once, at submit time, and stored in the resolved config.
+"""The run directory's one owner: its layout, and every record in it.
+
+A run directory is decided once, at submit time, and stored in the resolved config that
+the job reads; requeues and reruns reuse it. ``RunDir`` is the only code that knows the
+names of the files in it; everyone else asks it (as submitit keeps a job's paths in
+``JobPaths``). A sweep directory, which holds one run directory per trial, has its owner
+here too (``SweepDir``).
 
 Stdlib + config only (no torch): used on the login node.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
+import json
 import shlex
 import sys
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, ClassVar, Optional
 
+from hpcdl.atomic import append_line_durably, write_atomic, write_json_atomic
 from hpcdl.config.convert import load_config, save_config
-from hpcdl.config.schema import Config, Launcher
+from hpcdl.config.schema import Config
 from hpcdl.errors import RunDirError
 
-CONFIG_FILE = "config.yaml"
+# (name, what it holds): the layout of a run directory, in the order docs/checkpoints.md
+# lists it. A test checks the docs' table against this.
+RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
+    ("config.yaml", "the resolved config the job reads; rewritten by `hpcdl resume` overrides"),
+    ("commands.log", "every `hpcdl train`/`resume` command line that touched the run"),
+    ("metrics.csv", "one row per epoch: losses, accuracies, lr, seconds, samples/s"),
+    ("checkpoints/", "step_<N>.pt (the newest keep_last) and best.pt"),
+    ("summary.json", "written once the run completes: test metrics, weights hash, versions"),
+    ("learning_curves.png", "loss and accuracy per epoch, train and val"),
+    ("confusion_matrix.png", "test-set confusion matrix of the final model"),
+    ("eval/<checkpoint>/", "`hpcdl evaluate` output: metrics.json, confusion_matrix.png"),
+    ("attempts.jsonl", "Slurm: one start and one end record per run of the job"),
+    ("slurm.json", "Slurm: the submitted job id, log folder and submission history"),
+    ("code/", "Slurm: the frozen copy of hpcdl and the user's modules the job runs"),
+    ("logs/", "launched runs: one log file per rank (submitit)"),
+    ("trial.log", "a trial of a local sweep: its console output"),
+)
 
 
-def default_run_dir(now: dt.datetime | None = None) -> Path:
+@dataclass(frozen=True)
+class JobDir:
+    """A folder jobs are launched from: a frozen code copy and per-rank logs.
+
+    A run directory is one; so is a sweep directory, whose trials share its code and logs.
+    """
+
+    path: Path
+
+    CODE: ClassVar[str] = "code"
+    LOGS: ClassVar[str] = "logs"
+
+    @property
+    def code_dir(self) -> Path:
+        return self.path / self.CODE
+
+    @property
+    def log_dir(self) -> Path:
+        return self.path / self.LOGS
+
+
+@dataclass(frozen=True)
+class RunDir(JobDir):
+    CONFIG: ClassVar[str] = "config.yaml"
+    COMMANDS: ClassVar[str] = "commands.log"
+    METRICS: ClassVar[str] = "metrics.csv"
+    CHECKPOINTS: ClassVar[str] = "checkpoints"
+    SUMMARY: ClassVar[str] = "summary.json"
+    CURVES: ClassVar[str] = "learning_curves.png"
+    CONFUSION: ClassVar[str] = "confusion_matrix.png"
+    EVAL: ClassVar[str] = "eval"
+    EVAL_METRICS: ClassVar[str] = "metrics.json"
+    ATTEMPTS: ClassVar[str] = "attempts.jsonl"
+    SUBMISSION: ClassVar[str] = "slurm.json"
+    TRIAL_LOG: ClassVar[str] = "trial.log"
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def config_file(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / self.CHECKPOINTS
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / self.SUMMARY
+
+    @property
+    def curves_png(self) -> Path:
+        return self.path / self.CURVES
+
+    @property
+    def confusion_png(self) -> Path:
+        return self.path / self.CONFUSION
+
+    @property
+    def trial_log(self) -> Path:
+        return self.path / self.TRIAL_LOG
+
+    def eval_dir(self, checkpoint_name: str) -> Path:
+        """Where `hpcdl evaluate` of one checkpoint writes (created)."""
+        out = self.path / self.EVAL / checkpoint_name
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+
+    def eval_metrics_file(self, checkpoint_name: str) -> Path:
+        return self.eval_dir(checkpoint_name) / self.EVAL_METRICS
+
+    def eval_confusion_png(self, checkpoint_name: str) -> Path:
+        return self.eval_dir(checkpoint_name) / self.CONFUSION
+
+    def is_run_dir(self) -> bool:
+        return self.config_file.is_file()
+
+    # ------------------------------------------------------------------ config
+    def load_config(self) -> Config:
+        return load_config(self.config_file)
+
+    def save_config(self, cfg: Config) -> Config:
+        """Store ``cfg`` with run_dir pointing here; returns the stored config."""
+        cfg = replace(cfg, run_dir=str(self.path))
+        save_config(cfg, self.config_file)
+        return cfg
+
+    def record_command(self, verb: str) -> None:
+        stamp = dt.datetime.now().isoformat(timespec="seconds")
+        append_line_durably(self.path / self.COMMANDS, f"{stamp} {verb}: {shlex.join(sys.argv)}")
+
+    # ------------------------------------------------------------------ records
+    @property
+    def metrics(self) -> MetricsLog:
+        return MetricsLog(self.path / self.METRICS)
+
+    def read_summary(self) -> Optional[dict[str, Any]]:
+        """summary.json (written once the run completed), or None."""
+        return _read_json(self.summary_file)
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        write_json_atomic(self.summary_file, dict(summary))
+
+    def is_complete(self) -> bool:
+        return self.summary_file.exists()
+
+    def append_attempt(self, record: Mapping[str, Any]) -> None:
+        append_line_durably(self.path / self.ATTEMPTS, json.dumps(dict(record)))
+
+    def read_attempts(self) -> list[dict[str, Any]]:
+        """One start (and, unless the run was killed, one end) record per run of the job."""
+        path = self.path / self.ATTEMPTS
+        if not path.exists():
+            return []
+        records = []
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # blank, or cut short by a kill mid-write
+                continue
+        return records
+
+    def read_submission(self) -> Optional[dict[str, Any]]:
+        """slurm.json: {"job_id", "log_dir", "history": [{"job_id", "cluster"}, ...]}."""
+        return _read_json(self.path / self.SUBMISSION)
+
+    def record_submission(self, job_id: str, cluster_name: str, log_dir: Path) -> None:
+        previous = self.read_submission() or {}
+        history = [*previous.get("history", []), {"job_id": job_id, "cluster": cluster_name}]
+        write_json_atomic(
+            self.path / self.SUBMISSION,
+            {"job_id": job_id, "log_dir": str(log_dir), "history": history},
+        )
+
+    def rank_log(self, job_id: str, rank: int | str) -> Path:
+        """A rank's log file as submitit names it, in the folder the submission recorded
+        (a sweep trial's logs are in the sweep dir)."""
+        record = self.read_submission() or {}
+        log_dir = Path(record["log_dir"]) if "log_dir" in record else self.log_dir
+        return log_dir / f"{job_id}_{rank}_log.out"
+
+
+@dataclass(frozen=True)
+class SweepDir(JobDir):
+    """A `train -m` sweep: the ledger, one run dir per trial, the summary files."""
+
+    LEDGER: ClassVar[str] = "sweep.json"
+    LOCK: ClassVar[str] = ".sweep.lock"
+
+    @property
+    def ledger_file(self) -> Path:
+        return self.path / self.LEDGER
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / self.LOCK
+
+    def trial(self, index: int) -> RunDir:
+        return RunDir(self.path / str(index))
+
+    def summary_file(self, suffix: str) -> Path:
+        """summary.md, summary.csv."""
+        return self.path / f"summary.{suffix}"
+
+    def summary_plot(self, metric: str) -> Path:
+        return self.path / f"summary_{metric}.png"
+
+
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text())
+    return value if isinstance(value, dict) else None
+
+
+# ----------------------------------------------------------------------------- lifecycle
+def default_run_dir(now: dt.datetime | None = None, root: str = "outputs") -> Path:
     now = now or dt.datetime.now()
-    return Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
+    return Path(root) / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
 
 
-def create_run_dir(cfg: Config, *, snapshot: bool = True) -> tuple[Config, Path]:
-    """Make a fresh run dir and write the resolved config; refuse to reuse an existing one.
-    Slurm runs also get a frozen copy of the code (snapshot=False: the caller shares one)."""
+def create_run_dir(cfg: Config) -> tuple[Config, RunDir]:
+    """Make a fresh run dir and write the resolved config; refuse to reuse an existing one."""
     if cfg.run_dir is None:
         path = default_run_dir().resolve()
         suffix = 1
@@ -41,32 +243,99 @@ def create_run_dir(cfg: Config, *, snapshot: bool = True) -> tuple[Config, Path]
                 "or choose a new run_dir"
             )
     path.mkdir(parents=True, exist_ok=True)
-    cfg = replace(cfg, run_dir=str(path))
-    save_config(cfg, path / CONFIG_FILE)
-    record_command(path, "train")
-    if snapshot and cfg.cluster.launcher == Launcher.slurm:
-        from hpcdl.launch.slurm import custom_targets, snapshot_code
-
-        snapshot_code(path, custom_targets(cfg))
-    return cfg, path
+    run_dir = RunDir(path)
+    cfg = run_dir.save_config(cfg)
+    run_dir.record_command("train")
+    return cfg, run_dir
 
 
-def open_run_dir(run_dir: str) -> tuple[Config, Path]:
-    path = Path(run_dir).expanduser().resolve()
-    if not (path / CONFIG_FILE).is_file():
+def open_run_dir(ref: str | Path) -> tuple[Config, RunDir]:
+    run_dir = RunDir(Path(ref).expanduser().resolve())
+    if not run_dir.is_run_dir():
         raise RunDirError(
-            f"{run_dir}: not an hpcdl run dir (no {CONFIG_FILE}); pass the run_dir of a run"
+            f"{ref}: not an hpcdl run dir (no {RunDir.CONFIG}); pass the run_dir of a run"
         )
-    return load_config(path / CONFIG_FILE), path
+    return run_dir.load_config(), run_dir
 
 
-def rewrite_config(cfg: Config, path: Path) -> Config:
-    cfg = replace(cfg, run_dir=str(path))
-    save_config(cfg, path / CONFIG_FILE)
-    return cfg
+# ----------------------------------------------------------------------------- metrics log
+class MetricsLog:
+    """metrics.csv, one row per epoch; the header comes from the first row's keys."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Append one row and flush it (None is written as an empty cell)."""
+        header = self._header()
+        new_file = header is None
+        fields = list(row) if header is None else header
+        extra = [key for key in row if key not in fields]
+        if extra:
+            raise ValueError(f"{self.path}: row has keys {extra} that the header {fields} lacks")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+            if new_file:
+                writer.writeheader()
+            writer.writerow(dict(row))
+            f.flush()
+
+    def read(self) -> list[dict[str, Any]]:
+        """Rows with numbers parsed (int, then float) and empty cells as None."""
+        if not self.path.is_file():
+            return []
+        with open(self.path, newline="") as f:
+            reader = csv.DictReader(f)
+            return [{key: _parse_cell(value) for key, value in raw.items()} for raw in reader]
+
+    def last_row(self) -> Optional[dict[str, Any]]:
+        rows = self.read()
+        return rows[-1] if rows else None
+
+    def truncate_after_epoch(self, epoch: int) -> None:
+        """Keep the rows with row["epoch"] <= epoch; rewrite the file atomically.
+
+        Used on resume, so that the log matches the checkpoint. A row cut short by a kill
+        (fewer cells than the header) is dropped too. Kept rows are copied verbatim.
+        """
+        if not self.path.is_file():
+            return
+        with open(self.path, newline="") as f:
+            rows = list(csv.reader(f))
+        if not rows:
+            return
+        header = rows[0]
+        if "epoch" not in header:
+            raise ValueError(f"{self.path}: no 'epoch' column in the header {header}")
+        column = header.index("epoch")
+        kept = [
+            row
+            for row in rows[1:]
+            if len(row) == len(header)
+            and isinstance(_parse_cell(row[column]), int)
+            and _parse_cell(row[column]) <= epoch
+        ]
+        buffer = io.StringIO(newline="")
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(kept)
+        write_atomic(self.path, buffer.getvalue())
+
+    def _header(self) -> Optional[list[str]]:
+        if not self.path.is_file():
+            return None
+        with open(self.path, newline="") as f:
+            first = next(csv.reader(f), None)
+        return first or None
 
 
-def record_command(path: Path, verb: str) -> None:
-    stamp = dt.datetime.now().isoformat(timespec="seconds")
-    with open(path / "commands.log", "a") as f:
-        f.write(f"{stamp} {verb}: {shlex.join(sys.argv)}\n")
+def _parse_cell(value: Optional[str]) -> Any:
+    if value is None or value == "":
+        return None
+    for parse in (int, float):
+        try:
+            return parse(value)
+        except ValueError:
+            pass
+    return value

@@ -9,7 +9,7 @@ requested, eval/save due), so all ranks decide the same thing at the same step b
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -25,11 +25,13 @@ from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.env import RankEnv
 from hpcdl.errors import HpcdlError
 from hpcdl.evaluation import EvalResult, evaluate
-from hpcdl.faults import Fault
+from hpcdl.hooks import StepEvent, StepHook
 from hpcdl.progress import ProgressReporter
-from hpcdl.report import MetricsLog
+from hpcdl.provenance import collect_versions, weights_sha256
+from hpcdl.rundir import MetricsLog
 from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
+from hpcdl.step_sums import StepSums
 
 FORMAT_VERSION = 1
 
@@ -64,7 +66,7 @@ class Parts:
     device: torch.device
     config_hash: str
     model_config: dict[str, Any]
-    fault: Optional[Fault] = None  # tests only: see hpcdl.faults
+    step_hooks: list[StepHook] = field(default_factory=list)  # trainer.step_hooks
 
 
 class NonFiniteLossError(HpcdlError):
@@ -99,8 +101,7 @@ class Trainer:
             )
             for step_in_epoch, xb, yb, global_count in self.batches():
                 flags = self.train_step(xb, yb, global_count)
-                if self.p.fault:
-                    self.p.fault.after_step(self.progress.global_step, self.env.rank)
+                self.run_step_hooks()
                 self.log_step(step_in_epoch, flags)
                 if flags["eval_due"]:
                     _, improved = self.evaluate_and_track()
@@ -152,36 +153,38 @@ class Trainer:
         p.scaler.scale(loss).backward()
 
         detached = loss_sum.detach().double()
-        local = torch.tensor(
-            [0.0, 0.0, float(yb.numel()), 0.0, *self._local_flags()],
-            dtype=torch.float64,
-            device=p.device,
+        stop_local, eval_local, save_local = self._local_flags()
+        local = StepSums.pack(
+            p.device,
+            loss_sum=detached,
+            num_correct=(logits.detach().argmax(1) == yb).sum(),
+            num_samples=float(yb.numel()),
+            num_nonfinite=(~torch.isfinite(detached)).double(),
+            num_stop=stop_local,
+            eval_due=eval_local,
+            save_due=save_local,
         )
-        local[0] = detached
-        local[1] = (logits.detach().argmax(1) == yb).sum()
-        local[3] = (~torch.isfinite(detached)).double()
-        sums = local
-        loss_total, correct, count, bad, stop, eval_due, save_due = all_reduce_sum(sums).tolist()
-        if bad > 0:
+        sums = StepSums.unpack(all_reduce_sum(local))
+        if sums.num_nonfinite > 0:
             self._skip_step()
         else:
             self._optimizer_step()
             pr.num_bad_steps_in_row = 0
-            pr.epoch_loss_sum += loss_total
-            pr.epoch_correct += correct
-            pr.epoch_count += count
+            pr.epoch_loss_sum += sums.loss_sum
+            pr.epoch_correct += sums.num_correct
+            pr.epoch_count += sums.num_samples
         pr.global_step += 1
         pr.step_in_epoch += 1
-        pr.num_samples_seen += int(count)
+        pr.num_samples_seen += int(sums.num_samples)
         elapsed = time.monotonic() - started
         pr.epoch_s += elapsed
         pr.train_s += elapsed
-        self._last_loss = loss_total / max(count, 1)
+        self._last_loss = sums.loss_sum / max(sums.num_samples, 1)
         every = self.t.eval_every_steps
         return {
-            "stop": stop > 0,
-            "eval_due": eval_due > 0 or bool(every and pr.global_step % every == 0),
-            "save_due": save_due > 0 or self._save_due_by_steps(),
+            "stop": sums.num_stop > 0,
+            "eval_due": sums.eval_due > 0 or bool(every and pr.global_step % every == 0),
+            "save_due": sums.save_due > 0 or self._save_due_by_steps(),
         }
 
     def _local_flags(self) -> tuple[float, float, float]:
@@ -222,6 +225,21 @@ class Trainer:
                 f"{pr.num_bad_steps_in_row} non-finite losses in a row at step {pr.global_step + 1}: "
                 "lower optim.lr, set trainer.grad_clip_norm, or check the data for NaN/inf"
             )
+
+    def run_step_hooks(self) -> None:
+        if not self.p.step_hooks:
+            return
+        pr = self.progress
+        event = StepEvent(
+            global_step=pr.global_step,
+            epoch=pr.epoch,
+            step_in_epoch=pr.step_in_epoch,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            loss=self._last_loss,
+        )
+        for hook in self.p.step_hooks:
+            hook(event)
 
     def log_step(self, step_in_epoch: int, flags: dict[str, bool]) -> None:
         lr = self.p.optimizer.param_groups[0]["lr"]
@@ -369,6 +387,42 @@ class Trainer:
             f"resumed from {path} (epoch {self.progress.epoch + 1}, "
             f"step {self.progress.step_in_epoch} of the epoch, global step {self.progress.global_step})"
         )
+
+    # ------------------------------------------------------------------ the end
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.p.data.class_names)
+
+    def test_summary(
+        self, result: FitResult, wall_s: float
+    ) -> tuple[Optional[dict[str, Any]], Optional[EvalResult]]:
+        """Test-set evaluation (every rank takes part) and, on rank 0, the run's summary."""
+        test = self.evaluate_split("test") if self.p.data.y_test.numel() else None
+        if not self.env.is_main:
+            return None, test
+        pr = result.progress
+        summary: dict[str, Any] = {
+            "outcome": result.outcome.value,
+            "test_loss": test.loss if test else None,
+            "test_accuracy": test.accuracy if test else None,
+            "num_test_samples": test.num_samples if test else 0,
+            "best_metric_name": self.t.early_stopping.monitor,
+            "best_metric": pr.best_metric,
+            "best_epoch": pr.best_epoch,
+            "early_stopped": pr.early_stopped,
+            "steps": pr.global_step,
+            "epochs": pr.epoch,
+            "num_skipped_steps": pr.num_skipped_steps,
+            "world_size": self.env.world_size,
+            "train_s": pr.train_s,
+            "wall_s": wall_s,
+            "samples_per_s": pr.num_samples_seen / pr.train_s if pr.train_s > 0 else 0.0,
+            "num_samples_seen": pr.num_samples_seen,
+            "weights_sha256": weights_sha256(self.p.raw_model.state_dict()),
+            "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+            "versions": collect_versions(),
+        }
+        return summary, test
 
     # ------------------------------------------------------------------ endings
     def interrupt(self) -> FitResult:

@@ -1,4 +1,4 @@
-"""Run reports: weights hash, metrics.csv, confusion matrix, plots, versions, JSON."""
+"""What a run records: weights hash, metrics.csv, confusion matrix, plots, versions, JSON."""
 
 from __future__ import annotations
 
@@ -11,15 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcdl.report import (
-    MetricsLog,
-    collect_versions,
-    confusion_matrix,
-    plot_confusion_matrix,
-    plot_learning_curves,
-    weights_sha256,
-    write_json_atomic,
-)
+from hpcdl.atomic import write_json_atomic
+from hpcdl.evaluation import confusion_matrix
+from hpcdl.plots import plot_confusion_matrix, plot_learning_curves
+from hpcdl.provenance import collect_versions, weights_sha256
+from hpcdl.rundir import MetricsLog
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -175,7 +171,7 @@ def test_plot_confusion_matrix_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_importing_report_does_not_import_matplotlib() -> None:
-    code = "import sys, hpcdl.report; print('matplotlib' in sys.modules)"
+    code = "import sys, hpcdl.plots, hpcdl.provenance, hpcdl.finalize; print('matplotlib' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )

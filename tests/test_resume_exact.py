@@ -1,7 +1,7 @@
 """Exact resume: interrupted + resumed runs end with the same weights as uninterrupted ones.
 
 Interruptions are real signals (SIGTERM through the same handler as Ctrl-C or scancel, and
-SIGKILL), sent by the rank to itself at a chosen step (hpcdl.faults), so the test hits
+SIGKILL), sent by the rank to itself at a chosen step (tests/fault_hook.py, a step hook), so the test hits
 mid-epoch and epoch-boundary points on purpose. Each run is a fresh `hpcdl` process.
 """
 
@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests import fault_hook
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +37,8 @@ def metrics_without_timing(run_dir: Path) -> list[str]:
 
 
 def train(hpcdl, run_dir: Path, extra: list[str], fault: str | None = None):
-    env = {"HPCDL_FAULT_INJECT": fault} if fault else None
-    return hpcdl("train", f"run_dir={run_dir}", *BASE, *extra, env=env)
+    hook = [fault_hook.OVERRIDE] if fault else []
+    return hpcdl("train", f"run_dir={run_dir}", *BASE, *extra, *hook, env=fault_hook.env(fault))
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +75,9 @@ def test_sigterm_and_resume_is_exact(hpcdl, tmp_path, reference, ranks, faults):
     assert "Continue with: hpcdl resume" in first.stdout
     assert not (run_dir / "summary.json").exists()
     for fault in faults[1:]:
-        again = hpcdl("resume", str(run_dir), env={"HPCDL_FAULT_INJECT": fault})
+        again = hpcdl("resume", str(run_dir), env=fault_hook.env(fault))
         assert again.returncode == 3, again.stderr + again.stdout
-    final = hpcdl("resume", str(run_dir))
+    final = hpcdl("resume", str(run_dir), env=fault_hook.env(None))
     assert final.returncode == 0, final.stderr + final.stdout
     assert "resumed from" in final.stdout
     assert sha(run_dir) == sha(reference[ranks])
@@ -92,7 +94,7 @@ def test_sigkill_loses_at_most_one_interval_and_resume_is_exact(hpcdl, tmp_path,
     assert first.returncode != 0
     steps = sorted(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt"))
     assert steps and 23 - steps[-1] <= 5
-    final = hpcdl("resume", str(run_dir))
+    final = hpcdl("resume", str(run_dir), env=fault_hook.env(None))
     assert final.returncode == 0, final.stderr + final.stdout
     assert sha(run_dir) == sha(reference[ranks])
 

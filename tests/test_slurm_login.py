@@ -141,8 +141,8 @@ def test_snapshot_freezes_the_users_model_module_but_not_installed_ones(
     monkeypatch.syspath_prepend(str(src))
     base = tmp_path / "run"
     targets = ["mypkg_frz.nets:build", "mymod_frz:build", "numpy.random:x", "absent_frz:f"]
-    snapshot_code(base, targets)
     code = base / "code"
+    snapshot_code(code, targets)
     assert (code / "hpcdl" / "trainer.py").exists()
     assert (code / "mypkg_frz" / "nets.py").read_text() == "def build(**kw): ...\n"
     assert (code / "mymod_frz.py").exists()
@@ -151,5 +151,5 @@ def test_snapshot_freezes_the_users_model_module_but_not_installed_ones(
     assert "module 'absent_frz' is not importable here" in capsys.readouterr().err
     # later edits stay out of the run; a second snapshot (resume) keeps the first one
     (src / "mymod_frz.py").write_text("raise ImportError('edited')\n")
-    snapshot_code(base, targets)
+    snapshot_code(code, targets)
     assert (code / "mymod_frz.py").read_text() == "def build(**kw): ...\n"

@@ -111,8 +111,15 @@ def _attempts(run_dir: Path, *records: dict, cut: str = "") -> None:
 
 def test_a_job_that_left_the_queue_is_judged_by_its_run_dir(tmp_path: Path) -> None:
     # What `hpcdl status` and `hpcdl sweep status` say on a cluster without accounting.
-    from hpcdl.launch.monitor import state_from_run_dir
-    from hpcdl.sweep.report import requeues
+    from hpcdl.launch.monitor import state_from_run_dir as state_of
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep.report import requeues as requeues_of
+
+    def state_from_run_dir(path: Path) -> str:
+        return state_of(RunDir(path))
+
+    def requeues(path: Path) -> int:
+        return requeues_of(RunDir(path))
 
     start = {"event": "start", "restart_count": 0}
     assert state_from_run_dir(tmp_path / "never") == "UNKNOWN"

@@ -7,30 +7,14 @@ anything is created or submitted; a bad trial is refused naming the trial and th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 from hpcdl.cli.compose import compose_config, conf_dir, hydra_message, user_conf_dirs
 from hpcdl.config.convert import GROUPS
-from hpcdl.config.schema import Config
 from hpcdl.errors import ConfigError
+from hpcdl.sweep.plan import SweepPlan, Trial
 
 SWEEP_DIR_KEY = "hydra.sweep.dir"
-
-
-@dataclass
-class Trial:
-    index: int
-    overrides: list[str]  # the swept overrides only, e.g. ["model=cnn", "optim.lr=0.1"]
-    config: Config
-
-
-@dataclass
-class SweepPlan:
-    sweep_dir: Optional[str]
-    common: list[str]  # overrides shared by every trial
-    swept_keys: list[str]
-    trials: list[Trial]
 
 
 def _group_options(group: str, config_dirs: Optional[list[str]]) -> list[str]:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from hpcdl.errors import HpcdlError
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
-
-EXIT_BAD_INPUT = 2
+    from hpcdl.rundir import RunDir
 
 
 def _group_listing(config_dirs: Optional[list[str]] = None) -> str:
@@ -129,6 +129,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import compose, compose_config, conf_dir, user_conf_dirs
+    from hpcdl.config.schema import Launcher
     from hpcdl.rundir import create_run_dir
 
     if args.multirun and not (args.cfg or args.info):
@@ -141,18 +142,22 @@ def cmd_train(args: argparse.Namespace) -> int:
             dirs = [conf_dir(), *user_conf_dirs(args.config_dir)]
             print("config search path:\n" + "\n".join(f"  {d}" for d in dirs))
             print(_group_listing(args.config_dir))
-            return 0
+            return EXIT_OK
         print(OmegaConf.to_yaml(composed, resolve=args.resolve), end="")
-        return 0
+        return EXIT_OK
     cfg = compose_config(args.overrides, args.config_dir)
     if args.dry_run:
         return dry_run(cfg)
     preflight(cfg, args.no_preflight)
     cfg, run_dir = create_run_dir(cfg)
-    print(f"run dir: {run_dir}", flush=True)
+    print(f"run dir: {run_dir.path}", flush=True)
     if args.no_launch:
-        print(f"not launched; e.g. sbatch slurm/train.sbatch {run_dir}")
-        return 0
+        if cfg.cluster.launcher == Launcher.slurm:
+            from hpcdl.launch.slurm import freeze_code
+
+            freeze_code(run_dir, cfg)
+        print(f"not launched; e.g. sbatch slurm/train.sbatch {run_dir.path}")
+        return EXIT_OK
     return launch(cfg, run_dir)
 
 
@@ -187,7 +192,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         print(f"submitted job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}")
         print(f"  status:  hpcdl sweep status {sweep_dir}")
         print(f"  summary: hpcdl sweep summary {sweep_dir}")
-        return 0
+        return EXIT_OK
     return run_local_pool(ledger, indices)
 
 
@@ -200,19 +205,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     ledger = refresh(sweep_dir)
     if args.sweep_command == "status":
         print(status_table(ledger), end="")
-        return 0
+        return EXIT_OK
     if args.sweep_command == "summary":
         table, files = write_summary(ledger, args.metric)
         if args.format == "csv":
-            print((sweep_dir / "summary.csv").read_text(), end="")
+            print(files[1].read_text(), end="")
         else:
             print(table)
         print("written: " + ", ".join(str(f) for f in files))
-        return 0
+        return EXIT_OK
     failed = [t.index for t in ledger.trials if t.state in RERUNNABLE]
     if not failed:
         print("no failed trials to rerun")
-        return 0
+        return EXIT_OK
     print(f"rerunning trials {failed}", flush=True)
     if ledger.launcher == "slurm":
         from hpcdl.sweep.launch import submit_arrays
@@ -220,7 +225,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         with ledger_mod.locked(sweep_dir) as led:
             arrays = submit_arrays(led, failed)
         print(f"submitted job array {', '.join(arrays)}")
-        return 0
+        return EXIT_OK
     from hpcdl.sweep.launch import run_local_pool
 
     return run_local_pool(ledger, failed)
@@ -238,60 +243,61 @@ def preflight(cfg: Config, skip: bool) -> None:
 def dry_run(cfg: Config) -> int:
     from hpcdl.config.schema import Launcher
     from hpcdl.launch.slurm import rank_environment, sbatch_text
-    from hpcdl.rundir import default_run_dir
+    from hpcdl.rundir import RunDir, default_run_dir
 
     if cfg.cluster.launcher != Launcher.slurm:
         raise HpcdlError(
             f"--dry-run: cluster={cfg.cluster.name} is not a Slurm profile; nothing to print"
         )
-    run_dir = Path(cfg.run_dir or default_run_dir()).expanduser().resolve()
-    print(f"# run dir (not created): {run_dir}")
+    run_dir = RunDir(Path(cfg.run_dir or default_run_dir()).expanduser().resolve())
+    print(f"# run dir (not created): {run_dir.path}")
     print(sbatch_text(cfg, run_dir))
     print("# per-rank environment")
     for row in rank_environment(cfg):
         print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
     print("# dry run: nothing submitted")
-    return 0
+    return EXIT_OK
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import apply_overrides
-    from hpcdl.rundir import open_run_dir, record_command, rewrite_config
+    from hpcdl.rundir import open_run_dir
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_if_still_queued(run_dir)
     if args.overrides:
         cfg = apply_overrides(cfg, args.overrides, args.config_dir)
     preflight(cfg, args.no_preflight)
-    cfg = rewrite_config(cfg, run_dir)
-    record_command(run_dir, "resume")
-    print(f"resuming run dir: {run_dir}", flush=True)
+    cfg = run_dir.save_config(cfg)
+    run_dir.record_command("resume")
+    print(f"resuming run dir: {run_dir.path}", flush=True)
     return launch(cfg, run_dir)
 
 
-def refuse_if_still_queued(run_dir: Path) -> None:
+def refuse_if_still_queued(run_dir: RunDir) -> None:
     """Two jobs training one run dir would corrupt it: resume only once the last is gone."""
-    from hpcdl.launch.monitor import SUBMISSION_FILE, is_active, job_state, resolve_job
+    from hpcdl.launch.monitor import is_active, job_state
 
-    if not (run_dir / SUBMISSION_FILE).exists():
+    record = run_dir.read_submission()
+    if record is None:
         return
-    job_id, _ = resolve_job(str(run_dir))
+    job_id = str(record["job_id"])
     state = job_state(job_id)["state"]
     if is_active(state):
         raise HpcdlError(
-            f"{run_dir}: its job {job_id} is still {state}; it resumes by itself when requeued, "
-            f"or stop it first with `hpcdl cancel {run_dir}`"
+            f"{run_dir.path}: its job {job_id} is still {state}; it resumes by itself when "
+            f"requeued, or stop it first with `hpcdl cancel {run_dir.path}`"
         )
 
 
-def launch(cfg: Config, run_dir: Path) -> int:
+def launch(cfg: Config, run_dir: RunDir) -> int:
     from hpcdl.config.schema import Launcher
 
     if cfg.cluster.launcher == Launcher.slurm:
         from hpcdl.launch.slurm import submit
 
         print(submit(cfg, run_dir).describe(), flush=True)
-        return 0
+        return EXIT_OK
     if cfg.cluster.launcher == Launcher.local:
         from hpcdl.launch.local import run_local
 
@@ -300,10 +306,13 @@ def launch(cfg: Config, run_dir: Path) -> int:
         from hpcdl.launch.debug import run_in_process
 
         code = run_in_process(run_dir)
-    if code == 0:
-        print(f"done: {run_dir / 'summary.json'}", flush=True)
-    elif code == 3:
-        print(f"interrupted; checkpoint saved. Continue with: hpcdl resume {run_dir}", flush=True)
+    if code == EXIT_OK:
+        print(f"done: {run_dir.summary_file}", flush=True)
+    elif code == EXIT_INTERRUPTED:
+        print(
+            f"interrupted; checkpoint saved. Continue with: hpcdl resume {run_dir.path}",
+            flush=True,
+        )
     return code
 
 
@@ -322,7 +331,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for name, row in zip(report["class_names"], report["confusion_matrix"], strict=True):
         print(f"  {name:>12}: {' '.join(f'{v:5d}' for v in row)}")
     print(f"written: {report['output_dir']}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -333,7 +342,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     count = predict_rows(run_dir, args.input, args.checkpoint, args.output)
     if args.output:
         print(json.dumps({"rows": count, "output": args.output}))
-    return 0
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:

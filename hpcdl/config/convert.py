@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hpcdl.atomic import write_atomic
 from hpcdl.config import schema
 from hpcdl.errors import ConfigError
 
@@ -145,9 +146,7 @@ def to_yaml(cfg: schema.Config) -> str:
 
 
 def save_config(cfg: schema.Config, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(to_yaml(cfg))
-    tmp.replace(path)
+    write_atomic(path, to_yaml(cfg))
 
 
 def load_config(path: Path) -> schema.Config:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 MISSING = "???"
 
@@ -48,6 +48,7 @@ class CustomModelConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+ModelConfig = Union[MlpConfig, CnnConfig, Resnet18Config, CustomModelConfig]
 MODEL_SCHEMAS: dict[str, type] = {
     "mlp": MlpConfig,
     "cnn": CnnConfig,
@@ -120,6 +121,9 @@ class SyntheticConfig(DataCommon):
     seed: int = 0
 
 
+DataConfig = Union[
+    BreastCancerConfig, DigitsConfig, MnistConfig, Cifar10Config, FilesConfig, SyntheticConfig
+]
 DATA_SCHEMAS: dict[str, type] = {
     "breast_cancer": BreastCancerConfig,
     "digits": DigitsConfig,
@@ -165,6 +169,7 @@ class RmspropConfig:
     weight_decay: float = 0.0
 
 
+OptimConfig = Union[SgdConfig, AdamConfig, AdamWConfig, RmspropConfig]
 OPTIM_SCHEMAS: dict[str, type] = {
     "sgd": SgdConfig,
     "adam": AdamConfig,
@@ -247,6 +252,9 @@ class TrainerConfig:
     # Progress line interval (steps) when stdout is not a terminal.
     log_every_steps: int = 50
     device: Device = Device.auto
+    # 'package.module:function' called after every optimizer step with a StepEvent
+    # (hpcdl.hooks); frozen with the code on Slurm like model.target.
+    step_hooks: list[str] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- cluster
@@ -288,9 +296,11 @@ class ClusterConfig:
 # ----------------------------------------------------------------------------- top level
 @dataclass
 class Config:
-    model: Any = field(default_factory=MlpConfig)
-    data: Any = field(default_factory=BreastCancerConfig)
-    optim: Any = field(default_factory=SgdConfig)
+    # One of the group's dataclasses, picked by the YAML's `name` (OmegaConf never sees
+    # this class: convert.py types each group on its own).
+    model: ModelConfig = field(default_factory=MlpConfig)
+    data: DataConfig = field(default_factory=BreastCancerConfig)
+    optim: OptimConfig = field(default_factory=SgdConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

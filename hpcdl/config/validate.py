@@ -64,9 +64,14 @@ def check_model(model: object) -> None:
     elif isinstance(model, schema.Resnet18Config):
         _positive("model.width", model.width)
     elif isinstance(model, schema.CustomModelConfig):
-        module, sep, attr = model.target.partition(":")
-        if not sep or not module or not attr:
-            raise ConfigError(f"model.target={model.target!r}: {TARGET_FORM}")
+        check_target_form("model.target", model.target)
+
+
+def check_target_form(key: str, target: str) -> None:
+    """'package.module:attribute', checked on the login node without importing anything."""
+    module, sep, attr = target.partition(":")
+    if not sep or not module or not attr:
+        raise ConfigError(f"{key}={target!r}: {TARGET_FORM}")
 
 
 def _check_model_fits_data(model: object, data: schema.DataCommon) -> None:
@@ -169,6 +174,8 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
     _positive("trainer.max_bad_steps", t.max_bad_steps)
     _positive("trainer.log_every_steps", t.log_every_steps)
     _non_negative("trainer.early_stopping.patience", t.early_stopping.patience)
+    for i, target in enumerate(t.step_hooks):
+        check_target_form(f"trainer.step_hooks[{i}]", target)
     monitors = ("val_loss", "val_accuracy", "train_loss", "train_accuracy")
     if t.early_stopping.monitor not in monitors:
         raise ConfigError(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from hpcdl.rundir import RunDir
 
 
-def run_in_process(run_dir: Path) -> int:
+def run_in_process(run_dir: RunDir) -> int:
     from hpcdl.job import run_job
 
-    outcome = run_job(str(run_dir))
+    outcome = run_job(str(run_dir.path))
     return outcome.exit_code

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.config.schema import Config, tasks_per_node
-from hpcdl.job import EXIT_INTERRUPTED
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from hpcdl.launch.logtail import copy_new
+from hpcdl.rundir import RunDir
 
-# Same meaning as the CLI's: bad input, reported in one line.
-EXIT_BAD_INPUT = 2
 # How often the foreground process polls the job and copies rank 0's log to the terminal.
 POLL_S = 0.2
 
@@ -32,13 +31,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_local(cfg: Config, run_dir: Path) -> int:
+def run_local(cfg: Config, run_dir: RunDir) -> int:
     import submitit
 
     from hpcdl.job import run_job
 
     num_tasks = tasks_per_node(cfg.cluster)
-    executor = submitit.LocalExecutor(folder=str(run_dir / "logs"))
+    executor = submitit.LocalExecutor(folder=str(run_dir.log_dir))
     executor.update_parameters(
         tasks_per_node=num_tasks,
         nodes=1,
@@ -55,14 +54,14 @@ def run_local(cfg: Config, run_dir: Path) -> int:
     # own handlers, and we forward a SIGTERM to it ourselves.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        job = executor.submit(run_job, str(run_dir))
+        job = executor.submit(run_job, str(run_dir.path))
     finally:
         signal.signal(signal.SIGINT, previous)
-    print(f"local job {job.job_id}: {num_tasks} ranks, logs in {run_dir / 'logs'}", flush=True)
-    return _wait(job, run_dir)
+    print(f"local job {job.job_id}: {num_tasks} ranks, logs in {run_dir.log_dir}", flush=True)
+    return _wait(job)
 
 
-def _wait(job: Any, run_dir: Path) -> int:
+def _wait(job: Any) -> int:
     stopping: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
@@ -107,5 +106,5 @@ def _exit_code(job: Any, stopping: list[int]) -> int:
             f"error: a rank failed: {detail} (logs: {Path(job.paths.stdout).parent})",
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED if stopping else 1
+        return EXIT_INTERRUPTED if stopping else EXIT_FAILED
     return max(o.exit_code for o in outcomes)

@@ -6,16 +6,15 @@ the run dir (attempts.jsonl, summary.json).
 
 from __future__ import annotations
 
-import csv
-import json
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.errors import HpcdlError
+from hpcdl.exit_codes import EXIT_OK
 from hpcdl.launch.logtail import copy_new
-from hpcdl.launch.slurm import LOG_DIR, SUBMISSION_FILE
+from hpcdl.rundir import RunDir
 
 # Polling interval floor: a busy scheduler should see at most one query per 10 s from us.
 MIN_REFRESH_S = 10.0
@@ -38,14 +37,15 @@ def is_active(state: str) -> bool:
     return state in ACTIVE_STATES
 
 
-def resolve_job(ref: str) -> tuple[str, Optional[Path]]:
-    """RUN_DIR (with slurm.json) or a numeric JOB_ID -> (job id, run dir or None)."""
+def resolve_job(ref: str) -> tuple[str, Optional[RunDir]]:
+    """RUN_DIR (with a submission record) or a numeric JOB_ID -> (job id, run dir or None)."""
     path = Path(ref).expanduser()
     if path.is_dir():
-        record = path / SUBMISSION_FILE
-        if not record.exists():
-            raise HpcdlError(f"{ref}: no {SUBMISSION_FILE}; this run was not submitted to Slurm")
-        return str(json.loads(record.read_text())["job_id"]), path.resolve()
+        run_dir = RunDir(path.resolve())
+        record = run_dir.read_submission()
+        if record is None:
+            raise HpcdlError(f"{ref}: no {RunDir.SUBMISSION}; this run was not submitted to Slurm")
+        return str(record["job_id"]), run_dir
     if ref.replace("_", "").isdigit():
         return ref, None
     raise HpcdlError(f"{ref}: neither a run dir nor a Slurm job id")
@@ -92,15 +92,13 @@ def job_state(job_id: str) -> dict[str, str]:
     return {"job_id": job_id, "state": "UNKNOWN", "source": NO_ACCOUNTING}
 
 
-def state_from_run_dir(run_dir: Path) -> str:
+def state_from_run_dir(run_dir: RunDir) -> str:
     """A job that left the queue, judged by its run dir alone (no accounting): the last
     attempt's end record, or FAILED when it started and recorded no end (a crash, scancel,
     a node failure: rerunnable either way), or UNKNOWN when it never started."""
-    if (run_dir / "summary.json").exists():
+    if run_dir.is_complete():
         return "COMPLETED"
-    from hpcdl.launch.slurm_job import read_attempts
-
-    events = read_attempts(run_dir)
+    events = run_dir.read_attempts()
     if not events:
         return "UNKNOWN"
     last = events[-1]
@@ -109,34 +107,27 @@ def state_from_run_dir(run_dir: Path) -> str:
     return "FAILED"
 
 
-def run_status(run_dir: Optional[Path]) -> dict[str, Any]:
+def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     if run_dir is None:
         return {}
-    from hpcdl.launch.slurm_job import read_attempts
-
     info: dict[str, Any] = {}
-    attempts = read_attempts(run_dir)
+    attempts = run_dir.read_attempts()
     starts = [a for a in attempts if a.get("event") == "start"]
     info["attempts"] = len(starts)
     info["requeues"] = max(0, len(starts) - 1)
     ends = [a for a in attempts if a.get("event") == "end"]
     if ends:
         info["last_end"] = f"{ends[-1].get('reason')} ({ends[-1].get('action', '')})".strip()
-    metrics = run_dir / "metrics.csv"
-    if metrics.exists():
-        with open(metrics) as f:
-            rows = list(csv.DictReader(f))
-        if rows:
-            last = rows[-1]
-            info["last_epoch"] = last.get("epoch")
-            info["last_metrics"] = {
-                k: last[k] for k in ("train_loss", "val_loss", "val_accuracy") if k in last
-            }
-    summary = run_dir / "summary.json"
-    if summary.exists():
-        s = json.loads(summary.read_text())
-        info["test_accuracy"] = s.get("test_accuracy")
-        info["weights_sha256"] = s.get("weights_sha256")
+    last = run_dir.metrics.last_row()
+    if last is not None:
+        info["last_epoch"] = last.get("epoch")
+        info["last_metrics"] = {
+            k: last[k] for k in ("train_loss", "val_loss", "val_accuracy") if k in last
+        }
+    summary = run_dir.read_summary()
+    if summary is not None:
+        info["test_accuracy"] = summary.get("test_accuracy")
+        info["weights_sha256"] = summary.get("weights_sha256")
     return info
 
 
@@ -150,29 +141,21 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
         for key, value in report.items():
             print(f"{key:>15}: {value}")
         if watch_s is None or not is_active(report["state"]):
-            return 0
+            return EXIT_OK
         time.sleep(max(watch_s, MIN_REFRESH_S))
         print()
-
-
-def log_path(run_dir: Path, job_id: str, rank: int) -> Path:
-    record = run_dir / SUBMISSION_FILE
-    log_dir = (
-        Path(json.loads(record.read_text())["log_dir"]) if record.exists() else run_dir / LOG_DIR
-    )
-    return log_dir / f"{job_id}_{rank}_log.out"
 
 
 def logs(ref: str, rank: int, follow: bool) -> int:
     job_id, run_dir = resolve_job(ref)
     if run_dir is None:
         raise HpcdlError(f"{ref}: give the run dir to read its logs (job ids carry no log path)")
-    path = log_path(run_dir, job_id, rank)
+    path = run_dir.rank_log(job_id, rank)
     if not follow:
         if not path.exists():
             raise HpcdlError(f"{path}: no log yet (job {job_id} may still be pending; try -f)")
         copy_new(path, 0)
-        return 0
+        return EXIT_OK
     offset, last_query, active = 0, 0.0, True
     while active:
         offset = copy_new(path, offset)
@@ -180,7 +163,7 @@ def logs(ref: str, rank: int, follow: bool) -> int:
             active, last_query = is_active(job_state(job_id)["state"]), time.monotonic()
         time.sleep(1.0)
     copy_new(path, offset)
-    return 0
+    return EXIT_OK
 
 
 def cancel(ref: str) -> int:
@@ -189,4 +172,4 @@ def cancel(ref: str) -> int:
     if out.returncode != 0:
         raise HpcdlError(f"scancel {job_id} failed: {out.stderr.strip()}")
     print(f"cancelled job {job_id}")
-    return 0
+    return EXIT_OK

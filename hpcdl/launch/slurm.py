@@ -6,7 +6,6 @@ slurm.json in the run dir, and return at once.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -18,10 +17,8 @@ from typing import Any
 
 from hpcdl.config.schema import ClusterConfig, Config, CustomModelConfig, tasks_per_node
 from hpcdl.errors import HpcdlError
-from hpcdl.launch.snapshot import CODE_DIR, snapshot_code
-
-SUBMISSION_FILE = "slurm.json"
-LOG_DIR = "logs"
+from hpcdl.launch.snapshot import snapshot_code
+from hpcdl.rundir import JobDir, RunDir
 
 
 def sbatch_parameters(cluster: ClusterConfig, job_name: str) -> dict[str, Any]:
@@ -71,28 +68,31 @@ def setup_lines(cluster: ClusterConfig, code_dir: Path) -> list[str]:
     return lines
 
 
-def make_executor(cfg: Config, base_dir: Path) -> Any:
-    """A submitit executor writing logs to base_dir/logs, running the code in base_dir/code
-    (a run dir, or a sweep dir whose trials share one snapshot)."""
+def make_executor(cfg: Config, base_dir: JobDir) -> Any:
+    """A submitit executor writing logs to the job dir's logs, running the code in its code
+    dir (a run dir, or a sweep dir whose trials share one snapshot)."""
     import submitit
 
     executor = submitit.SlurmExecutor(
-        folder=str(base_dir / LOG_DIR), max_num_timeout=cfg.cluster.max_requeues
+        folder=str(base_dir.log_dir), max_num_timeout=cfg.cluster.max_requeues
     )
-    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{base_dir.name}")
-    params["setup"] = setup_lines(cfg.cluster, base_dir / CODE_DIR)
+    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{base_dir.path.name}")
+    params["setup"] = setup_lines(cfg.cluster, base_dir.code_dir)
     executor.update_parameters(**params)
     return executor
 
 
-def sbatch_text(cfg: Config, run_dir: Path) -> str:
+def sbatch_text(cfg: Config, run_dir: JobDir) -> str:
     """The exact sbatch script submitit writes for this run."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{run_dir.name}")
-    params["setup"] = setup_lines(cfg.cluster, run_dir / CODE_DIR)
-    command = f"{shlex.quote(shutil.which('python3') or 'python3')} -u -m submitit.core._submit {shlex.quote(str(run_dir / LOG_DIR))}"
-    return _make_sbatch_string(command=command, folder=str(run_dir / LOG_DIR), **params)
+    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{run_dir.path.name}")
+    params["setup"] = setup_lines(cfg.cluster, run_dir.code_dir)
+    logs = shlex.quote(str(run_dir.log_dir))
+    command = (
+        f"{shlex.quote(shutil.which('python3') or 'python3')} -u -m submitit.core._submit {logs}"
+    )
+    return _make_sbatch_string(command=command, folder=str(run_dir.log_dir), **params)
 
 
 def rank_environment(cfg: Config) -> list[dict[str, str]]:
@@ -119,8 +119,10 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
 
 
 def custom_targets(*configs: Config) -> list[str]:
-    """The `model.target`s of model=custom configs: their modules are frozen with the code."""
-    return [c.model.target for c in configs if isinstance(c.model, CustomModelConfig)]
+    """The user code the configs name (model.target, trainer.step_hooks): those modules
+    are frozen with the code."""
+    targets = [c.model.target for c in configs if isinstance(c.model, CustomModelConfig)]
+    return targets + [hook for c in configs for hook in c.trainer.step_hooks]
 
 
 class SubmitError(HpcdlError):
@@ -136,7 +138,7 @@ def last_line(text: str) -> str:
 class Submission:
     job_id: str
     run_dir: Path
-    log_pattern: str
+    log_pattern: Path
 
     def describe(self) -> str:
         return (
@@ -169,34 +171,28 @@ def outside_job_env() -> Iterator[None]:
         os.environ.update(saved)
 
 
-def submit(cfg: Config, run_dir: Path) -> Submission:
+def freeze_code(base_dir: JobDir, *configs: Config) -> None:
+    """The code the jobs run, frozen now: a no-op when the dir has code already (a resumed
+    run keeps what it was submitted with)."""
+    snapshot_code(base_dir.code_dir, custom_targets(*configs))
+
+
+def submit(cfg: Config, run_dir: RunDir) -> Submission:
     from submitit.core.utils import FailedJobError
 
     from hpcdl.launch.slurm_job import main as job_main
 
-    # A no-op when the run already has code: a resumed run keeps what it was submitted with.
-    snapshot_code(run_dir, custom_targets(cfg))
+    freeze_code(run_dir, cfg)
     executor = make_executor(cfg, run_dir)
     try:
         with outside_job_env():
-            job = executor.submit(job_main, str(run_dir))
+            job = executor.submit(job_main, str(run_dir.path))
     except FailedJobError as err:
         raise SubmitError(
-            f"sbatch refused the job: {last_line(str(err))}; the run dir {run_dir} is kept, "
-            f"resubmit with `hpcdl resume {run_dir}`"
+            f"sbatch refused the job: {last_line(str(err))}; the run dir {run_dir.path} is "
+            f"kept, resubmit with `hpcdl resume {run_dir.path}`"
         ) from None
-    pattern = str(run_dir / LOG_DIR / f"{job.job_id}_<rank>_log.out")
-    record_submission(run_dir, job.job_id, cfg, run_dir / LOG_DIR)
-    return Submission(job_id=job.job_id, run_dir=run_dir, log_pattern=pattern)
-
-
-def record_submission(run_dir: Path, job_id: str, cfg: Config, log_dir: Path) -> None:
-    path = run_dir / SUBMISSION_FILE
-    history: list[dict[str, Any]] = []
-    if path.exists():
-        history = json.loads(path.read_text()).get("history", [])
-    history.append({"job_id": job_id, "cluster": cfg.cluster.name})
-    record = {"job_id": job_id, "log_dir": str(log_dir), "history": history}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    tmp.replace(path)
+    run_dir.record_submission(job.job_id, cfg.cluster.name, run_dir.log_dir)
+    return Submission(
+        job_id=job.job_id, run_dir=run_dir.path, log_pattern=run_dir.rank_log(job.job_id, "<rank>")
+    )

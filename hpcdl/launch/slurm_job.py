@@ -9,7 +9,6 @@ requeued job restarts this same callable.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import socket
 import subprocess
@@ -18,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.env import RankEnv, rank_env_from
+from hpcdl.exit_codes import EXIT_INTERRUPTED
 
-ATTEMPTS_FILE = "attempts.jsonl"
 # A warning signal with at most signal_delay_s + this many seconds left before the time
 # limit is the time-limit warning; with more left it is a preemption. sbatch(1): "the
 # signal may be sent up to 60 seconds earlier than specified", hence the slack.
@@ -30,37 +29,16 @@ def _now() -> str:
     return dt.datetime.now().isoformat(timespec="seconds")
 
 
-def append_attempt(run_dir: Path, record: dict[str, Any]) -> None:
-    with open(run_dir / ATTEMPTS_FILE, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
-    """One start (and, unless the run was killed, one end) record per run of the job."""
-    path = run_dir / ATTEMPTS_FILE
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # blank, or cut short by a kill mid-write
-            continue
-    return records
-
-
 def _gpu_name() -> str | None:
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def start_record(env: RankEnv, run_dir: Path) -> dict[str, Any]:
+def start_record(env: RankEnv) -> dict[str, Any]:
     import hpcdl
     from hpcdl.launch.snapshot import code_revision
-    from hpcdl.report import collect_versions
+    from hpcdl.provenance import collect_versions
 
     return {
         "event": "start",
@@ -126,28 +104,28 @@ def requeue(job_id: str) -> str:
 
 
 def main(run_dir: str) -> dict[str, Any]:
-    from hpcdl.config.convert import load_config
-    from hpcdl.job import EXIT_INTERRUPTED, run_job, stop_signal_names
+    from hpcdl.job import run_job, stop_signal_names
+    from hpcdl.rundir import RunDir
     from hpcdl.signals import stop_on_signals
 
-    path = Path(run_dir)
-    cfg = load_config(path / "config.yaml")
+    path = RunDir(Path(run_dir))
+    cfg = path.load_config()
     # First thing, before torch is imported: the warning signal may already be on its way.
     with stop_on_signals(stop_signal_names(cfg.cluster.signal)) as stop:
         env = rank_env_from(os.environ)
         if env.is_main:
-            append_attempt(path, start_record(env, path))
+            path.append_attempt(start_record(env))
         outcome = run_job(run_dir, stop)
     if outcome.completed:
         if env.is_main:
-            append_attempt(
-                path, {"event": "end", "job_id": env.job_id, "end": _now(), "reason": "completed"}
+            path.append_attempt(
+                {"event": "end", "job_id": env.job_id, "end": _now(), "reason": "completed"}
             )
         return outcome.summary
     warning = stop_signal_names(cfg.cluster.signal)[-1]
     reason = classify(outcome.signal_name, warning, env.job_id or "", cfg.cluster.signal_delay_s)
     if env.is_main:
-        num_timeouts = sum(1 for a in read_attempts(path) if a.get("reason") == "timeout")
+        num_timeouts = sum(1 for a in path.read_attempts() if a.get("reason") == "timeout")
         if should_requeue(reason, num_timeouts, cfg.cluster.max_requeues) and env.job_id:
             action = requeue(env.job_id)
         elif reason == "timeout":
@@ -156,8 +134,7 @@ def main(run_dir: str) -> dict[str, Any]:
             )
         else:
             action = "exit"
-        append_attempt(
-            path,
+        path.append_attempt(
             {
                 "event": "end",
                 "job_id": env.job_id,

@@ -1,5 +1,5 @@
 """The code a Slurm job runs: hpcdl itself and the user's own model module, frozen into
-BASE_DIR/code at submission so edits made afterwards never reach a queued or requeued job.
+the run's (or sweep's) code dir at submission so edits made afterwards never reach a queued or requeued job.
 Stdlib only (login node): the user's module is located, never imported.
 """
 
@@ -15,31 +15,32 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Optional
 
-CODE_DIR = "code"
+from hpcdl.atomic import write_atomic
+
 REVISION_FILE = "REVISION"
 FROZEN_FILE = "FROZEN"  # one line per frozen user module: "name path"
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
 
 
-def snapshot_code(base_dir: Path, custom_targets: Iterable[str] = ()) -> str:
-    """Freeze hpcdl (and the modules of `model.target`s) into base_dir/code; returns the
-    git revision (or 'unknown'). A resumed run keeps the code it was submitted with."""
+def snapshot_code(code: Path, custom_targets: Iterable[str] = ()) -> str:
+    """Freeze hpcdl (and the modules of the config's targets) into the folder `code`;
+    returns the git revision (or 'unknown'). A resumed run keeps the code it was submitted
+    with."""
     import hpcdl
 
     package = Path(hpcdl.__file__).resolve().parent
-    code = base_dir / CODE_DIR
     target = code / "hpcdl"
     if target.exists():
         return code_revision(target)
     shutil.copytree(package, target, ignore=IGNORED)
     revision = git_revision(package.parent)
-    (code / REVISION_FILE).write_text(revision + "\n")
+    write_atomic(code / REVISION_FILE, revision + "\n")
     frozen = []
     for name in sorted({t.partition(":")[0].split(".")[0] for t in custom_targets if t}):
         spec = find_top_level(name)
         if spec is None:
             print(
-                f"warning: model.target: module {name!r} is not importable here, so it is not "
+                f"warning: a config target's module {name!r} is not importable here, so it is not "
                 "frozen with the run's code; the job imports whatever it finds (put its folder "
                 "on PYTHONPATH before submitting to freeze it)",
                 file=sys.stderr,
@@ -50,7 +51,7 @@ def snapshot_code(base_dir: Path, custom_targets: Iterable[str] = ()) -> str:
             copy_module(source, code)
             frozen.append(f"{name} {source}")
     if frozen:
-        (code / FROZEN_FILE).write_text("\n".join(frozen) + "\n")
+        write_atomic(code / FROZEN_FILE, "\n".join(frozen) + "\n")
     return revision
 
 

@@ -18,20 +18,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpcdl.cli.expand import SweepPlan
 from hpcdl.config.convert import to_plain
 from hpcdl.config.schema import Config, Launcher
 from hpcdl.errors import RunDirError
-from hpcdl.rundir import create_run_dir, default_run_dir, open_run_dir
+from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.rundir import RunDir, SweepDir, create_run_dir, default_run_dir, open_run_dir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.ledger import Ledger, TrialRecord
+from hpcdl.sweep.plan import SweepPlan
 
 # Used when `scontrol show config` cannot tell (Slurm's own default MaxArraySize).
 DEFAULT_MAX_ARRAY_SIZE = 1001
 
 
 def default_sweep_dir() -> Path:
-    return Path("multirun") / default_run_dir().relative_to("outputs")
+    return default_run_dir(root="multirun")
 
 
 def create_sweep(plan: SweepPlan) -> Ledger:
@@ -51,13 +52,13 @@ def create_sweep(plan: SweepPlan) -> Ledger:
         common_overrides=plan.common,
     )
     for trial in plan.trials:
-        cfg = replace(trial.config, run_dir=str(sweep_dir / str(trial.index)))
-        _, run_dir = create_run_dir(cfg, snapshot=False)
-        ledger.trials.append(TrialRecord(trial.index, trial.overrides, str(run_dir)))
+        cfg = replace(trial.config, run_dir=str(SweepDir(sweep_dir).trial(trial.index).path))
+        _, run_dir = create_run_dir(cfg)
+        ledger.trials.append(TrialRecord(trial.index, trial.overrides, str(run_dir.path)))
     if first.cluster.launcher == Launcher.slurm:
-        from hpcdl.launch.slurm import custom_targets, snapshot_code
+        from hpcdl.launch.slurm import freeze_code
 
-        snapshot_code(sweep_dir, custom_targets(*(t.config for t in plan.trials)))
+        freeze_code(SweepDir(sweep_dir), *(t.config for t in plan.trials))
     ledger_mod.save(ledger)
     return ledger
 
@@ -76,10 +77,10 @@ def max_array_size() -> int:
 def submit_arrays(ledger: Ledger, indices: list[int]) -> list[str]:
     """One job array per distinct cluster config (the sbatch header is shared by an array's
     tasks), split so no array exceeds the cluster's MaxArraySize. Returns the array job ids."""
-    from hpcdl.launch.slurm import make_executor, outside_job_env, record_submission
+    from hpcdl.launch.slurm import make_executor, outside_job_env
     from hpcdl.launch.slurm_job import main as job_main
 
-    sweep_dir = Path(ledger.sweep_dir)
+    sweep_dir = SweepDir(Path(ledger.sweep_dir))
     groups: dict[str, list[tuple[int, Config]]] = {}
     for i in indices:
         cfg, _ = open_run_dir(ledger.trial(i).run_dir)
@@ -99,7 +100,9 @@ def submit_arrays(ledger: Ledger, indices: list[int]) -> list[str]:
                 record = ledger.trial(i)
                 record.job_id, record.state = job.job_id, "PENDING"
                 record.attempts += 1
-                record_submission(Path(record.run_dir), job.job_id, trial_cfg, sweep_dir / "logs")
+                RunDir(Path(record.run_dir)).record_submission(
+                    job.job_id, trial_cfg.cluster.name, sweep_dir.log_dir
+                )
             array_ids.append(jobs[0].job_id.split("_")[0])
             ledger.submissions.append(
                 {"array_job_id": array_ids[-1], "trials": [i for i, _ in part], "time": time.time()}
@@ -138,12 +141,13 @@ def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    return 3 if stopping else 0
+    return EXIT_INTERRUPTED if stopping else EXIT_OK
 
 
 def _start_trial(ledger: Ledger, index: int, sweep_dir: Path) -> subprocess.Popen[Any]:
     record = ledger.trial(index)
-    log = open(Path(record.run_dir) / "trial.log", "a")  # noqa: SIM115 (closed by the child's exit)
+    trial_log = RunDir(Path(record.run_dir)).trial_log
+    log = open(trial_log, "a")  # noqa: SIM115 (the child holds it; closed below)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpcdl.cli.main", "resume", record.run_dir],
         stdout=log,
@@ -155,7 +159,7 @@ def _start_trial(ledger: Ledger, index: int, sweep_dir: Path) -> subprocess.Pope
         trial = led.trial(index)
         trial.job_id, trial.state, trial.attempts = str(proc.pid), "RUNNING", trial.attempts + 1
     print(
-        f"trial {index} ({' '.join(record.overrides)}): started, log {record.run_dir}/trial.log",
+        f"trial {index} ({' '.join(record.overrides)}): started, log {trial_log}",
         flush=True,
     )
     return proc
@@ -167,6 +171,6 @@ def _finish_trial(sweep_dir: Path, index: int, code: int) -> None:
     with ledger_mod.locked(sweep_dir) as led:
         trial = led.trial(index)
         trial.exit_code = code
-        trial.state = {0: "COMPLETED", 3: "INTERRUPTED"}.get(code, "FAILED")
-        trial.metric = trial_metric(Path(trial.run_dir))
+        trial.state = {EXIT_OK: "COMPLETED", EXIT_INTERRUPTED: "INTERRUPTED"}.get(code, "FAILED")
+        trial.metric = trial_metric(RunDir(Path(trial.run_dir)))
         print(f"trial {index}: {trial.state} (exit {code})", flush=True)

@@ -8,17 +8,15 @@ from __future__ import annotations
 import datetime as dt
 import fcntl
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from hpcdl.atomic import write_json_atomic
 from hpcdl.errors import HpcdlError
-
-LEDGER_FILE = "sweep.json"
-LOCK_FILE = ".sweep.lock"
+from hpcdl.rundir import SweepDir
 
 # Trial states. Slurm's own states pass through (PENDING, RUNNING, TIMEOUT, ...); these are
 # the ones the ledger itself decides.
@@ -68,25 +66,15 @@ class Ledger:
         return self.trials[index]
 
 
-def ledger_path(sweep_dir: Path) -> Path:
-    return sweep_dir / LEDGER_FILE
-
-
 def save(ledger: Ledger) -> None:
-    path = ledger_path(Path(ledger.sweep_dir))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(asdict(ledger), f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(SweepDir(Path(ledger.sweep_dir)).ledger_file, asdict(ledger), indent=1)
 
 
 def load(sweep_dir: Path) -> Ledger:
-    path = ledger_path(sweep_dir)
+    path = SweepDir(sweep_dir).ledger_file
     if not path.exists():
         raise HpcdlError(
-            f"{sweep_dir}: no {LEDGER_FILE}; pass the sweep dir printed by `hpcdl train -m`"
+            f"{sweep_dir}: no {SweepDir.LEDGER}; pass the sweep dir printed by `hpcdl train -m`"
         )
     raw = json.loads(path.read_text())
     known = {f.name for f in fields(TrialRecord)}
@@ -98,7 +86,7 @@ def load(sweep_dir: Path) -> Ledger:
 def locked(sweep_dir: Path) -> Iterator[Ledger]:
     """Load, let the caller change, and save the ledger under an exclusive lock."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with open(sweep_dir / LOCK_FILE, "w") as lock:
+    with open(SweepDir(sweep_dir).lock_file, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         ledger = load(sweep_dir)
         yield ledger

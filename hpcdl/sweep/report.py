@@ -4,7 +4,7 @@ ranked table (mean +- std across k-fold folds) with a plot of the metric per swe
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 import statistics
 from collections import defaultdict
@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from hpcdl.atomic import write_atomic
 from hpcdl.launch.monitor import query, state_from_run_dir
-from hpcdl.launch.slurm_job import read_attempts
+from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.ledger import COMPLETED, Ledger
 
@@ -21,19 +22,12 @@ DEFAULT_METRIC = "val_accuracy"
 FOLD_KEY = "data.fold"
 
 
-def trial_metric(run_dir: Path, metric: str = DEFAULT_METRIC) -> Optional[float]:
-    """A trial's metric: summary.json's value when it has one, else the last epoch's row."""
-    summary = run_dir / "summary.json"
-    if summary.exists():
-        value = json.loads(summary.read_text()).get(metric)
-        if isinstance(value, (int, float)):
+def trial_metric(run_dir: RunDir, metric: str = DEFAULT_METRIC) -> Optional[float]:
+    """A trial's metric: the summary's value when it has one, else the last epoch's row."""
+    for record in (run_dir.read_summary(), run_dir.metrics.last_row()):
+        value = (record or {}).get(metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    metrics = run_dir / "metrics.csv"
-    if metrics.exists():
-        with open(metrics) as f:
-            rows = list(csv.DictReader(f))
-        if rows and rows[-1].get(metric) not in (None, ""):
-            return float(rows[-1][metric])
     return None
 
 
@@ -63,12 +57,12 @@ def slurm_states(array_ids: list[str]) -> SchedulerView:
     return SchedulerView(states, queue is not None, accounting is not None)
 
 
-def requeues(run_dir: Path) -> int:
+def requeues(run_dir: RunDir) -> int:
     """Runs that Slurm started again under the same job id (preemption, time limit,
     scontrol requeue): start records with SLURM_RESTART_COUNT > 0."""
     return sum(
         1
-        for e in read_attempts(run_dir)
+        for e in run_dir.read_attempts()
         if e.get("event") == "start" and (e.get("restart_count") or 0) > 0
     )
 
@@ -89,10 +83,10 @@ def refresh(sweep_dir: Path) -> Ledger:
                 if t.job_id in view.states:
                     t.state = view.states[t.job_id]
                 elif view.queue_ok and not view.accounting_ok:
-                    t.state = state_from_run_dir(Path(t.run_dir))
+                    t.state = state_from_run_dir(RunDir(Path(t.run_dir)))
         for t in ledger.trials:
-            run_dir = Path(t.run_dir)
-            if (run_dir / "summary.json").exists():
+            run_dir = RunDir(Path(t.run_dir))
+            if run_dir.is_complete():
                 t.state = COMPLETED
             t.requeues = requeues(run_dir)
             t.metric = trial_metric(run_dir)
@@ -132,7 +126,7 @@ def summarize(ledger: Ledger, metric: str) -> list[dict[str, Any]]:
     for t in ledger.trials:
         key = tuple(o for o in t.overrides if not o.startswith(FOLD_KEY + "="))
         members[key].append(t.index)
-        value = trial_metric(Path(t.run_dir), metric)
+        value = trial_metric(RunDir(Path(t.run_dir)), metric)
         if value is not None:
             groups[key].append(value)
     entries = []
@@ -169,34 +163,36 @@ def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> st
 
 
 def write_summary(ledger: Ledger, metric: str) -> tuple[str, list[Path]]:
-    sweep_dir = Path(ledger.sweep_dir)
+    sweep_dir = SweepDir(Path(ledger.sweep_dir))
     entries = summarize(ledger, metric)
     folds = any(k == FOLD_KEY for k in ledger.swept_keys)
     table = summary_table(entries, metric, folds)
-    (sweep_dir / "summary.md").write_text(table + "\n")
-    with open(sweep_dir / "summary.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["rank", "overrides", f"{metric}_mean", f"{metric}_std", "n", "trials"])
-        for rank, e in enumerate(entries, 1):
-            writer.writerow(
-                [rank, e["overrides"], e["mean"], e["std"], e["n"], " ".join(map(str, e["trials"]))]
-            )
-    plots = plot_metric_per_key(ledger, metric, sweep_dir / f"summary_{metric}.png")
-    return table, [sweep_dir / "summary.md", sweep_dir / "summary.csv", *plots]
+    markdown, table_csv = sweep_dir.summary_file("md"), sweep_dir.summary_file("csv")
+    write_atomic(markdown, table + "\n")
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(["rank", "overrides", f"{metric}_mean", f"{metric}_std", "n", "trials"])
+    for rank, e in enumerate(entries, 1):
+        writer.writerow(
+            [rank, e["overrides"], e["mean"], e["std"], e["n"], " ".join(map(str, e["trials"]))]
+        )
+    write_atomic(table_csv, buffer.getvalue())
+    plots = plot_metric_per_key(ledger, metric, sweep_dir.summary_plot(metric))
+    return table, [markdown, table_csv, *plots]
 
 
 def plot_metric_per_key(ledger: Ledger, metric: str, out_png: Path) -> list[Path]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from hpcdl.plots import save_png
+
     keys = ledger.swept_keys
-    fig = Figure(figsize=(4.5 * len(keys), 3.5))
-    FigureCanvasAgg(fig)
+    fig = Figure(figsize=(4.5 * len(keys), 3.5), layout="tight")
     for k, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), k + 1)
         xs, ys = [], []
         for t in ledger.trials:
-            value = trial_metric(Path(t.run_dir), metric)
+            value = trial_metric(RunDir(Path(t.run_dir)), metric)
             setting = next(
                 (o.split("=", 1)[1] for o in t.overrides if o.split("=", 1)[0] == key), None
             )
@@ -209,8 +205,7 @@ def plot_metric_per_key(ledger: Ledger, metric: str, out_png: Path) -> list[Path
         ax.set_xlabel(key)
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
+    save_png(fig, out_png, dpi=100)
     return [out_png]
 
 

@@ -1,0 +1,104 @@
+"""The one atomic writer: every file another process may read is written through here.
+
+Temporary name in the same directory (``.<name>.tmp-<pid>``), fsync, rename over the final
+name, fsync of the directory. A reader therefore sees the old file or the new one, never a
+half-written one, and a rename survives a crash of the node. Stdlib only (login node).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any, Union
+
+PathLike = Union[str, Path]
+Chunk = Union[bytes, bytearray, memoryview]
+
+# What a temporary file of a killed writer looks like: purged by whoever owns the folder.
+TEMP_NAME = re.compile(r"^\..+\.tmp-\d+$")
+
+
+def temp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextmanager
+def atomic_file(path: PathLike) -> Iterator[IO[bytes]]:
+    """A binary file that appears at ``path`` complete, or not at all, when the block ends.
+
+    An exception inside the block removes the temporary file and leaves ``path`` as it was.
+    """
+    path = Path(path)
+    temp = temp_path(path)
+    try:
+        with open(temp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+
+
+def write_atomic(path: PathLike, data: Union[str, Chunk, Iterable[Chunk]]) -> None:
+    """Write text (UTF-8), bytes, or an iterable of byte chunks atomically."""
+    if isinstance(data, str):
+        data = data.encode()
+    chunks: Iterable[Chunk] = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+    with atomic_file(path) as f:
+        for chunk in chunks:
+            f.write(chunk)
+
+
+def write_json_atomic(path: PathLike, obj: Any, indent: int = 2) -> None:
+    """Indented JSON (Path and Enum values as strings), atomically."""
+    write_atomic(path, json.dumps(obj, indent=indent, default=_json_default) + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def append_line_durably(path: PathLike, line: str) -> None:
+    """Append one line to a log that is only ever appended to (fsync: it survives a kill).
+
+    A reader may see a last line cut short by a kill mid-write, so readers skip lines that
+    do not parse."""
+    with open(path, "a") as f:
+        f.write(line.rstrip("\n") + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename durable: fsync the directory entry (a no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def purge_temp_files(directory: Path) -> None:
+    """Remove the temporary files that killed writers left in ``directory``."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if TEMP_NAME.match(entry.name):
+            entry.unlink(missing_ok=True)

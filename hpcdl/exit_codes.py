@@ -1,0 +1,6 @@
+"""Exit statuses of `hpcdl` commands and of every rank, defined once."""
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # an unexpected error (a traceback is in the log)
+EXIT_BAD_INPUT = 2  # bad input, reported in one line; nothing was written
+EXIT_INTERRUPTED = 3  # stopped on a signal after saving a checkpoint; resume continues it

@@ -13,7 +13,8 @@ from torch import nn
 from hpcdl.checkpoint import CheckpointStore, read_checkpoint, resolve_checkpoint
 from hpcdl.config.convert import config_hash, to_plain
 from hpcdl.config.schema import Config, Precision
-from hpcdl.data import EpochSharder, build_data
+from hpcdl.data import EpochSharder
+from hpcdl.data.feed import build_feed
 from hpcdl.env import RankEnv
 from hpcdl.errors import CheckpointError
 from hpcdl.evaluation import load_matching_weights
@@ -23,6 +24,7 @@ from hpcdl.optim import build_optimizer, build_scheduler
 from hpcdl.progress import ProgressReporter
 from hpcdl.rundir import RunDir
 from hpcdl.signals import StopFlag
+from hpcdl.tasks import build_task
 from hpcdl.trainer import Parts, Trainer, total_steps
 
 
@@ -52,8 +54,8 @@ def build_trainer(
     # The model is built from the same seed on every rank (DDP also broadcasts rank 0's
     # weights); dropout and other randomness then differ per rank.
     seed_everything(t.seed, t.deterministic)
-    data = build_data(cfg.data)
-    raw_model = build_model(cfg.model, data.input_shape, data.num_classes)
+    feed = build_feed(cfg.data, device, seed=t.seed)
+    raw_model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     store = CheckpointStore(run_dir.checkpoint_dir, keep_last=t.keep_last)
     if cfg.init_from and not store.list_steps():  # a resumed run restores its own weights
         ckpt = warm_start_checkpoint(cfg.init_from)
@@ -71,15 +73,12 @@ def build_trainer(
         model = torch.compile(model)  # type: ignore[assignment]
 
     sharder = EpochSharder(
-        num_samples=data.x_train.shape[0],
+        num_samples=feed.num_samples("train"),
         global_batch_size=t.batch_size,
         rank=env.rank,
         world_size=env.world_size,
         seed=t.seed,
     )
-    if cfg.data.in_memory:
-        data.x_train = data.x_train.to(device)
-        data.y_train = data.y_train.to(device)
     optimizer = build_optimizer(cfg.optim, raw_model.parameters())
     scheduler = build_scheduler(
         cfg.schedule,
@@ -88,7 +87,7 @@ def build_trainer(
         sharder.num_steps_per_epoch,
     )
     parts = Parts(
-        data=data,
+        feed=feed,
         raw_model=raw_model,
         model=model,
         optimizer=optimizer,
@@ -103,6 +102,7 @@ def build_trainer(
         device=device,
         config_hash=config_hash(cfg),
         model_config=to_plain(cfg)["model"],
+        task=build_task(cfg.task),
         step_hooks=load_step_hooks(t.step_hooks),
     )
     return Trainer(cfg, env, parts, stop)

@@ -2,69 +2,84 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hpcdl.dist import all_reduce_sum
 from hpcdl.errors import CheckpointError
-
-# Samples per forward pass during evaluation, per rank.
-EVAL_BATCH_SIZE = 512
+from hpcdl.tasks import ClassificationTask, Task
 
 
 @dataclass
 class EvalResult:
     loss: float
-    accuracy: float
+    metrics: dict[str, float]  # the task's metrics, e.g. {"accuracy": 0.97}
     num_samples: int
-    confusion: torch.Tensor  # [true, predicted], int64, summed over ranks
+    confusion: Optional[torch.Tensor] = None  # classification: [true, predicted], int64
+
+    @property
+    def accuracy(self) -> Optional[float]:
+        return self.metrics.get("accuracy")
 
 
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    batches: Iterable[Any],
+    task: Task,
     num_classes: int,
+    device: torch.device,
     *,
-    rank: int = 0,
-    world_size: int = 1,
     autocast_dtype: torch.dtype | None = None,
 ) -> EvalResult:
-    """Each rank evaluates samples rank::world_size; sums are reduced over ranks.
+    """Sums over this rank's batches, reduced over ranks (the feed gives each rank its
+    share of the split).
 
     Call with the plain (un-wrapped) model: DDP's forward is a collective and ranks may run
     a different number of batches here.
     """
     was_training = model.training
     model.eval()
-    device = x.device
-    idx = torch.arange(rank, x.shape[0], world_size, device=device)
-    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, count
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    stats: dict[str, torch.Tensor] = {}
+    count = 0
+    classify = isinstance(task, ClassificationTask)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
-    for start in range(0, idx.numel(), EVAL_BATCH_SIZE):
-        batch = idx[start : start + EVAL_BATCH_SIZE]
-        xb, yb = x[batch], y[batch]
+    for batch in batches:
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = model(xb)
-        sums[0] += F.cross_entropy(logits.float(), yb, reduction="sum").double()
-        sums[1] += yb.numel()
-        confusion += confusion_matrix(logits.argmax(dim=1), yb, num_classes)
-    all_reduce_sum(sums)
-    all_reduce_sum(confusion)
+            out = task.batch_stats(model, batch)
+        loss_sum += out.loss_sum.double()
+        count += out.num_samples
+        for name in task.stat_names:
+            stats[name] = stats.get(name, 0.0) + out.stats[name].double()
+        if classify and out.outputs is not None and out.targets is not None:
+            confusion += confusion_matrix(out.outputs.argmax(dim=1), out.targets, num_classes)
+    names = task.stat_names
+    packed = torch.stack(
+        [
+            loss_sum,
+            torch.tensor(float(count), dtype=torch.float64, device=device),
+            *[
+                torch.as_tensor(stats.get(n, 0.0), dtype=torch.float64, device=device)
+                for n in names
+            ],
+        ]
+    )
+    all_reduce_sum(packed)
+    if classify:
+        all_reduce_sum(confusion)
     model.train(was_training)
-    count = int(sums[1].item())
-    matrix = confusion.cpu()
-    correct = int(matrix.diagonal().sum().item())
+    values = packed.tolist()
+    total = values[1]
     return EvalResult(
-        loss=float(sums[0].item()) / max(count, 1),
-        accuracy=correct / max(count, 1),
-        num_samples=count,
-        confusion=matrix,
+        loss=values[0] / max(total, 1),
+        metrics=task.metrics(dict(zip(names, values[2:], strict=True)), total),
+        num_samples=int(total),
+        confusion=confusion.cpu() if classify else None,
     )
 
 

@@ -22,8 +22,9 @@ def finalize_run(
     test: Optional[EvalResult],
     class_names: list[str],
 ) -> None:
-    """summary.json (its presence marks the run complete), learning curves, confusion matrix."""
+    """summary.json (its presence marks the run complete), learning curves, and for
+    classification the confusion matrix."""
     run_dir.write_summary(summary)
     write_curves(run_dir)
-    if test is not None:
+    if test is not None and test.confusion is not None:
         plot_confusion_matrix(test.confusion, class_names, run_dir.confusion_png)

@@ -13,12 +13,15 @@ from torch import nn
 from hpcdl.atomic import write_json_atomic
 from hpcdl.checkpoint import read_checkpoint, resolve_checkpoint
 from hpcdl.config.convert import model_from_dict
-from hpcdl.config.schema import Config
-from hpcdl.data import Preprocessing, build_data, load_feature_rows
+from hpcdl.config.schema import ClassificationTaskConfig, Config
+from hpcdl.data import Preprocessing, load_feature_rows
+from hpcdl.data.feed import build_feed
+from hpcdl.errors import ConfigError
 from hpcdl.evaluation import evaluate, load_matching_weights
 from hpcdl.models import build_model
 from hpcdl.plots import plot_confusion_matrix
 from hpcdl.rundir import RunDir
+from hpcdl.tasks import build_task
 
 
 def _model_from_checkpoint(state: dict[str, Any], source: str) -> nn.Module:
@@ -42,29 +45,45 @@ def evaluate_checkpoint(cfg: Config, run_dir: RunDir, which: str) -> dict[str, A
     """Test metrics and a confusion matrix for one checkpoint of a run."""
     path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path)
-    data = build_data(cfg.data)
+    device = torch.device("cpu")
+    feed = build_feed(cfg.data, device, seed=cfg.trainer.seed)
+    if feed.num_samples("test") == 0:
+        raise ConfigError(
+            f"hpcdl evaluate: {run_dir.path} has no test split (data.test_fraction=0, or no "
+            "test dataset); nothing to evaluate"
+        )
     # Build the model the run's config describes and refuse a checkpoint that does not fit.
-    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     load_matching_weights(model, state["model"], str(path))
-    result = evaluate(model, data.x_test, data.y_test, data.num_classes)
-    report = {
+    batches = feed.eval_batches("test", 0, 1, device, cfg.trainer.batch_size)
+    result = evaluate(model, batches, build_task(cfg.task), feed.num_classes, device)
+    report: dict[str, Any] = {
         "checkpoint": str(path),
         "test_loss": result.loss,
-        "test_accuracy": result.accuracy,
+        **{f"test_{name}": value for name, value in result.metrics.items()},
         "num_test_samples": result.num_samples,
-        "confusion_matrix": result.confusion.tolist(),
-        "class_names": list(data.class_names),
     }
+    if result.confusion is not None:
+        report["confusion_matrix"] = result.confusion.tolist()
+        report["class_names"] = list(feed.class_names)
     write_json_atomic(run_dir.eval_metrics_file(path.stem), report)
-    plot_confusion_matrix(
-        result.confusion, list(data.class_names), run_dir.eval_confusion_png(path.stem)
-    )
+    if result.confusion is not None:
+        plot_confusion_matrix(
+            result.confusion, list(feed.class_names), run_dir.eval_confusion_png(path.stem)
+        )
     report["output_dir"] = str(run_dir.eval_dir(path.stem))
     return report
 
 
 def predict_rows(run_dir: RunDir, input_path: str, which: str, output: Optional[str]) -> int:
     """Class predictions for raw rows, with the run's training preprocessing applied."""
+    task = run_dir.load_config().task
+    if not isinstance(task, ClassificationTaskConfig):
+        raise ConfigError(
+            f"hpcdl predict: {run_dir.path} was trained with task={task.name}; predict gives "
+            "class predictions of task=classification runs only (use hpcdl evaluate, or load "
+            "the checkpoint's 'model' weights in your own code)"
+        )
     path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path)
     model = _model_from_checkpoint(state, str(path))

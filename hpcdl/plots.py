@@ -24,21 +24,28 @@ MAX_ANNOTATED_CLASSES = 30
 
 
 def plot_learning_curves(rows: Sequence[Mapping[str, Any]], out_png: PathLike) -> None:
-    """Two panels against epoch: train/val loss and train/val accuracy (rows of metrics.csv)."""
+    """One panel per metric against epoch, train and val (rows of metrics.csv): loss first,
+    then the task's metrics (accuracy for classification)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    loss_ax, acc_ax = fig.subplots(1, 2)
-    for ax, metric, label in ((loss_ax, "loss", "loss"), (acc_ax, "accuracy", "accuracy")):
+    metrics = ["loss"]
+    for key in rows[0] if rows else ():
+        split, _, metric = key.partition("_")
+        if split in ("train", "val") and metric and metric not in metrics:
+            metrics.append(metric)
+    if metrics == ["loss"]:
+        metrics.append("accuracy")  # an empty panel rather than a different picture
+    fig = Figure(figsize=(5 * len(metrics), 4), layout="constrained")
+    axes = fig.subplots(1, len(metrics))
+    for ax, metric in zip(axes, metrics, strict=True):
         for split in ("train", "val"):
             _plot_series(ax, rows, f"{split}_{metric}", split)
         ax.set_xlabel("epoch")
-        ax.set_ylabel(label)
+        ax.set_ylabel(metric)
+        ax.set_title(metric)
         ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend()
-    loss_ax.set_title("loss")
-    acc_ax.set_title("accuracy")
     save_png(fig, out_png)
 
 

@@ -71,12 +71,14 @@ class ProgressReporter:
             print(text, flush=True)
 
     def epoch_row(self, row: dict[str, Any]) -> None:
-        val = ""
-        if row.get("val_loss") is not None:
-            val = f" val_loss {row['val_loss']:.4f} val_acc {row['val_accuracy']:.4f}"
+        """One line per epoch: every train_*/val_* value of the metrics row, in its order."""
+        values = " ".join(
+            f"{key.replace('accuracy', 'acc')} {value:.4f}"
+            for key, value in row.items()
+            if key.startswith(("train_", "val_")) and value is not None
+        )
         self.message(
-            f"epoch {row['epoch']}/{self.max_epochs}: train_loss {row['train_loss']:.4f} "
-            f"train_acc {row['train_accuracy']:.4f}{val} lr {row['lr']:.3g} "
+            f"epoch {row['epoch']}/{self.max_epochs}: {values} lr {row['lr']:.3g} "
             f"({row['seconds']:.2f}s, {row['samples_per_s']:.0f} samples/s)"
         )
 

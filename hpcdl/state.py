@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 
@@ -21,7 +21,7 @@ class Progress:
     num_samples_seen: int = 0
     # This epoch's running sums (summed over ranks), so a mid-epoch resume logs the same row.
     epoch_loss_sum: float = 0.0
-    epoch_correct: float = 0.0
+    epoch_stats: dict[str, float] = field(default_factory=dict)  # the task's statistics
     epoch_count: float = 0.0
     epoch_s: float = 0.0
 
@@ -31,7 +31,11 @@ class Progress:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Progress:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        values = {k: v for k, v in raw.items() if k in known}
+        if "epoch_correct" in raw:  # saved before tasks: classification's one statistic
+            values["epoch_stats"] = {"correct": raw["epoch_correct"]}
+        return cls(**values)
 
     def start_epoch_sums(self) -> None:
-        self.epoch_loss_sum = self.epoch_correct = self.epoch_count = self.epoch_s = 0.0
+        self.epoch_loss_sum = self.epoch_count = self.epoch_s = 0.0
+        self.epoch_stats = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Union
 
@@ -12,32 +13,32 @@ Value = Union[float, torch.Tensor]
 
 @dataclass(frozen=True)
 class StepSums:
-    """Summed over ranks: each rank's share of the global batch, and the agreed flags."""
+    """Summed over ranks: each rank's share of the global batch, and the agreed flags.
+    The task's statistics (e.g. correct predictions) follow in the task's order."""
 
     loss_sum: float = 0.0  # sum (not mean) of per-sample losses
-    num_correct: float = 0.0
     num_samples: float = 0.0
     num_nonfinite: float = 0.0  # ranks whose loss was NaN/inf: the step is skipped
     num_stop: float = 0.0  # ranks that got a stop signal: all stop at this step
     eval_due: float = 0.0  # rank 0's clock: evaluate now (trainer.eval_every_s)
     save_due: float = 0.0  # rank 0's clock: save now (trainer.checkpoint_every_s)
+    stats: tuple[float, ...] = ()  # the task's statistics
 
     @staticmethod
-    def pack(device: torch.device, **values: Value) -> torch.Tensor:
-        """This rank's values as one float64 tensor in field order; tensors (still on the
-        device, not synced) are copied in by index."""
-        names = [f.name for f in fields(StepSums)]
+    def pack(device: torch.device, stats: Sequence[Value] = (), **values: Value) -> torch.Tensor:
+        """This rank's values as one float64 tensor (fields in order, then stats); tensors
+        (still on the device, not synced) are copied in by index."""
+        names = [f.name for f in fields(StepSums) if f.name != "stats"]
         unknown = set(values) - set(names)
         if unknown:
             raise TypeError(f"StepSums has no fields {sorted(unknown)}")
-        floats = [values.get(name, 0.0) for name in names]
+        ordered = [values.get(name, 0.0) for name in names] + list(stats)
         packed = torch.tensor(
-            [0.0 if isinstance(v, torch.Tensor) else float(v) for v in floats],
+            [0.0 if isinstance(v, torch.Tensor) else float(v) for v in ordered],
             dtype=torch.float64,
             device=device,
         )
-        for index, name in enumerate(names):
-            value = values.get(name)
+        for index, value in enumerate(ordered):
             if isinstance(value, torch.Tensor):
                 packed[index] = value
         return packed
@@ -45,4 +46,7 @@ class StepSums:
     @classmethod
     def unpack(cls, reduced: torch.Tensor) -> StepSums:
         """The all-reduced tensor back to named values (one host sync)."""
-        return cls(*reduced.tolist())
+        values = reduced.tolist()
+        names = [f.name for f in fields(cls) if f.name != "stats"]
+        named = dict(zip(names, values[: len(names)], strict=True))
+        return cls(**named, stats=tuple(values[len(names) :]))

@@ -9,18 +9,20 @@ requested, eval/save due), so all ranks decide the same thing at the same step b
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hpcdl.checkpoint import CheckpointStore, capture_rng_state, restore_rng_state
 from hpcdl.config.schema import Config, Mode, Precision
-from hpcdl.data import DataSplits, EpochSharder, iterate_batches
+from hpcdl.data.feed import Feed, TrainBatch
+from hpcdl.data.loader import channels_last_inputs
+from hpcdl.data.sharding import EpochSharder
 from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.env import RankEnv
 from hpcdl.errors import HpcdlError
@@ -32,6 +34,7 @@ from hpcdl.rundir import MetricsLog
 from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
 from hpcdl.step_sums import StepSums
+from hpcdl.tasks import ClassificationTask, Task, check_monitor
 
 FORMAT_VERSION = 1
 
@@ -53,7 +56,7 @@ class FitResult:
 class Parts:
     """Everything the loop works on, built once by hpcdl.build."""
 
-    data: DataSplits
+    feed: Feed
     raw_model: nn.Module  # plain module: state dicts, evaluation
     model: nn.Module  # what the step calls: maybe DDP- and compile-wrapped
     optimizer: torch.optim.Optimizer
@@ -66,6 +69,7 @@ class Parts:
     device: torch.device
     config_hash: str
     model_config: dict[str, Any]
+    task: Task = field(default_factory=ClassificationTask)
     step_hooks: list[StepHook] = field(default_factory=list)  # trainer.step_hooks
 
 
@@ -89,8 +93,7 @@ class Trainer:
         self._last_save = self._last_eval = time.monotonic()
         self._last_saved_step = -1
         self._last_saved_path: Optional[Path] = None
-        self.x_train = parts.data.x_train
-        self.y_train = parts.data.y_train
+        self._monitor_checked = False
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> FitResult:
@@ -99,8 +102,8 @@ class Trainer:
             self.p.reporter.start_epoch(
                 self.progress.epoch, self.progress.step_in_epoch, self.p.sharder.num_steps_per_epoch
             )
-            for step_in_epoch, xb, yb, global_count in self.batches():
-                flags = self.train_step(xb, yb, global_count)
+            for step_in_epoch, batch, global_count in self.batches():
+                flags = self.train_step(batch, global_count)
                 self.run_step_hooks()
                 self.log_step(step_in_epoch, flags)
                 if flags["eval_due"]:
@@ -116,17 +119,9 @@ class Trainer:
             self.end_epoch()
         return self.complete()
 
-    def batches(self) -> Any:
-        return iterate_batches(
-            self.x_train,
-            self.y_train,
-            self.p.sharder,
-            self.progress.epoch,
-            self.progress.step_in_epoch,
-            self.p.device,
-            in_memory=self.cfg.data.in_memory,
-            num_workers=self.cfg.data.num_workers,
-        )
+    def batches(self) -> Iterator[TrainBatch]:
+        pr = self.progress
+        return self.p.feed.train_batches(self.p.sharder, pr.epoch, pr.step_in_epoch, self.p.device)
 
     def finished(self) -> bool:
         pr = self.progress
@@ -136,29 +131,30 @@ class Trainer:
         return self.t.max_steps is not None and self.progress.global_step >= self.t.max_steps
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, xb: torch.Tensor, yb: torch.Tensor, global_count: int) -> dict[str, bool]:
+    def train_step(self, batch: Any, global_count: int) -> dict[str, bool]:
         started = time.monotonic()
         p, pr = self.p, self.progress
-        if self.t.channels_last and xb.dim() == 4:
-            xb = xb.contiguous(memory_format=torch.channels_last)
+        if self.t.channels_last:
+            batch = channels_last_inputs(batch)
         p.optimizer.zero_grad(set_to_none=True)
         with torch.autocast(
             p.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
         ):
-            logits = p.model(xb)
-        loss_sum = F.cross_entropy(logits.float(), yb, reduction="sum")
+            out = p.task.batch_stats(p.model, batch)
         # Sum over this rank's samples / global batch * world: DDP's gradient averaging then
         # gives exactly the gradient of the global batch mean, even for a short last batch.
-        loss = loss_sum * (self.env.world_size / global_count)
+        loss = out.loss_sum * (self.env.world_size / global_count)
         p.scaler.scale(loss).backward()
+        if not self._monitor_checked:
+            self._check_monitor()
 
-        detached = loss_sum.detach().double()
+        detached = out.loss_sum.detach().double()
         stop_local, eval_local, save_local = self._local_flags()
         local = StepSums.pack(
             p.device,
+            stats=[out.stats[name] for name in p.task.stat_names],
             loss_sum=detached,
-            num_correct=(logits.detach().argmax(1) == yb).sum(),
-            num_samples=float(yb.numel()),
+            num_samples=float(out.num_samples),
             num_nonfinite=(~torch.isfinite(detached)).double(),
             num_stop=stop_local,
             eval_due=eval_local,
@@ -171,8 +167,9 @@ class Trainer:
             self._optimizer_step()
             pr.num_bad_steps_in_row = 0
             pr.epoch_loss_sum += sums.loss_sum
-            pr.epoch_correct += sums.num_correct
             pr.epoch_count += sums.num_samples
+            for name, value in zip(p.task.stat_names, sums.stats, strict=True):
+                pr.epoch_stats[name] = pr.epoch_stats.get(name, 0.0) + value
         pr.global_step += 1
         pr.step_in_epoch += 1
         pr.num_samples_seen += int(sums.num_samples)
@@ -186,6 +183,16 @@ class Trainer:
             "eval_due": sums.eval_due > 0 or bool(every and pr.global_step % every == 0),
             "save_due": sums.save_due > 0 or self._save_due_by_steps(),
         }
+
+    def _check_monitor(self) -> None:
+        check_monitor(self.t.early_stopping.monitor, self.p.task)
+        self._monitor_checked = True
+
+    def train_metrics(self) -> dict[str, float]:
+        """This epoch's training metrics so far, from the running sums."""
+        pr = self.progress
+        stats = {name: pr.epoch_stats.get(name, 0.0) for name in self.p.task.stat_names}
+        return self.p.task.metrics(stats, pr.epoch_count)
 
     def _local_flags(self) -> tuple[float, float, float]:
         """(stop requested here, eval due by time, save due by time): rank 0's clock decides."""
@@ -253,22 +260,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate_split(self, split: str) -> EvalResult:
-        d = self.p.data
-        x, y = {"val": (d.x_val, d.y_val), "test": (d.x_test, d.y_test)}[split]
+        env, feed = self.env, self.p.feed
+        per_rank = max(1, self.t.batch_size // env.world_size)
+        batches = feed.eval_batches(split, env.rank, env.world_size, self.p.device, per_rank)
         return evaluate(
             self.p.raw_model,
-            x.to(self.p.device),
-            y.to(self.p.device),
-            d.num_classes,
-            rank=self.env.rank,
-            world_size=self.env.world_size,
+            batches,
+            self.p.task,
+            feed.num_classes,
+            self.p.device,
             autocast_dtype=self.autocast_dtype,
         )
 
     def evaluate_and_track(self) -> tuple[Optional[EvalResult], bool]:
         """Validate and update the best metric / early stopping; returns (result, improved)."""
         self._last_eval = time.monotonic()
-        if self.p.data.y_val.numel() == 0:
+        if self.p.feed.num_samples("val") == 0:
             return None, False
         result = self.evaluate_split("val")
         pr, es = self.progress, self.t.early_stopping
@@ -285,15 +292,13 @@ class Trainer:
         return result, improved
 
     def _monitored(self, result: EvalResult) -> float:
-        monitor = self.t.early_stopping.monitor
-        if monitor == "val_loss":
-            return result.loss
-        if monitor == "val_accuracy":
-            return result.accuracy
+        split, _, metric = self.t.early_stopping.monitor.partition("_")
+        if split == "val":
+            return result.loss if metric == "loss" else result.metrics[metric]
         pr = self.progress
-        if monitor == "train_loss":
+        if metric == "loss":
             return pr.epoch_loss_sum / max(pr.epoch_count, 1)
-        return pr.epoch_correct / max(pr.epoch_count, 1)
+        return self.train_metrics()[metric]
 
     # ------------------------------------------------------------------ epoch end
     def end_epoch(self) -> None:
@@ -302,13 +307,14 @@ class Trainer:
         if not epoch_done and not self.max_steps_reached():
             return
         result, improved = self.evaluate_and_track()
+        names = self.p.task.metric_names
         row = {
             "epoch": pr.epoch + 1,
             "step": pr.global_step,
             "train_loss": pr.epoch_loss_sum / max(pr.epoch_count, 1),
-            "train_accuracy": pr.epoch_correct / max(pr.epoch_count, 1),
+            **{f"train_{name}": value for name, value in self.train_metrics().items()},
             "val_loss": result.loss if result else None,
-            "val_accuracy": result.accuracy if result else None,
+            **{f"val_{name}": result.metrics[name] if result else None for name in names},
             "lr": self.p.optimizer.param_groups[0]["lr"],
             "seconds": pr.epoch_s,
             "samples_per_s": pr.epoch_count / pr.epoch_s if pr.epoch_s > 0 else 0.0,
@@ -324,7 +330,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self, rng_states: list[dict[str, Any]]) -> dict[str, Any]:
-        d = self.p.data
         return {
             "format_version": FORMAT_VERSION,
             "model": self.p.raw_model.state_dict(),
@@ -336,12 +341,8 @@ class Trainer:
             "world_size": self.env.world_size,
             "config_hash": self.p.config_hash,
             "model_config": self.p.model_config,
-            "data_info": {
-                "input_shape": list(d.input_shape),
-                "num_classes": d.num_classes,
-                "class_names": list(d.class_names),
-            },
-            "preprocessing": d.preprocessing.state_dict(),
+            "data_info": self.p.feed.info(),
+            "preprocessing": self.p.feed.preprocessing_state(),
         }
 
     def save(self, *, is_best: bool = False) -> Optional[Path]:
@@ -391,20 +392,23 @@ class Trainer:
     # ------------------------------------------------------------------ the end
     @property
     def class_names(self) -> list[str]:
-        return list(self.p.data.class_names)
+        return list(self.p.feed.class_names)
 
     def test_summary(
         self, result: FitResult, wall_s: float
     ) -> tuple[Optional[dict[str, Any]], Optional[EvalResult]]:
         """Test-set evaluation (every rank takes part) and, on rank 0, the run's summary."""
-        test = self.evaluate_split("test") if self.p.data.y_test.numel() else None
+        test = self.evaluate_split("test") if self.p.feed.num_samples("test") else None
         if not self.env.is_main:
             return None, test
         pr = result.progress
         summary: dict[str, Any] = {
             "outcome": result.outcome.value,
             "test_loss": test.loss if test else None,
-            "test_accuracy": test.accuracy if test else None,
+            **{
+                f"test_{name}": test.metrics[name] if test else None
+                for name in self.p.task.metric_names
+            },
             "num_test_samples": test.num_samples if test else 0,
             "best_metric_name": self.t.early_stopping.monitor,
             "best_metric": pr.best_metric,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -200,3 +202,118 @@ def test_dict_keys_can_be_added_from_the_command_line(hpcdl) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "depth: 4" in out.stdout and "NCCL_DEBUG: INFO" in out.stdout
+
+
+USER_MODELS = """
+from torch import nn
+
+
+class Net(nn.Module):
+    # An existing model class: its own constructor, no input_shape or num_classes.
+    def __init__(self, width=8, depth=2):
+        super().__init__()
+        hidden = [layer for _ in range(depth - 1) for layer in (nn.Linear(width, width), nn.ReLU())]
+        self.net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), *hidden, nn.Linear(width, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def broken(input_shape, num_classes):
+    raise ValueError("no layer fits\\nsecond line")
+
+
+def not_a_model(input_shape, num_classes):
+    return [input_shape, num_classes]
+"""
+DIGITS_FLAT = ["data=digits", "data.as_images=false", "trainer.max_epochs=1"]
+
+
+@pytest.fixture
+def user_models(tmp_path: Path) -> dict[str, str]:
+    """A module `mymod` in tmp_path, and the environment that makes it importable."""
+    (tmp_path / "mymod.py").write_text(USER_MODELS)
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_existing_model_class_trains_unchanged(hpcdl, user_models, tmp_path: Path) -> None:
+    from hpcdl.checkpoint import read_checkpoint
+
+    out = hpcdl(
+        "train",
+        "model=custom",
+        "model.target=mymod:Net",
+        "model.kwargs.width=16",
+        *DIGITS_FLAT,
+        "run_dir=run",
+        env=user_models,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
+    weights = read_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["model"]
+    assert tuple(weights["net.0.weight"].shape) == (16, 64)  # model.kwargs.width reached Net
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["model.target=mymod:broken"],
+            "error: model.target='mymod:broken': raised ValueError: no layer fits",
+        ),
+        (
+            ["model.target=mymod:not_a_model"],
+            "error: model.target='mymod:not_a_model': returned a list, not a torch.nn.Module",
+        ),
+        (
+            ["model.target=mymod:Net", "model.kwargs.widht=16"],
+            "error: model.target='mymod:Net': Net takes no model.kwargs.widht; "
+            "its parameters: width, depth",
+        ),
+        (
+            ["model.target=mymod:broken", "cluster=local", "cluster.tasks_per_node=2"],
+            "error: model.target='mymod:broken': raised ValueError: no layer fits",
+        ),
+    ],
+)
+def test_broken_model_target_is_refused_before_the_run_dir(
+    hpcdl, user_models, tmp_path: Path, overrides: list[str], expected: str
+) -> None:
+    out = hpcdl("train", "model=custom", *overrides, *DIGITS_FLAT, "run_dir=run", env=user_models)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().splitlines() == [expected]
+    assert "run dir" not in out.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_refuses_a_broken_model_override_before_saving_it(
+    hpcdl, user_models, tmp_path: Path
+) -> None:
+    train = ["model=custom", "model.target=mymod:Net", *DIGITS_FLAT, "run_dir=run"]
+    out = hpcdl("train", *train, env=user_models)
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "run"
+    before = {name: (run / name).read_text() for name in ("config.yaml", "commands.log")}
+    resume = ["model.target=mymod:broken", "trainer.max_epochs=2"]
+    out = hpcdl("resume", str(run), *resume, env=user_models)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: model.target='mymod:broken': raised ValueError: no layer fits"
+    ]
+    assert {name: (run / name).read_text() for name in before} == before
+
+
+def test_slurm_profiles_leave_the_model_check_to_the_job(tmp_path: Path) -> None:
+    # The login node never imports torch: a model=custom target is not even imported there.
+    code = (
+        "import sys\n"
+        "from hpcdl.cli.compose import compose_config\n"
+        "from hpcdl.probe import probe_user_code\n"
+        "cfg = compose_config(['cluster=slurm', 'model=custom', 'model.target=no_such_mod:m'])\n"
+        "probe_user_code(cfg)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print('no torch')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "no torch\n"

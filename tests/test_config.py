@@ -13,7 +13,7 @@ from hpcdl.errors import ConfigError
 
 CONF = conf_dir()
 # Options that need a path to data that tests make elsewhere; composing them needs the key.
-NEEDS_PATH = {"mnist", "cifar10", "files"}
+NEEDS_PATH = {"mnist", "cifar10", "files", "imagefolder"}
 
 
 def all_options() -> list[tuple[str, str]]:
@@ -30,7 +30,7 @@ def test_every_conf_file_composes(group: str, option: str, tmp_path: Path) -> No
     if option in NEEDS_PATH:
         overrides.append(f"data.path={tmp_path}")
     if option == "custom":
-        overrides.append("model.target=mypkg.models:build")
+        overrides.append(f"{group}.target=mypkg.mod:fn")
     if group == "model" and option in ("cnn", "resnet18"):
         overrides.append("data=digits")
     cfg = compose_config(overrides)

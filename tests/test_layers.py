@@ -31,10 +31,11 @@ LAYERS: list[list[str]] = [
         "hpcdl.models",
         "hpcdl.data",
         "hpcdl.optim",
+        "hpcdl.tasks",
     ],
     ["hpcdl.evaluation"],
     ["hpcdl.trainer"],
-    ["hpcdl.build", "hpcdl.finalize", "hpcdl.inference"],
+    ["hpcdl.build", "hpcdl.finalize", "hpcdl.inference", "hpcdl.probe"],
     ["hpcdl.job"],
     ["hpcdl.launch"],
     ["hpcdl.sweep"],
@@ -46,7 +47,9 @@ def layer_of(module: str) -> int:
     best, best_len = None, -1
     for index, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+            # The package itself ("hpcdl": its __file__) matches only exactly.
+            inside = prefix != "hpcdl" and module.startswith(prefix + ".")
+            if (module == prefix or inside) and len(prefix) > best_len:
                 best, best_len = index, len(prefix)
     assert best is not None, f"{module}: not in LAYERS; give it a layer in tests/test_layers.py"
     return best
@@ -87,3 +90,10 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     bad.write_text("def f():\n    from hpcdl.cli.main import main\n")
     assert imports_of(bad) == {"hpcdl.cli.main"}
     assert layer_of("hpcdl.cli.main") > layer_of("hpcdl.trainer")
+
+
+def test_a_new_module_needs_a_layer() -> None:
+    import pytest
+
+    with pytest.raises(AssertionError, match="not in LAYERS"):
+        layer_of("hpcdl.brand_new_module")

@@ -113,6 +113,47 @@ def not_a_model(input_shape, num_classes):
 
 
 NOT_CALLABLE = 3
+
+
+class Net(nn.Module):
+    # An existing model: its own constructor, no input_shape or num_classes.
+    def __init__(self, width=8, depth=2):
+        super().__init__()
+        hidden = [nn.Linear(width, width) for _ in range(depth - 1)]
+        self.net = nn.Sequential(nn.Linear(7, width), *hidden)
+
+
+class WithClasses(nn.Module):
+    def __init__(self, num_classes, width=4):
+        super().__init__()
+        self.head = nn.Linear(width, num_classes)
+
+
+class NeedsFeatures(nn.Module):
+    def __init__(self, in_features, num_classes):
+        super().__init__()
+        self.head = nn.Linear(in_features, num_classes)
+
+
+def catch_all(**kwargs):
+    catch_all.seen = kwargs
+    return nn.Identity()
+
+
+def starred(*layers, num_classes):
+    return nn.Sequential(*layers)
+
+
+def raises(input_shape, num_classes):
+    raise ValueError("no layer fits\\nsecond line of the message")
+
+
+def raises_bare():
+    raise RuntimeError()
+
+
+def buggy(num_classes):
+    return nn.Linear("7" + 1, num_classes)
 """
 
 
@@ -141,11 +182,83 @@ def test_custom_target_with_kwargs(user_module):
         ("{m}:missing", {}, "has no attribute 'missing'"),
         ("{m}:NOT_CALLABLE", {}, "'NOT_CALLABLE' is a int, not callable"),
         ("{m}:not_a_model", {}, "returned a str, not a torch.nn.Module"),
-        ("{m}:build", {"depth": 3}, r"model.kwargs=\{'depth': 3\} failed"),
+        (
+            "{m}:build",
+            {"depth": 3},
+            r"'{m}:build': build takes no model.kwargs.depth; "
+            r"its parameters: input_shape, num_classes, hidden$",
+        ),
+        (
+            "{m}:Net",
+            {"widht": 16, "height": 2},
+            r"Net takes no model.kwargs.widht, model.kwargs.height; its parameters: width, depth$",
+        ),
+        (
+            "{m}:NeedsFeatures",
+            {},
+            r"NeedsFeatures needs in_features; set model.kwargs.in_features=\.\.\.; "
+            r"its parameters: in_features, num_classes$",
+        ),
+        (
+            "{m}:starred",
+            {"depth": 1},
+            r"starred takes no model.kwargs.depth; its parameters: \*layers, num_classes$",
+        ),
+        ("{m}:raises", {}, r"^model.target='{m}:raises': raised ValueError: no layer fits$"),
+        ("{m}:raises_bare", {}, r"^model.target='{m}:raises_bare': raised RuntimeError$"),
+        ("{m}:buggy", {}, r"'{m}:buggy': raised TypeError: can only concatenate str"),
     ],
 )
 def test_custom_target_errors(user_module, target, kwargs, match):
     cfg = schema.CustomModelConfig(target=target.format(m=user_module), kwargs=kwargs)
-    with pytest.raises(ConfigError, match=match) as info:
+    with pytest.raises(ConfigError, match=match.replace("{m}", user_module)) as info:
         build_model(cfg, (7,), 3)
     assert "\n" not in str(info.value)
+
+
+def test_custom_target_gets_only_the_data_arguments_it_names(user_module):
+    def build(target: str, **kwargs) -> nn.Module:
+        cfg = schema.CustomModelConfig(target=f"{user_module}:{target}", kwargs=kwargs)
+        return build_model(cfg, (7,), 3)
+
+    assert linear_sizes(build("Net", width=16)) == [(7, 16), (16, 16)]
+    assert linear_sizes(build("Net", depth=1)) == [(7, 8)]
+    assert linear_sizes(build("WithClasses")) == [(4, 3)]
+    assert linear_sizes(build("WithClasses", width=5, num_classes=9)) == [(5, 9)]  # user wins
+    assert linear_sizes(build("NeedsFeatures", in_features=6)) == [(6, 3)]
+    module = __import__(user_module)
+    build("catch_all", depth=2)
+    assert module.catch_all.seen == {"input_shape": (7,), "num_classes": 3, "depth": 2}
+    build("catch_all", input_shape=[1, 7])
+    assert module.catch_all.seen == {"input_shape": [1, 7], "num_classes": 3}
+
+
+class UnreadableSignature:
+    """A callable without a readable signature, as builtins and C extensions have."""
+
+    __signature__ = "not a signature"
+
+    def __call__(self, **kwargs):
+        if set(kwargs) != {"input_shape", "num_classes"}:
+            raise TypeError(f"unexpected {sorted(kwargs)}")
+        return nn.Linear(kwargs["input_shape"][0], kwargs["num_classes"])
+
+
+def test_custom_target_without_a_signature_gets_both_data_arguments(tmp_path, monkeypatch):
+    import inspect
+
+    with pytest.raises((TypeError, ValueError)):
+        inspect.signature(UnreadableSignature())
+    monkeypatch.setattr(
+        "hpcdl.models.custom.resolve_callable", lambda key, target: UnreadableSignature()
+    )
+    cfg = schema.CustomModelConfig(target="builtin_like:factory")
+    assert linear_sizes(build_model(cfg, (7,), 3)) == [(7, 3)]
+    cfg = schema.CustomModelConfig(target="builtin_like:factory", kwargs={"depth": 2})
+    with pytest.raises(ConfigError) as info:
+        build_model(cfg, (7,), 3)
+    assert str(info.value) == (
+        "model.target='builtin_like:factory': calling it with input_shape, num_classes and "
+        "model.kwargs={'depth': 2} failed (unexpected ['depth', 'input_shape', 'num_classes']); "
+        "it must accept those keyword arguments"
+    )

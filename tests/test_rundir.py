@@ -83,11 +83,16 @@ def test_atomic_file_leaves_the_old_file_when_the_writer_fails(tmp_path: Path) -
 
 def test_step_sums_round_trip_by_name() -> None:
     packed = StepSums.pack(
-        torch.device("cpu"), loss_sum=torch.tensor(2.5), num_samples=4.0, save_due=1.0
+        torch.device("cpu"),
+        stats=[torch.tensor(3.0)],
+        loss_sum=torch.tensor(2.5),
+        num_samples=4.0,
+        save_due=1.0,
     )
     assert packed.dtype == torch.float64 and packed.numel() == 7
     sums = StepSums.unpack(packed * 2)  # as if summed over two ranks
     assert (sums.loss_sum, sums.num_samples, sums.save_due, sums.num_stop) == (5.0, 8.0, 2.0, 0.0)
+    assert sums.stats == (6.0,)
     with pytest.raises(TypeError, match="nope"):
         StepSums.pack(torch.device("cpu"), nope=1.0)
 

@@ -1,7 +1,8 @@
 """`hpcdl` command line: compose -> validate -> run dir -> launch.
 
 Bad input ends here as one line on stderr and exit status 2, before anything is written.
-Imports of torch happen only inside the launchers that run training in this process.
+Imports of torch happen only for runs that train on this machine (cluster=debug or local:
+the launchers, and hpcdl.probe, which runs user code once before the run dir exists).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import compose, compose_config, conf_dir, user_conf_dirs
     from hpcdl.config.schema import Launcher
+    from hpcdl.probe import probe_user_code
     from hpcdl.rundir import create_run_dir
 
     if args.multirun and not (args.cfg or args.info):
@@ -149,6 +151,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         return dry_run(cfg)
     preflight(cfg, args.no_preflight)
+    probe_user_code(cfg)
     cfg, run_dir = create_run_dir(cfg)
     print(f"run dir: {run_dir.path}", flush=True)
     if args.no_launch:
@@ -261,12 +264,16 @@ def dry_run(cfg: Config) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import apply_overrides
+    from hpcdl.probe import probe_user_code
     from hpcdl.rundir import open_run_dir
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_if_still_queued(run_dir)
     if args.overrides:
+        stored = cfg
         cfg = apply_overrides(cfg, args.overrides, args.config_dir)
+        if (cfg.model, cfg.data, cfg.task) != (stored.model, stored.data, stored.task):
+            probe_user_code(cfg)  # before the changed config is saved
     preflight(cfg, args.no_preflight)
     cfg = run_dir.save_config(cfg)
     run_dir.record_command("resume")
@@ -323,13 +330,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg, run_dir = open_run_dir(args.run_dir)
     report = evaluate_checkpoint(cfg, run_dir, args.checkpoint)
     print(f"checkpoint: {report['checkpoint']}")
-    print(
-        f"test_loss {report['test_loss']:.4f}  test_accuracy {report['test_accuracy']:.4f}  "
-        f"({report['num_test_samples']} samples)"
+    metrics = "  ".join(
+        f"{key} {value:.4f}"
+        for key, value in report.items()
+        if key.startswith("test_") and isinstance(value, float)
     )
-    print("confusion matrix [true x predicted]:")
-    for name, row in zip(report["class_names"], report["confusion_matrix"], strict=True):
-        print(f"  {name:>12}: {' '.join(f'{v:5d}' for v in row)}")
+    print(f"{metrics}  ({report['num_test_samples']} samples)")
+    if "confusion_matrix" in report:
+        print("confusion matrix [true x predicted]:")
+        for name, row in zip(report["class_names"], report["confusion_matrix"], strict=True):
+            print(f"  {name:>12}: {' '.join(f'{v:5d}' for v in row)}")
     print(f"written: {report['output_dir']}")
     return EXIT_OK
 

@@ -25,6 +25,7 @@ from hpcdl.errors import ConfigError
 NAMED_GROUPS: dict[str, dict[str, type]] = {
     "model": schema.MODEL_SCHEMAS,
     "data": schema.DATA_SCHEMAS,
+    "task": schema.TASK_SCHEMAS,
     "optim": schema.OPTIM_SCHEMAS,
 }
 FIXED_GROUPS: dict[str, type] = {
@@ -32,6 +33,8 @@ FIXED_GROUPS: dict[str, type] = {
     "trainer": schema.TrainerConfig,
     "cluster": schema.ClusterConfig,
 }
+# Groups added after run dirs were first written: an old config.yaml gets this option.
+GROUP_DEFAULTS = {"task": "classification"}
 TOP_LEVEL_KEYS = ("run_dir", "init_from")
 GROUPS = (*NAMED_GROUPS, *FIXED_GROUPS)
 
@@ -50,6 +53,8 @@ def from_dict(raw: dict[Any, Any]) -> schema.Config:
     parts: dict[str, Any] = {}
     for group, options in NAMED_GROUPS.items():
         node = raw.get(group)
+        if node is None and group in GROUP_DEFAULTS:  # a config saved before the group existed
+            node = {"name": GROUP_DEFAULTS[group]}
         if not isinstance(node, dict):
             raise ConfigError(f"{group}: missing config group; choose one with {group}=<option>")
         name = node.get("name")

@@ -121,8 +121,52 @@ class SyntheticConfig(DataCommon):
     seed: int = 0
 
 
+@dataclass
+class CustomDataConfig(DataCommon):
+    """Your own map-style torch Datasets, read lazily through a DataLoader (never whole)."""
+
+    name: str = "custom"
+    # "package.module:function", called as function(**kwargs); returns {"train", "val"[,
+    # "test"]} datasets, a (train, val[, test]) tuple, or one dataset that hpcdl splits
+    # with val_fraction/test_fraction and split_seed.
+    target: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # Classes for task=classification, when the dataset has no `classes`/`num_classes`.
+    num_classes: Optional[int] = None
+    # "package.module:function" to collate a list of samples into a batch (default: torch's).
+    collate_fn: Optional[str] = None
+    # Batches each DataLoader worker reads ahead.
+    prefetch_factor: int = 2
+
+
+@dataclass
+class ImageFolderConfig(DataCommon):
+    """Images in one sub-folder per class (PNG/JPEG, decoded with Pillow as they are read);
+    PATH/train, PATH/val and PATH/test sub-folders are used when present."""
+
+    name: str = "imagefolder"
+    path: str = MISSING
+    # Resize the shorter side to image_size, then crop to crop_size (center, or random).
+    image_size: Optional[int] = None
+    crop_size: Optional[int] = None
+    random_crop: bool = False
+    random_flip: bool = False
+    # Per-channel normalization after scaling pixels to [0, 1]; null = none.
+    mean: Optional[list[float]] = None
+    std: Optional[list[float]] = None
+    channels: int = 3
+    prefetch_factor: int = 2
+
+
 DataConfig = Union[
-    BreastCancerConfig, DigitsConfig, MnistConfig, Cifar10Config, FilesConfig, SyntheticConfig
+    BreastCancerConfig,
+    DigitsConfig,
+    MnistConfig,
+    Cifar10Config,
+    FilesConfig,
+    SyntheticConfig,
+    CustomDataConfig,
+    ImageFolderConfig,
 ]
 DATA_SCHEMAS: dict[str, type] = {
     "breast_cancer": BreastCancerConfig,
@@ -131,6 +175,34 @@ DATA_SCHEMAS: dict[str, type] = {
     "cifar10": Cifar10Config,
     "files": FilesConfig,
     "synthetic": SyntheticConfig,
+    "custom": CustomDataConfig,
+    "imagefolder": ImageFolderConfig,
+}
+# Sources read lazily as Datasets (a DataLoader per split), not as arrays in memory.
+DATASET_SOURCES = ("custom", "imagefolder")
+
+
+# ----------------------------------------------------------------------------- task
+@dataclass
+class ClassificationTaskConfig:
+    """Cross-entropy on integer class labels; metric: accuracy."""
+
+    name: str = "classification"
+
+
+@dataclass
+class CustomTaskConfig:
+    name: str = "custom"
+    # "package.module:function", called as function(model, batch, **kwargs) and returning
+    # (loss, {metric_name: value}): the batch's mean loss (a scalar tensor) and mean metrics.
+    target: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+TaskConfig = Union[ClassificationTaskConfig, CustomTaskConfig]
+TASK_SCHEMAS: dict[str, type] = {
+    "classification": ClassificationTaskConfig,
+    "custom": CustomTaskConfig,
 }
 
 
@@ -300,6 +372,7 @@ class Config:
     # this class: convert.py types each group on its own).
     model: ModelConfig = field(default_factory=MlpConfig)
     data: DataConfig = field(default_factory=BreastCancerConfig)
+    task: TaskConfig = field(default_factory=ClassificationTaskConfig)
     optim: OptimConfig = field(default_factory=SgdConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

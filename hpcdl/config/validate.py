@@ -21,7 +21,9 @@ def validate(cfg: schema.Config) -> None:
     check_data(cfg.data)
     check_optim(cfg.optim)
     check_schedule(cfg.schedule)
+    check_task(cfg.task)
     _check_trainer(cfg.trainer)
+    _check_monitor(cfg.trainer.early_stopping.monitor, cfg.task)
     _check_cluster(cfg.cluster)
     _check_model_fits_data(cfg.model, cfg.data)
     if cfg.init_from is not None and not Path(cfg.init_from).expanduser().exists():
@@ -117,6 +119,8 @@ def check_data(data: schema.DataCommon) -> None:
         for i, size in enumerate(data.shape):
             _positive(f"data.shape[{i}]", size)
         _non_negative("data.noise", data.noise)
+    if isinstance(data, (schema.CustomDataConfig, schema.ImageFolderConfig)):
+        _check_dataset_source(data)
     path = getattr(data, "path", None)
     if path in (schema.MISSING, ""):
         raise ConfigError(f"data.path is not set: data={data.name} needs data.path=/path/to/data")
@@ -125,6 +129,33 @@ def check_data(data: schema.DataCommon) -> None:
     labels = getattr(data, "labels_path", None)
     if labels is not None and not Path(labels).expanduser().exists():
         raise ConfigError(f"data.labels_path={labels!r}: no such file")
+
+
+def _check_dataset_source(data: schema.CustomDataConfig | schema.ImageFolderConfig) -> None:
+    if data.num_folds:
+        raise ConfigError(
+            f"data.num_folds={data.num_folds}: k-fold splits need the labels in memory; "
+            f"data={data.name} reads samples lazily, so return your own folds from your datasets"
+        )
+    _positive("data.prefetch_factor", data.prefetch_factor)
+    if isinstance(data, schema.CustomDataConfig):
+        check_target_form("data.target", data.target)
+        if data.collate_fn is not None:
+            check_target_form("data.collate_fn", data.collate_fn)
+        _positive("data.num_classes", data.num_classes, allow_none=True)
+        return
+    _positive("data.image_size", data.image_size, allow_none=True)
+    _positive("data.crop_size", data.crop_size, allow_none=True)
+    if data.channels not in (1, 3):
+        raise ConfigError(f"data.channels={data.channels}: use 1 (grayscale) or 3 (RGB)")
+    for key in ("mean", "std"):
+        values = getattr(data, key)
+        if values is not None and len(values) != data.channels:
+            raise ConfigError(
+                f"data.{key}={values}: give one value per channel (data.channels={data.channels})"
+            )
+    if data.std is not None and any(v <= 0 for v in data.std):
+        raise ConfigError(f"data.std={data.std}: every value must be > 0")
 
 
 def check_optim(optim: object) -> None:
@@ -176,11 +207,31 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
     _non_negative("trainer.early_stopping.patience", t.early_stopping.patience)
     for i, target in enumerate(t.step_hooks):
         check_target_form(f"trainer.step_hooks[{i}]", target)
-    monitors = ("val_loss", "val_accuracy", "train_loss", "train_accuracy")
-    if t.early_stopping.monitor not in monitors:
+
+
+# What each built-in task reports, besides the loss (a custom task's metrics are known only
+# once its function has run: the job checks the monitor then).
+TASK_METRICS = {"classification": ("accuracy",)}
+
+
+def check_task(task: object) -> None:
+    if isinstance(task, schema.CustomTaskConfig):
+        check_target_form("task.target", task.target)
+
+
+def _check_monitor(monitor: str, task: object) -> None:
+    split, _, metric = monitor.partition("_")
+    if split not in ("train", "val") or not metric:
         raise ConfigError(
-            f"trainer.early_stopping.monitor={t.early_stopping.monitor!r}: "
-            f"choose one of {', '.join(monitors)}"
+            f"trainer.early_stopping.monitor={monitor!r}: name a split and a metric, "
+            "e.g. val_loss, val_accuracy or train_loss"
+        )
+    name = getattr(task, "name", "")
+    if name in TASK_METRICS and metric not in ("loss", *TASK_METRICS[name]):
+        choices = [f"{s}_{m}" for s in ("val", "train") for m in ("loss", *TASK_METRICS[name])]
+        raise ConfigError(
+            f"trainer.early_stopping.monitor={monitor!r}: task={name} reports "
+            f"{', '.join(choices)}; choose one of those"
         )
 
 

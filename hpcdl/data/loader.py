@@ -1,11 +1,18 @@
-"""Batches for the training loop: device-resident indexing, or a DataLoader with workers."""
+"""Batches for the training loop: device-resident indexing, or a DataLoader with workers.
+
+Tensors (the built-in sources) are indexed on the device, or served by a DataLoader;
+map-style Datasets (data=custom, data=imagefolder) always come through a DataLoader with
+workers, pinned memory, prefetch and persistent workers. Either way hpcdl's per-epoch
+permutation decides the batches, so a rank reads only its shard and a resume at any step
+starts with exactly the next batch without reading the consumed ones.
+"""
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.utils.data import DataLoader
@@ -102,9 +109,10 @@ def keep_batch(batch: Any) -> Any:
 
 class EpochBatchSampler:
     """This rank's index lists for one epoch from start_step on; set epoch and start_step
-    before each iteration (a persistent DataLoader re-reads them each time)."""
+    before each iteration (a persistent DataLoader re-reads them each time). With
+    with_epoch, each index comes as (epoch, index), for SeededSamples."""
 
-    def __init__(self, sharder: EpochSharder) -> None:
+    def __init__(self, sharder: EpochSharder, with_epoch: bool = False) -> None:
         # A copy: the loader cache below is keyed weakly by the caller's sharder.
         self.sharder = EpochSharder(
             sharder.num_samples,
@@ -115,10 +123,12 @@ class EpochBatchSampler:
         )
         self.epoch = 0
         self.start_step = 0
+        self.with_epoch = with_epoch
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[Any]]:
         for step in range(self.start_step, self.sharder.num_steps_per_epoch):
-            yield self.sharder.local_indices(self.epoch, step).tolist()
+            indices = self.sharder.local_indices(self.epoch, step).tolist()
+            yield [(self.epoch, i) for i in indices] if self.with_epoch else indices
 
     def __len__(self) -> int:
         return self.sharder.num_steps_per_epoch - self.start_step
@@ -160,3 +170,148 @@ def _loader_for(
     )
     _LOADERS[sharder] = _CachedLoader(loader, dataset, num_workers, pin_memory)
     return loader
+
+
+# ----------------------------------------------------------------------------- Datasets
+# Mixes (seed, epoch, index) into one RNG seed per sample; primes keep neighbours apart.
+SAMPLE_SEED_STRIDE = 1_000_000_007
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    return ((seed * 1_000_003 + epoch) * SAMPLE_SEED_STRIDE + index) % 2**63
+
+
+class SeededSamples(torch.utils.data.Dataset[Any]):
+    """A user's dataset, indexed by (epoch, index): before each sample, Python's, NumPy's
+    and torch's global RNGs are seeded from (seed, epoch, index), so random augmentation in
+    __getitem__ is the same in any worker, on any number of ranks, and after a resume."""
+
+    def __init__(self, dataset: Any, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        seed_rngs(sample_seed(self.seed, epoch, index))
+        return self.dataset[index]
+
+
+def seed_rngs(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def channels_last_inputs(batch: Any) -> Any:
+    """4-D tensors of a batch in channels-last memory layout (conv nets on GPUs)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
+    if isinstance(batch, dict):
+        return {k: channels_last_inputs(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(channels_last_inputs(v) for v in batch)
+    return batch
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """Tensors anywhere in tuples, lists and dicts, on the device (non-blocking from pinned
+    memory); other values as they are."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    if isinstance(batch, list):
+        return [move_to(v, device) for v in batch]
+    if isinstance(batch, tuple):
+        moved = [move_to(v, device) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else tuple(moved)  # namedtuple
+    return batch
+
+
+@dataclass
+class LoaderSettings:
+    num_workers: int
+    prefetch_factor: int
+    collate_fn: Optional[Callable[[list[Any]], Any]]
+    seed: int
+
+
+def dataset_batches(
+    dataset: Any,
+    sharder: EpochSharder,
+    epoch: int,
+    start_step: int,
+    device: torch.device,
+    settings: LoaderSettings,
+) -> Iterator[tuple[int, Any, int]]:
+    """(step_in_epoch, batch on the device, global_batch_count) for the steps
+    [start_step, num_steps_per_epoch) of this epoch, read from a map-style dataset."""
+    if len(dataset) != sharder.num_samples:
+        raise ValueError(
+            f"the dataset holds {len(dataset)} samples, the sharder {sharder.num_samples}"
+        )
+    loader = _dataset_loader_for(dataset, sharder, settings, pin_memory=device.type == "cuda")
+    sampler = loader.batch_sampler
+    assert isinstance(sampler, EpochBatchSampler)
+    sampler.epoch, sampler.start_step = epoch, start_step  # read when iteration starts
+    steps = range(start_step, sharder.num_steps_per_epoch)
+    for step, batch in zip(steps, loader, strict=True):
+        yield step, move_to(batch, device), sharder.global_batch_count(step)
+
+
+_DATASET_LOADERS: weakref.WeakKeyDictionary[EpochSharder, tuple[Any, DataLoader[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _dataset_loader_for(
+    dataset: Any, sharder: EpochSharder, settings: LoaderSettings, pin_memory: bool
+) -> DataLoader[Any]:
+    cached = _DATASET_LOADERS.get(sharder)
+    if cached is not None and cached[0] is dataset:
+        return cached[1]
+    workers = settings.num_workers
+    loader = DataLoader(
+        SeededSamples(dataset, settings.seed),
+        batch_sampler=EpochBatchSampler(sharder, with_epoch=True),
+        collate_fn=settings.collate_fn,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=workers > 0,
+        prefetch_factor=settings.prefetch_factor if workers > 0 else None,
+    )
+    _DATASET_LOADERS[sharder] = (dataset, loader)
+    return loader
+
+
+def dataset_eval_batches(
+    dataset: Any,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    device: torch.device,
+    settings: LoaderSettings,
+) -> Iterator[Any]:
+    """This rank's samples rank::world_size of a dataset, in order, in batches on the
+    device (evaluation: no shuffling, epoch 0's per-sample seeds)."""
+    indices = [(0, i) for i in range(rank, len(dataset), world_size)]
+    batches = [indices[s : s + batch_size] for s in range(0, len(indices), batch_size)]
+    if not batches:
+        return
+    loader = DataLoader(
+        SeededSamples(dataset, settings.seed),
+        batch_sampler=batches,
+        collate_fn=settings.collate_fn,
+        num_workers=min(settings.num_workers, len(batches)),
+        pin_memory=device.type == "cuda",
+        prefetch_factor=settings.prefetch_factor if settings.num_workers > 0 else None,
+    )
+    for batch in loader:
+        yield move_to(batch, device)

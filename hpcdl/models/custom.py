@@ -1,6 +1,15 @@
-"""A user's model: model.target='package.module:factory', called with the data's shape."""
+"""A user's model: model.target='package.module:callable', a class or a factory.
+
+The callable gets `input_shape` and `num_classes` only where its signature has a parameter
+of that name or a **kwargs catch-all, so an existing nn.Module class works unchanged with
+just its own model.kwargs. A value the user sets in model.kwargs replaces the data's.
+"""
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, Optional
 
 from torch import nn
 
@@ -14,13 +23,92 @@ def build_custom(
 ) -> nn.Module:
     key = f"model.target={cfg.target!r}"
     factory = resolve_callable("model.target", cfg.target)
+    signature = readable_signature(factory)
+    data_kwargs: dict[str, Any] = {"input_shape": input_shape, "num_classes": num_classes}
+    if signature is not None:
+        data_kwargs = {k: v for k, v in data_kwargs.items() if accepts(signature, k)}
+        check_kwargs_fit(cfg, signature, data_kwargs)
     try:
-        model = factory(input_shape=input_shape, num_classes=num_classes, **cfg.kwargs)
+        model = factory(**{**data_kwargs, **cfg.kwargs})
     except TypeError as exc:
+        if signature is not None:  # the arguments fit, so the callable itself raised it
+            raise ConfigError(f"{key}: {raised(exc)}") from exc
         raise ConfigError(
-            f"{key}: calling it with input_shape, num_classes and model.kwargs="
-            f"{dict(cfg.kwargs)} failed ({exc}); it must accept those keyword arguments"
+            f"{key}: calling it with {', '.join(data_kwargs)} and model.kwargs="
+            f"{dict(cfg.kwargs)} failed ({first_line(exc)}); it must accept those keyword "
+            "arguments"
         ) from exc
+    except Exception as exc:
+        raise ConfigError(f"{key}: {raised(exc)}") from exc
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{key}: returned a {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def readable_signature(factory: Callable[..., Any]) -> Optional[inspect.Signature]:
+    """The callable's parameters (a class's __init__ without self); None for builtins and
+    C extensions that have none to read."""
+    try:
+        return inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+
+
+def accepts(signature: inspect.Signature, name: str) -> bool:
+    """Whether `name=...` may be passed: a parameter of that name, or a **kwargs."""
+    param = signature.parameters.get(name)
+    if param is not None:
+        return param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+    return any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+
+
+def check_kwargs_fit(
+    cfg: CustomModelConfig, signature: inspect.Signature, data_kwargs: dict[str, Any]
+) -> None:
+    """A one-line ConfigError naming the model.kwargs that do not fit the callable."""
+    kwargs = dict(cfg.kwargs)
+    passed = {**data_kwargs, **kwargs}
+    try:
+        signature.bind(**passed)
+        return
+    except TypeError as exc:
+        reason = first_line(exc)
+    name = cfg.target.partition(":")[2]
+    unknown = [k for k in kwargs if not accepts(signature, k)]
+    missing = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in passed
+    ]
+    if unknown:
+        problem = f"{name} takes no {', '.join(f'model.kwargs.{k}' for k in unknown)}"
+    elif missing:
+        problem = f"{name} needs {', '.join(missing)}; set model.kwargs.{missing[0]}=..."
+    else:
+        problem = f"model.kwargs={kwargs} do not fit {name} ({reason})"
+    raise ConfigError(
+        f"model.target={cfg.target!r}: {problem}; its parameters: {parameter_names(signature)}"
+    )
+
+
+def parameter_names(signature: inspect.Signature) -> str:
+    names = [star(p) + p.name for p in signature.parameters.values()]
+    return ", ".join(names) or "none"
+
+
+def star(param: inspect.Parameter) -> str:
+    if param.kind == param.VAR_POSITIONAL:
+        return "*"
+    return "**" if param.kind == param.VAR_KEYWORD else ""
+
+
+def raised(exc: BaseException) -> str:
+    message = first_line(exc)
+    return f"raised {type(exc).__name__}" + (f": {message}" if message else "")
+
+
+def first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""

@@ -1,0 +1,132 @@
+"""data=custom: the user's map-style Datasets, from `data.target(**data.kwargs)`.
+
+Nothing here reads the data: a dataset is checked by its length and its first sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import Subset
+
+from hpcdl.config.schema import CustomDataConfig, DataCommon
+from hpcdl.errors import DataError
+from hpcdl.targets import resolve_callable
+
+SPLITS = ("train", "val", "test")
+
+
+def build_custom_datasets(cfg: CustomDataConfig) -> dict[str, Any]:
+    """{"train": ..., "val": ..., "test": ...} (val/test may be empty)."""
+    where = f"data.target={cfg.target!r}"
+    fn = resolve_callable("data.target", cfg.target)
+    try:
+        made = fn(**cfg.kwargs)
+    except TypeError as exc:
+        raise DataError(
+            f"{where}: calling it with data.kwargs={dict(cfg.kwargs)} failed ({exc})"
+        ) from exc
+    datasets = _as_splits(made, where)
+    if len(datasets) == 1 and "all" in datasets:
+        datasets = split_dataset(datasets["all"], cfg)
+    for name, dataset in datasets.items():
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise DataError(
+                f"{where}: the {name} split is a {type(dataset).__name__}, not a map-style "
+                "Dataset (it needs __len__ and __getitem__; iterable datasets cannot be "
+                "resumed mid-epoch)"
+            )
+    if len(datasets["train"]) == 0:
+        raise DataError(f"{where}: the train split is empty")
+    return datasets
+
+
+def _as_splits(made: Any, where: str) -> dict[str, Any]:
+    if isinstance(made, Mapping):
+        unknown = [k for k in made if k not in SPLITS]
+        if unknown or "train" not in made:
+            raise DataError(
+                f"{where}: returned a dict with keys {sorted(made)}; use 'train', 'val' and "
+                "optionally 'test'"
+            )
+        return {name: made.get(name, _Empty()) for name in SPLITS}
+    if isinstance(made, (tuple, list)):
+        if len(made) not in (2, 3):
+            raise DataError(
+                f"{where}: returned {len(made)} datasets; return (train, val) or (train, val, test)"
+            )
+        parts = list(made) + [_Empty()] * (3 - len(made))
+        return dict(zip(SPLITS, parts, strict=True))
+    return {"all": made}
+
+
+class _Empty(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, index: int) -> Any:
+        raise IndexError(index)
+
+
+def split_dataset(dataset: Any, cfg: DataCommon) -> dict[str, Any]:
+    """One dataset into train/val/test by a permutation fixed by data.split_seed."""
+    num = len(dataset)
+    order = np.random.default_rng(cfg.split_seed).permutation(num)
+    num_test = round(cfg.test_fraction * num)
+    num_val = round(cfg.val_fraction * num)
+    if num_test + num_val >= num:
+        raise DataError(
+            f"data.val_fraction + data.test_fraction hold out all {num} samples; lower them"
+        )
+    test, val, train = np.split(order, [num_test, num_test + num_val])
+    return {
+        "train": Subset(dataset, np.sort(train).tolist()),
+        "val": Subset(dataset, np.sort(val).tolist()),
+        "test": Subset(dataset, np.sort(test).tolist()),
+    }
+
+
+def first_sample_info(dataset: Any, where: str) -> tuple[tuple[int, ...], Optional[Any]]:
+    """(input shape, label) of the first training sample when samples are (x, y) pairs or
+    {"x"/"input", "y"/"target"} dicts; ((), None) for any other sample form."""
+    try:
+        sample = dataset[0]
+    except Exception as exc:
+        raise DataError(
+            f"{where}: reading the first training sample failed: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+    x, y = _pair(sample)
+    shape = tuple(int(s) for s in np.shape(x)) if x is not None else ()
+    return shape, y
+
+
+def _pair(sample: Any) -> tuple[Any, Any]:
+    if isinstance(sample, (tuple, list)) and len(sample) == 2:
+        return sample[0], sample[1]
+    if isinstance(sample, Mapping):
+        for x_key, y_key in (("x", "y"), ("input", "target")):
+            if x_key in sample and y_key in sample:
+                return sample[x_key], sample[y_key]
+    return None, None
+
+
+def num_classes_of(dataset: Any, cfg: CustomDataConfig) -> tuple[int, list[str]]:
+    """data.num_classes, else the dataset's `classes` (names) or `num_classes`, looking
+    through Subsets; (0, []) when none says."""
+    inner = dataset
+    while isinstance(inner, Subset):
+        inner = inner.dataset
+    names = getattr(inner, "classes", None)
+    if cfg.num_classes is not None:
+        count = cfg.num_classes
+    elif isinstance(names, Sequence) and not isinstance(names, str):
+        count = len(names)
+    else:
+        count = int(getattr(inner, "num_classes", 0) or 0)
+    if isinstance(names, Sequence) and not isinstance(names, str) and len(names) == count:
+        return count, [str(n) for n in names]
+    return count, [str(i) for i in range(count)]

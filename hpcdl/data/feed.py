@@ -1,0 +1,247 @@
+"""What the loop and evaluation read: batches of a split, whatever the source.
+
+TensorFeed: the built-in sources, preprocessed tensors (device-resident or a DataLoader).
+DatasetFeed: map-style Datasets (data=custom, data=imagefolder) through DataLoaders.
+A batch is an (x, y) tuple for the built-in sources, and whatever the collate function
+makes of the user's samples otherwise; it is on the training device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+from torch.utils.data import Subset
+
+from hpcdl.config.schema import CustomDataConfig, DataConfig, ImageFolderConfig
+from hpcdl.data.build import DataSplits, build_data
+from hpcdl.data.loader import (
+    LoaderSettings,
+    dataset_batches,
+    dataset_eval_batches,
+    iterate_batches,
+)
+from hpcdl.data.sharding import EpochSharder
+from hpcdl.errors import DataError
+from hpcdl.targets import resolve_callable
+
+# Samples per forward pass when evaluating in-memory tensors, per rank.
+EVAL_BATCH_SIZE = 512
+
+TrainBatch = tuple[int, Any, int]  # (step_in_epoch, batch, samples in the global batch)
+
+
+class Feed:
+    input_shape: tuple[int, ...]
+    num_classes: int
+    class_names: list[str]
+
+    def num_samples(self, split: str) -> int:
+        raise NotImplementedError
+
+    def train_batches(
+        self, sharder: EpochSharder, epoch: int, start_step: int, device: torch.device
+    ) -> Iterator[TrainBatch]:
+        raise NotImplementedError
+
+    def eval_batches(
+        self, split: str, rank: int, world_size: int, device: torch.device, batch_size: int
+    ) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def preprocessing_state(self) -> dict[str, Any]:
+        """What `hpcdl predict` needs to prepare raw rows ({} when it cannot)."""
+        return {}
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "class_names": list(self.class_names),
+        }
+
+
+class TensorFeed(Feed):
+    def __init__(
+        self, data: DataSplits, device: torch.device, *, in_memory: bool, num_workers: int
+    ) -> None:
+        self.data = data
+        self.input_shape = data.input_shape
+        self.num_classes = data.num_classes
+        self.class_names = list(data.class_names)
+        self.in_memory = in_memory
+        self.num_workers = num_workers
+        if in_memory:  # the training split lives on the device: each step only indexes
+            data.x_train = data.x_train.to(device)
+            data.y_train = data.y_train.to(device)
+
+    def _split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        d = self.data
+        return {
+            "train": (d.x_train, d.y_train),
+            "val": (d.x_val, d.y_val),
+            "test": (d.x_test, d.y_test),
+        }[split]
+
+    def num_samples(self, split: str) -> int:
+        return int(self._split(split)[1].shape[0])
+
+    def train_batches(
+        self, sharder: EpochSharder, epoch: int, start_step: int, device: torch.device
+    ) -> Iterator[TrainBatch]:
+        batches = iterate_batches(
+            self.data.x_train,
+            self.data.y_train,
+            sharder,
+            epoch,
+            start_step,
+            device,
+            in_memory=self.in_memory,
+            num_workers=self.num_workers,
+        )
+        for step, xb, yb, count in batches:
+            yield step, (xb, yb), count
+
+    def eval_batches(
+        self, split: str, rank: int, world_size: int, device: torch.device, batch_size: int
+    ) -> Iterator[Any]:
+        x, y = self._split(split)
+        x, y = x.to(device), y.to(device)
+        idx = torch.arange(rank, x.shape[0], world_size, device=device)
+        for start in range(0, idx.numel(), EVAL_BATCH_SIZE):
+            batch = idx[start : start + EVAL_BATCH_SIZE]
+            yield x[batch], y[batch]
+
+    def preprocessing_state(self) -> dict[str, Any]:
+        return self.data.preprocessing.state_dict()
+
+
+class DatasetFeed(Feed):
+    def __init__(
+        self,
+        datasets: dict[str, Any],
+        settings: LoaderSettings,
+        *,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        class_names: list[str],
+    ) -> None:
+        self.datasets = datasets
+        self.settings = settings
+        self.input_shape = input_shape
+        self.num_classes = num_classes
+        self.class_names = class_names
+
+    def num_samples(self, split: str) -> int:
+        return len(self.datasets[split])
+
+    def train_batches(
+        self, sharder: EpochSharder, epoch: int, start_step: int, device: torch.device
+    ) -> Iterator[TrainBatch]:
+        batches = dataset_batches(
+            self.datasets["train"], sharder, epoch, start_step, device, self.settings
+        )
+        return _named_collate_errors(batches)
+
+    def eval_batches(
+        self, split: str, rank: int, world_size: int, device: torch.device, batch_size: int
+    ) -> Iterator[Any]:
+        batches = dataset_eval_batches(
+            self.datasets[split], rank, world_size, batch_size, device, self.settings
+        )
+        return _named_collate_errors(batches)
+
+
+def _named_collate_errors(batches: Iterator[Any]) -> Iterator[Any]:
+    """torch's collate error for samples of different shapes, as one line naming the fix."""
+    try:
+        yield from batches
+    except RuntimeError as exc:
+        text = str(exc)
+        if "stack expects each tensor to be equal size" in text:
+            detail = next((ln for ln in text.splitlines() if "stack expects" in ln), text)
+            raise DataError(
+                f"data: samples of different shapes in one batch ({detail.strip()}); make every "
+                "sample the same shape (resize/crop), or set data.collate_fn to pad them"
+            ) from None
+        raise
+
+
+def build_feed(cfg: DataConfig, device: torch.device, seed: int) -> Feed:
+    if isinstance(cfg, (CustomDataConfig, ImageFolderConfig)):
+        return build_dataset_feed(cfg, seed)
+    return TensorFeed(build_data(cfg), device, in_memory=cfg.in_memory, num_workers=cfg.num_workers)
+
+
+def build_dataset_feed(cfg: CustomDataConfig | ImageFolderConfig, seed: int) -> DatasetFeed:
+    from hpcdl.config.validate import check_data
+    from hpcdl.data.custom import build_custom_datasets, first_sample_info, num_classes_of
+
+    check_data(cfg)
+    if isinstance(cfg, CustomDataConfig):
+        datasets = build_custom_datasets(cfg)
+        where = f"data.target={cfg.target!r}"
+        collate: Optional[Any] = (
+            resolve_callable("data.collate_fn", cfg.collate_fn) if cfg.collate_fn else None
+        )
+        num_classes, class_names = num_classes_of(datasets["train"], cfg)
+    else:
+        datasets, class_names = build_imagefolder_datasets(cfg)
+        where = f"data.path={cfg.path!r}"
+        collate = None
+        num_classes = len(class_names)
+    input_shape, label = first_sample_info(datasets["train"], where)
+    _check_label(label, num_classes, where)
+    settings = LoaderSettings(
+        num_workers=cfg.num_workers,
+        prefetch_factor=cfg.prefetch_factor,
+        collate_fn=collate,
+        seed=seed,
+    )
+    return DatasetFeed(
+        datasets,
+        settings,
+        input_shape=input_shape,
+        num_classes=num_classes,
+        class_names=class_names,
+    )
+
+
+def _check_label(label: Any, num_classes: int, where: str) -> None:
+    """A class label of the first sample, when the task may need one: in range."""
+    if label is None or num_classes <= 0:
+        return
+    value = label.item() if isinstance(label, torch.Tensor) and label.numel() == 1 else label
+    if isinstance(value, int) and not 0 <= value < num_classes:
+        raise DataError(
+            f"{where}: the first training sample has label {value}, outside [0, {num_classes}) "
+            "classes; labels must be class indices (set data.num_classes if it is wrong)"
+        )
+
+
+def build_imagefolder_datasets(cfg: ImageFolderConfig) -> tuple[dict[str, Any], list[str]]:
+    """The splits (one folder split by val/test_fraction, or train/val/test folders) and
+    the class names."""
+    from hpcdl.data.custom import split_dataset
+    from hpcdl.data.imagefolder import build_imagefolder
+
+    made = build_imagefolder(
+        cfg.path,
+        image_size=cfg.image_size,
+        crop_size=cfg.crop_size,
+        random_flip=cfg.random_flip,
+        random_crop=cfg.random_crop,
+        mean=cfg.mean,
+        std=cfg.std,
+        channels=cfg.channels,
+    )
+    classes = list(next(iter(made.values())).classes)
+    if "all" in made:
+        splits = split_dataset(made["all"], cfg)
+        plain = made["all"].without_augmentation()  # val/test: no random flips or crops
+        for name in ("val", "test"):
+            splits[name] = Subset(plain, splits[name].indices)
+        return splits, classes
+    empty = torch.utils.data.TensorDataset(torch.empty(0))
+    return {name: made.get(name, empty) for name in ("train", "val", "test")}, classes

@@ -1,0 +1,59 @@
+"""probe_user_code: run the user's model, data and task once before the run dir exists.
+
+A broken model.target, data.target, collate_fn or task.target (one that cannot be imported,
+raises, returns the wrong thing, or gives samples the task cannot use) is then refused as
+one line, with nothing written, instead of inside the job. Only for launchers that train
+on this machine (debug, local): a Slurm login node never imports torch, so there the job
+finds such errors on its first batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hpcdl.config.schema import (
+    DATASET_SOURCES,
+    Config,
+    CustomModelConfig,
+    CustomTaskConfig,
+    Launcher,
+)
+
+
+def uses_user_code(cfg: Config) -> bool:
+    return (
+        isinstance(cfg.model, CustomModelConfig)
+        or isinstance(cfg.task, CustomTaskConfig)
+        or cfg.data.name in DATASET_SOURCES
+    )
+
+
+def probe_user_code(cfg: Config) -> None:
+    """Build the data and the model, and run the task's step on the first training batch
+    (no optimizer step, nothing written); raises the one-line errors the job would."""
+    if cfg.cluster.launcher == Launcher.slurm or not uses_user_code(cfg):
+        return
+    import torch
+
+    from hpcdl.data.feed import build_feed
+    from hpcdl.data.sharding import EpochSharder
+    from hpcdl.models import build_model
+    from hpcdl.tasks import build_task, check_monitor
+
+    device = torch.device("cpu")
+    # One batch: no worker processes needed.
+    feed = build_feed(replace(cfg.data, num_workers=0), device, seed=cfg.trainer.seed)
+    model = build_model(cfg.model, feed.input_shape, feed.num_classes)
+    task = build_task(cfg.task)
+    sharder = EpochSharder(
+        num_samples=feed.num_samples("train"),
+        global_batch_size=cfg.trainer.batch_size,
+        rank=0,
+        world_size=1,
+        seed=cfg.trainer.seed,
+    )
+    batches = feed.train_batches(sharder, 0, 0, device)
+    _, batch, _ = next(iter(batches))
+    out = task.batch_stats(model, batch)
+    out.loss_sum.backward()
+    check_monitor(cfg.trainer.early_stopping.monitor, task)

@@ -1,0 +1,222 @@
+"""What is learned: a task turns (model, batch) into a loss and additive statistics.
+
+The loop and evaluation only ever sum what a task returns, over batches and over ranks:
+`loss_sum` (the sum of per-sample losses) and `stats` (sums such as the number of correct
+predictions). `metrics(stats, num_samples)` turns those sums into the reported metrics,
+so every metric is exactly weighted by samples however the data is split over ranks.
+
+task=classification: cross-entropy on integer labels; metric accuracy.
+task=custom: the user's function(model, batch, **kwargs) -> (loss, {name: value}), both
+means over the batch; hpcdl multiplies them by the batch's samples to get sums.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcdl.config.schema import ClassificationTaskConfig, CustomTaskConfig, TaskConfig
+from hpcdl.errors import ConfigError, DataError
+from hpcdl.targets import resolve_callable
+
+
+@dataclass
+class BatchStats:
+    loss_sum: torch.Tensor  # scalar, fp32 or fp64, carries the graph in training
+    num_samples: int
+    stats: dict[str, torch.Tensor]  # scalar sums, detached
+    outputs: torch.Tensor | None = None  # the model's outputs (classification: logits)
+    targets: torch.Tensor | None = None  # the batch's labels, when the task knows them
+
+
+class Task:
+    name: str = ""
+
+    def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
+        raise NotImplementedError
+
+    @property
+    def stat_names(self) -> tuple[str, ...]:
+        """The keys of BatchStats.stats, in a fixed order (known after the first batch for a
+        custom task)."""
+        raise NotImplementedError
+
+    def metrics(self, stats: Mapping[str, float], num_samples: float) -> dict[str, float]:
+        raise NotImplementedError
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+
+class ClassificationTask(Task):
+    name = "classification"
+
+    def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
+        x, y = input_and_target(batch)
+        logits = model(x)
+        if logits.dim() != 2:
+            raise ConfigError(
+                f"task=classification: the model returned shape {tuple(logits.shape)}; it must "
+                "return logits [batch, num_classes] (or use task=custom)"
+            )
+        try:
+            loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
+        except (IndexError, RuntimeError) as exc:
+            if "out of bounds" not in str(exc) and "out of range" not in str(exc):
+                raise
+            raise DataError(
+                f"task=classification: a label is outside [0, {logits.shape[1]}) ({exc}); "
+                "labels must be class indices below the model's number of outputs "
+                "(data.num_classes)"
+            ) from None
+        correct = (logits.detach().argmax(1) == y).sum()
+        return BatchStats(loss_sum, int(y.shape[0]), {"correct": correct}, logits, y)
+
+    @property
+    def stat_names(self) -> tuple[str, ...]:
+        return ("correct",)
+
+    def metrics(self, stats: Mapping[str, float], num_samples: float) -> dict[str, float]:
+        return {"accuracy": stats["correct"] / max(num_samples, 1)}
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return ("accuracy",)
+
+
+class CustomTask(Task):
+    """The user's step function; its metric names are fixed by its first call."""
+
+    name = "custom"
+
+    def __init__(self, target: str, fn: Callable[..., Any]) -> None:
+        self.target = target
+        self.fn = fn
+        self._names: tuple[str, ...] | None = None
+
+    def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
+        where = f"task.target={self.target!r}"
+        result = self.fn(model, batch)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ConfigError(
+                f"{where}: returned a {type(result).__name__}; return (loss, {{metric: value}})"
+            )
+        loss, metrics = result
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ConfigError(
+                f"{where}: the loss is {shape}, not a scalar tensor; return the batch's mean "
+                "loss, e.g. loss.mean()"
+            )
+        if not isinstance(metrics, Mapping) or not all(isinstance(k, str) for k in metrics):
+            raise ConfigError(
+                f"{where}: the metrics are a {type(metrics).__name__}, not a dict of "
+                "name -> value; return {} for none"
+            )
+        names = tuple(sorted(metrics))
+        if self._names is None:
+            reserved = [n for n in names if n == "loss"]
+            if reserved:
+                raise ConfigError(f"{where}: a metric may not be called 'loss' (it is logged)")
+            self._names = names
+        elif names != self._names:
+            raise ConfigError(
+                f"{where}: returned metrics {list(names)} after {list(self._names)}; "
+                "return the same metric names for every batch"
+            )
+        num_samples = _num_samples(batch)
+        if num_samples == 0:
+            raise ConfigError(
+                f"{where}: cannot tell the batch's number of samples (no tensor with a batch "
+                "dimension in it); put the inputs in tensors"
+            )
+        stats = {
+            name: torch.as_tensor(_scalar(where, name, metrics[name]), dtype=torch.float64)
+            .to(loss.device)
+            .detach()
+            * num_samples
+            for name in names
+        }
+        return BatchStats(loss.reshape(()).float() * num_samples, num_samples, stats)
+
+    @property
+    def stat_names(self) -> tuple[str, ...]:
+        return self._names or ()
+
+    def metrics(self, stats: Mapping[str, float], num_samples: float) -> dict[str, float]:
+        return {name: stats[name] / max(num_samples, 1) for name in self.stat_names}
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return self.stat_names
+
+
+def input_and_target(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (x, y) of a batch given as a pair or as a dict with x/y or input/target keys."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, Mapping):
+        for x_key, y_key in (("x", "y"), ("input", "target")):
+            if x_key in batch and y_key in batch:
+                return batch[x_key], batch[y_key]
+    raise DataError(
+        f"task=classification: a batch is a {type(batch).__name__}; the built-in tasks need "
+        "(input, label) samples or dicts with 'x'/'y' keys (or use task=custom with your own step)"
+    )
+
+
+def _num_samples(batch: Any) -> int:
+    """The leading size of the batch's first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    values = batch.values() if isinstance(batch, Mapping) else batch
+    if isinstance(values, (tuple, list)) or isinstance(batch, Mapping):
+        for value in values:
+            found = _num_samples(value)
+            if found:
+                return found
+    return 0
+
+
+def _scalar(where: str, name: str, value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ConfigError(
+                f"{where}: metric {name!r} has shape {tuple(value.shape)}; return the batch mean "
+                "as a scalar"
+            )
+        return value.detach().reshape(())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigError(f"{where}: metric {name!r} is {value!r}; return a number or scalar tensor")
+
+
+def check_monitor(monitor: str, task: Task) -> None:
+    """trainer.early_stopping.monitor must name a metric the task reports (a custom task's
+    names are known once it has run on a batch)."""
+    metric = monitor.partition("_")[2]
+    names = task.metric_names
+    if metric != "loss" and metric not in names:
+        choices = ", ".join(f"{s}_{m}" for s in ("val", "train") for m in ("loss", *names))
+        raise ConfigError(
+            f"trainer.early_stopping.monitor={monitor!r}: task={task.name} reports "
+            f"{choices}; choose one of those"
+        )
+
+
+def build_task(cfg: TaskConfig) -> Task:
+    if isinstance(cfg, ClassificationTaskConfig):
+        return ClassificationTask()
+    if isinstance(cfg, CustomTaskConfig):
+        fn = resolve_callable("task.target", cfg.target)
+        if cfg.kwargs:
+            fn = functools.partial(fn, **cfg.kwargs)
+        return CustomTask(cfg.target, fn)
+    raise ConfigError(f"task.name={getattr(cfg, 'name', cfg)!r}: unknown task")

@@ -12,7 +12,7 @@ from torch import nn
 
 from hpcdl.checkpoint import CheckpointStore, read_checkpoint, resolve_checkpoint
 from hpcdl.config.convert import config_hash, to_plain
-from hpcdl.config.schema import Config, Precision
+from hpcdl.config.schema import Config, Precision, RegressionTaskConfig
 from hpcdl.data import EpochSharder
 from hpcdl.data.feed import build_feed
 from hpcdl.env import RankEnv
@@ -54,7 +54,8 @@ def build_trainer(
     # The model is built from the same seed on every rank (DDP also broadcasts rank 0's
     # weights); dropout and other randomness then differ per rank.
     seed_everything(t.seed, t.deterministic)
-    feed = build_feed(cfg.data, device, seed=t.seed)
+    regression = isinstance(cfg.task, RegressionTaskConfig)
+    feed = build_feed(cfg.data, device, seed=t.seed, regression=regression)
     raw_model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     store = CheckpointStore(run_dir.checkpoint_dir, keep_last=t.keep_last)
     if cfg.init_from and not store.list_steps():  # a resumed run restores its own weights
@@ -102,7 +103,7 @@ def build_trainer(
         device=device,
         config_hash=config_hash(cfg),
         model_config=to_plain(cfg)["model"],
-        task=build_task(cfg.task),
+        task=build_task(cfg.task, feed.target_stats),
         step_hooks=load_step_hooks(t.step_hooks),
     )
     return Trainer(cfg, env, parts, stop)

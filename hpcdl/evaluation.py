@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from hpcdl.dist import all_reduce_sum
+from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.errors import CheckpointError
 from hpcdl.tasks import ClassificationTask, Task
 
@@ -20,6 +20,8 @@ class EvalResult:
     metrics: dict[str, float]  # the task's metrics, e.g. {"accuracy": 0.97}
     num_samples: int
     confusion: Optional[torch.Tensor] = None  # classification: [true, predicted], int64
+    # With keep_predictions, on every rank: (predictions, targets) of all ranks' samples.
+    predictions: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     @property
     def accuracy(self) -> Optional[float]:
@@ -35,6 +37,7 @@ def evaluate(
     device: torch.device,
     *,
     autocast_dtype: torch.dtype | None = None,
+    keep_predictions: bool = False,
 ) -> EvalResult:
     """Sums over this rank's batches, reduced over ranks (the feed gives each rank its
     share of the split).
@@ -49,6 +52,7 @@ def evaluate(
     count = 0
     classify = isinstance(task, ClassificationTask)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
     for batch in batches:
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             out = task.batch_stats(model, batch)
@@ -58,6 +62,8 @@ def evaluate(
             stats[name] = stats.get(name, 0.0) + out.stats[name].double()
         if classify and out.outputs is not None and out.targets is not None:
             confusion += confusion_matrix(out.outputs.argmax(dim=1), out.targets, num_classes)
+        if keep_predictions and out.outputs is not None and out.targets is not None:
+            kept.append((out.outputs.detach().float().cpu(), out.targets.float().cpu()))
     names = task.stat_names
     packed = torch.stack(
         [
@@ -73,6 +79,7 @@ def evaluate(
     if classify:
         all_reduce_sum(confusion)
     model.train(was_training)
+    predictions = _gathered(kept) if keep_predictions else None
     values = packed.tolist()
     total = values[1]
     return EvalResult(
@@ -80,7 +87,20 @@ def evaluate(
         metrics=task.metrics(dict(zip(names, values[2:], strict=True)), total),
         num_samples=int(total),
         confusion=confusion.cpu() if classify else None,
+        predictions=predictions,
     )
+
+
+def _gathered(
+    kept: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's (predictions, targets), concatenated over all ranks."""
+    local = (
+        torch.cat([p.reshape(len(p), -1) for p, _ in kept]) if kept else torch.empty(0, 1),
+        torch.cat([t.reshape(-1) for _, t in kept]) if kept else torch.empty(0),
+    )
+    parts = all_gather_objects(local)
+    return torch.cat([p for p, _ in parts]), torch.cat([t for _, t in parts])
 
 
 def confusion_matrix(preds: torch.Tensor, targets: torch.Tensor, num_classes: int) -> torch.Tensor:

@@ -93,6 +93,30 @@ def plot_confusion_matrix(cm: Any, class_names: Sequence[str], out_png: PathLike
     save_png(fig, out_png)
 
 
+def plot_predicted_vs_true(predicted: Any, true: Any, out_png: PathLike) -> None:
+    """Regression: one point per test sample, with the y = x line of perfect predictions."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    pred = np.asarray(predicted, dtype=np.float64).reshape(-1)
+    target = np.asarray(true, dtype=np.float64).reshape(-1)
+    if pred.shape != target.shape:
+        raise ValueError(f"{pred.size} predictions but {target.size} targets")
+    fig = Figure(figsize=(5.5, 5), layout="constrained")
+    ax = fig.subplots()
+    ax.scatter(target, pred, s=8, alpha=0.6)
+    if target.size:
+        low = float(min(target.min(), pred.min()))
+        high = float(max(target.max(), pred.max()))
+        ax.plot([low, high], [low, high], color="black", linewidth=1, label="y = x")
+        ax.legend()
+    ax.set_xlabel("true value")
+    ax.set_ylabel("predicted value")
+    ax.set_title(f"predicted vs true ({target.size} test samples)")
+    ax.grid(alpha=0.3)
+    save_png(fig, out_png)
+
+
 def save_png(fig: Figure, out_png: PathLike, dpi: int = 120) -> None:
     """Draw with the Agg canvas and write the PNG atomically (folders made as needed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

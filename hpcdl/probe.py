@@ -17,6 +17,7 @@ from hpcdl.config.schema import (
     CustomModelConfig,
     CustomTaskConfig,
     Launcher,
+    RegressionTaskConfig,
 )
 
 
@@ -42,9 +43,11 @@ def probe_user_code(cfg: Config) -> None:
 
     device = torch.device("cpu")
     # One batch: no worker processes needed.
-    feed = build_feed(replace(cfg.data, num_workers=0), device, seed=cfg.trainer.seed)
+    regression = isinstance(cfg.task, RegressionTaskConfig)
+    data = replace(cfg.data, num_workers=0)
+    feed = build_feed(data, device, seed=cfg.trainer.seed, regression=regression)
     model = build_model(cfg.model, feed.input_shape, feed.num_classes)
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, feed.target_stats)
     sharder = EpochSharder(
         num_samples=feed.num_samples("train"),
         global_batch_size=cfg.trainer.batch_size,

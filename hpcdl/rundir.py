@@ -32,12 +32,22 @@ from hpcdl.errors import RunDirError
 RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("config.yaml", "the resolved config the job reads; rewritten by `hpcdl resume` overrides"),
     ("commands.log", "every `hpcdl train`/`resume` command line that touched the run"),
-    ("metrics.csv", "one row per epoch: losses, accuracies, lr, seconds, samples/s"),
+    (
+        "metrics.csv",
+        "one row per epoch: train/val loss and the task's metrics, lr, seconds, samples/s",
+    ),
     ("checkpoints/", "step_<N>.pt (the newest keep_last) and best.pt"),
-    ("summary.json", "written once the run completes: test metrics, weights hash, versions"),
-    ("learning_curves.png", "loss and accuracy per epoch, train and val"),
-    ("confusion_matrix.png", "test-set confusion matrix of the final model"),
-    ("eval/<checkpoint>/", "`hpcdl evaluate` output: metrics.json, confusion_matrix.png"),
+    (
+        "summary.json",
+        "written once the run completes: test metrics, weights hash, peak memory, versions",
+    ),
+    ("learning_curves.png", "loss and each metric of the task per epoch, train and val"),
+    ("confusion_matrix.png", "classification: test-set confusion matrix of the final model"),
+    (
+        "predicted_vs_true.png",
+        "regression: test-set predictions of the final model against the truth",
+    ),
+    ("eval/<checkpoint>/", "`hpcdl evaluate` output: metrics.json and the test plot"),
     ("attempts.jsonl", "Slurm: one start and one end record per run of the job"),
     ("slurm.json", "Slurm: the submitted job id, log folder and submission history"),
     ("code/", "Slurm: the frozen copy of hpcdl and the user's modules the job runs"),
@@ -76,6 +86,7 @@ class RunDir(JobDir):
     SUMMARY: ClassVar[str] = "summary.json"
     CURVES: ClassVar[str] = "learning_curves.png"
     CONFUSION: ClassVar[str] = "confusion_matrix.png"
+    SCATTER: ClassVar[str] = "predicted_vs_true.png"
     EVAL: ClassVar[str] = "eval"
     EVAL_METRICS: ClassVar[str] = "metrics.json"
     ATTEMPTS: ClassVar[str] = "attempts.jsonl"
@@ -104,6 +115,10 @@ class RunDir(JobDir):
         return self.path / self.CONFUSION
 
     @property
+    def scatter_png(self) -> Path:
+        return self.path / self.SCATTER
+
+    @property
     def trial_log(self) -> Path:
         return self.path / self.TRIAL_LOG
 
@@ -118,6 +133,9 @@ class RunDir(JobDir):
 
     def eval_confusion_png(self, checkpoint_name: str) -> Path:
         return self.eval_dir(checkpoint_name) / self.CONFUSION
+
+    def eval_scatter_png(self, checkpoint_name: str) -> Path:
+        return self.eval_dir(checkpoint_name) / self.SCATTER
 
     def is_run_dir(self) -> bool:
         return self.config_file.is_file()

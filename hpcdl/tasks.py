@@ -6,6 +6,7 @@ predictions). `metrics(stats, num_samples)` turns those sums into the reported m
 so every metric is exactly weighted by samples however the data is split over ranks.
 
 task=classification: cross-entropy on integer labels; metric accuracy.
+task=regression: MSE or L1 on one numeric target; metrics mae, rmse, r2.
 task=custom: the user's function(model, batch, **kwargs) -> (loss, {name: value}), both
 means over the batch; hpcdl multiplies them by the batch's samples to get sums.
 """
@@ -13,15 +14,22 @@ means over the batch; hpcdl multiplies them by the batch's samples to get sums.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpcdl.config.schema import ClassificationTaskConfig, CustomTaskConfig, TaskConfig
+from hpcdl.config.schema import (
+    ClassificationTaskConfig,
+    CustomTaskConfig,
+    RegressionLoss,
+    RegressionTaskConfig,
+    TaskConfig,
+)
 from hpcdl.errors import ConfigError, DataError
 from hpcdl.targets import resolve_callable
 
@@ -91,6 +99,64 @@ class ClassificationTask(Task):
         return ("accuracy",)
 
 
+class RegressionTask(Task):
+    """One numeric target per sample. The model learns (y - mean) / std when the target is
+    standardized; losses are on that scale, metrics and outputs in the target's units."""
+
+    name = "regression"
+
+    def __init__(self, loss: RegressionLoss, mean: float = 0.0, std: float = 1.0) -> None:
+        self.loss = loss
+        self.mean = mean
+        self.std = std
+
+    def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
+        x, y = input_and_target(batch, task="regression")
+        out = model(x).float()
+        if out.numel() != y.numel():
+            raise ConfigError(
+                f"task=regression: the model returned shape {tuple(out.shape)} for "
+                f"{y.numel()} targets; it must return one value per sample ([batch] or [batch, 1])"
+            )
+        out = out.reshape(-1)
+        target = y.reshape(-1).float()
+        scaled_error = out - (target - self.mean) / self.std
+        if self.loss == RegressionLoss.l1:
+            loss_sum = scaled_error.abs().sum()
+        else:
+            loss_sum = scaled_error.square().sum()
+        prediction = out.detach() * self.std + self.mean
+        error = prediction - target
+        stats = {
+            "abs_err": error.abs().sum().double(),
+            "sq_err": error.square().sum().double(),
+            "y": target.sum().double(),
+            "y2": target.double().square().sum(),
+        }
+        return BatchStats(loss_sum, int(target.numel()), stats, prediction, target)
+
+    @property
+    def stat_names(self) -> tuple[str, ...]:
+        return ("abs_err", "sq_err", "y", "y2")
+
+    def metrics(self, stats: Mapping[str, float], num_samples: float) -> dict[str, float]:
+        n = max(num_samples, 1)
+        total = stats["y2"] - stats["y"] ** 2 / n  # sum of squares about the mean
+        return {
+            "mae": stats["abs_err"] / n,
+            "rmse": math.sqrt(max(stats["sq_err"], 0.0) / n),
+            "r2": 1.0 - stats["sq_err"] / total if total > 0 else 0.0,
+        }
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return ("mae", "rmse", "r2")
+
+    def predict(self, outputs: torch.Tensor) -> torch.Tensor:
+        """Model outputs -> predictions in the target's units."""
+        return outputs.float().reshape(-1) * self.std + self.mean
+
+
 class CustomTask(Task):
     """The user's step function; its metric names are fixed by its first call."""
 
@@ -158,7 +224,7 @@ class CustomTask(Task):
         return self.stat_names
 
 
-def input_and_target(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def input_and_target(batch: Any, task: str = "classification") -> tuple[torch.Tensor, torch.Tensor]:
     """The (x, y) of a batch given as a pair or as a dict with x/y or input/target keys."""
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
@@ -167,7 +233,7 @@ def input_and_target(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
             if x_key in batch and y_key in batch:
                 return batch[x_key], batch[y_key]
     raise DataError(
-        f"task=classification: a batch is a {type(batch).__name__}; the built-in tasks need "
+        f"task={task}: a batch is a {type(batch).__name__}; the built-in tasks need "
         "(input, label) samples or dicts with 'x'/'y' keys (or use task=custom with your own step)"
     )
 
@@ -211,9 +277,14 @@ def check_monitor(monitor: str, task: Task) -> None:
         )
 
 
-def build_task(cfg: TaskConfig) -> Task:
+def build_task(cfg: TaskConfig, target_stats: Optional[tuple[float, float]] = None) -> Task:
+    """target_stats: (mean, std) of the training targets, for task=regression's
+    standardize_target (the feed's; None for datasets, which are not standardized)."""
     if isinstance(cfg, ClassificationTaskConfig):
         return ClassificationTask()
+    if isinstance(cfg, RegressionTaskConfig):
+        mean, std = target_stats if cfg.standardize_target and target_stats else (0.0, 1.0)
+        return RegressionTask(cfg.loss, mean, std)
     if isinstance(cfg, CustomTaskConfig):
         fn = resolve_callable("task.target", cfg.target)
         if cfg.kwargs:

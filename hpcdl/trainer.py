@@ -34,7 +34,7 @@ from hpcdl.rundir import MetricsLog
 from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
 from hpcdl.step_sums import StepSums
-from hpcdl.tasks import ClassificationTask, Task, check_monitor
+from hpcdl.tasks import ClassificationTask, RegressionTask, Task, check_monitor
 
 FORMAT_VERSION = 1
 
@@ -259,7 +259,7 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate_split(self, split: str) -> EvalResult:
+    def evaluate_split(self, split: str, keep_predictions: bool = False) -> EvalResult:
         env, feed = self.env, self.p.feed
         per_rank = max(1, self.t.batch_size // env.world_size)
         batches = feed.eval_batches(split, env.rank, env.world_size, self.p.device, per_rank)
@@ -270,6 +270,7 @@ class Trainer:
             feed.num_classes,
             self.p.device,
             autocast_dtype=self.autocast_dtype,
+            keep_predictions=keep_predictions,
         )
 
     def evaluate_and_track(self) -> tuple[Optional[EvalResult], bool]:
@@ -398,7 +399,9 @@ class Trainer:
         self, result: FitResult, wall_s: float
     ) -> tuple[Optional[dict[str, Any]], Optional[EvalResult]]:
         """Test-set evaluation (every rank takes part) and, on rank 0, the run's summary."""
-        test = self.evaluate_split("test") if self.p.feed.num_samples("test") else None
+        # Regression keeps the test predictions for the predicted-vs-true plot.
+        keep = isinstance(self.p.task, RegressionTask)
+        test = self.evaluate_split("test", keep) if self.p.feed.num_samples("test") else None
         if not self.env.is_main:
             return None, test
         pr = result.progress
@@ -422,6 +425,7 @@ class Trainer:
             "wall_s": wall_s,
             "samples_per_s": pr.num_samples_seen / pr.train_s if pr.train_s > 0 else 0.0,
             "num_samples_seen": pr.num_samples_seen,
+            "peak_rss_mb": peak_rss_mb(),
             "weights_sha256": weights_sha256(self.p.raw_model.state_dict()),
             "checkpoint": str(result.checkpoint) if result.checkpoint else None,
             "versions": collect_versions(),
@@ -441,6 +445,13 @@ class Trainer:
         path = self.save()
         self.p.reporter.close()
         return FitResult(Outcome.completed, self.progress, None, path)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (ru_maxrss: KiB on Linux), in MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:

@@ -33,6 +33,8 @@ def test_every_conf_file_composes(group: str, option: str, tmp_path: Path) -> No
         overrides.append(f"{group}.target=mypkg.mod:fn")
     if group == "model" and option in ("cnn", "resnet18"):
         overrides.append("data=digits")
+    if group == "task" and option == "regression":
+        overrides += ["data=files", f"data.path={tmp_path}"]
     cfg = compose_config(overrides)
     section = getattr(cfg, group)
     if hasattr(section, "name") and group != "cluster":

@@ -101,9 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--checkpoint", default="best", help="best | last | PATH (default best)")
 
-    predict = sub.add_parser("predict", help="class predictions for new rows")
+    predict = sub.add_parser("predict", help="predictions for new rows or for a split")
     predict.add_argument("run_dir")
-    predict.add_argument("--input", required=True, help="rows as .csv, .npy or .npz")
+    source = predict.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", help="rows as .csv, .npy or .npz")
+    source.add_argument(
+        "--split", choices=["train", "val", "test"], help="every sample of the run's split"
+    )
     predict.add_argument("--checkpoint", default="best", help="best | last | PATH (default best)")
     predict.add_argument("--output", help="write CSV here instead of stdout")
     return parser
@@ -349,7 +353,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from hpcdl.rundir import open_run_dir
 
     _, run_dir = open_run_dir(args.run_dir)
-    count = predict_rows(run_dir, args.input, args.checkpoint, args.output)
+    count = predict_rows(run_dir, args.input, args.checkpoint, args.output, args.split)
     if args.output:
         print(json.dumps({"rows": count, "output": args.output}))
     return EXIT_OK

@@ -199,11 +199,30 @@ class CustomTaskConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-TaskConfig = Union[ClassificationTaskConfig, CustomTaskConfig]
+class RegressionLoss(str, Enum):
+    mse = "mse"
+    l1 = "l1"
+
+
+@dataclass
+class RegressionTaskConfig:
+    """One numeric target per sample; metrics: mae, rmse, r2 (in the target's units)."""
+
+    name: str = "regression"
+    loss: RegressionLoss = RegressionLoss.mse
+    # Train on (y - mean) / std of the training targets (built-in sources); metrics and
+    # predictions stay in the target's own units.
+    standardize_target: bool = True
+
+
+TaskConfig = Union[ClassificationTaskConfig, RegressionTaskConfig, CustomTaskConfig]
 TASK_SCHEMAS: dict[str, type] = {
     "classification": ClassificationTaskConfig,
+    "regression": RegressionTaskConfig,
     "custom": CustomTaskConfig,
 }
+# The data sources that can hold a numeric regression target.
+REGRESSION_SOURCES = ("files", "custom")
 
 
 # ----------------------------------------------------------------------------- optim

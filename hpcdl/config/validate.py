@@ -22,6 +22,7 @@ def validate(cfg: schema.Config) -> None:
     check_optim(cfg.optim)
     check_schedule(cfg.schedule)
     check_task(cfg.task)
+    _check_task_fits_data(cfg.task, cfg.data)
     _check_trainer(cfg.trainer)
     _check_monitor(cfg.trainer.early_stopping.monitor, cfg.task)
     _check_cluster(cfg.cluster)
@@ -211,12 +212,20 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
 
 # What each built-in task reports, besides the loss (a custom task's metrics are known only
 # once its function has run: the job checks the monitor then).
-TASK_METRICS = {"classification": ("accuracy",)}
+TASK_METRICS = {"classification": ("accuracy",), "regression": ("mae", "rmse", "r2")}
 
 
 def check_task(task: object) -> None:
     if isinstance(task, schema.CustomTaskConfig):
         check_target_form("task.target", task.target)
+
+
+def _check_task_fits_data(task: object, data: schema.DataCommon) -> None:
+    if isinstance(task, schema.RegressionTaskConfig) and data.name not in schema.REGRESSION_SOURCES:
+        raise ConfigError(
+            f"task=regression: data={data.name} holds class labels; use data=files with a "
+            "numeric label column (data.label_column) or data=custom"
+        )
 
 
 def _check_monitor(monitor: str, task: object) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -29,13 +29,17 @@ class DataSplits:
     input_shape: tuple[int, ...]
     class_names: list[str]
     preprocessing: Preprocessing
+    # Regression: mean and std of the training targets (for standardize_target); else None.
+    target_stats: Optional[tuple[float, float]] = None
 
 
-def build_data(cfg: Any) -> DataSplits:
-    """cfg: one of schema.DATA_SCHEMAS' dataclasses."""
+def build_data(cfg: Any, regression: bool = False) -> DataSplits:
+    """cfg: one of schema.DATA_SCHEMAS' dataclasses; regression: numeric targets."""
     check_data(cfg)  # the ranges and files, as on the login node
-    raw = read_source(cfg)
-    split = split_indices(raw.y, cfg, has_official_test=raw.has_official_test)
+    raw = read_source(cfg, regression=regression)
+    split = split_indices(
+        raw.y, cfg, has_official_test=raw.has_official_test, stratify=not raw.is_regression
+    )
     x_test, y_test = test_arrays(raw, split.test)
     preprocessing = Preprocessing.fit(
         raw.x[split.train], scale=raw.pixel_scale, standardize=cfg.standardize
@@ -47,11 +51,21 @@ def build_data(cfg: Any) -> DataSplits:
         y_val=torch.from_numpy(raw.y[split.val]),
         x_test=preprocessing.apply(x_test),
         y_test=torch.from_numpy(y_test),
-        num_classes=len(raw.class_names),
+        num_classes=1 if raw.is_regression else len(raw.class_names),
         input_shape=raw.input_shape,
         class_names=list(raw.class_names),
         preprocessing=preprocessing,
+        target_stats=target_stats(raw.y[split.train]) if raw.is_regression else None,
     )
+
+
+def target_stats(y_train: np.ndarray) -> tuple[float, float]:
+    """(mean, std) of the training targets; std 1 when they are all equal."""
+    values = y_train.astype(np.float64)
+    if values.size == 0:
+        return 0.0, 1.0
+    std = float(values.std())
+    return float(values.mean()), std if std > 0 else 1.0
 
 
 def test_arrays(raw: RawData, test_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -34,8 +34,10 @@ TrainBatch = tuple[int, Any, int]  # (step_in_epoch, batch, samples in the globa
 
 class Feed:
     input_shape: tuple[int, ...]
-    num_classes: int
+    num_classes: int  # the model's number of outputs (1 for a regression target)
     class_names: list[str]
+    # Regression on a built-in source: (mean, std) of the training targets.
+    target_stats: Optional[tuple[float, float]] = None
 
     def num_samples(self, split: str) -> int:
         raise NotImplementedError
@@ -55,11 +57,14 @@ class Feed:
         return {}
 
     def info(self) -> dict[str, Any]:
-        return {
+        info: dict[str, Any] = {
             "input_shape": list(self.input_shape),
             "num_classes": self.num_classes,
             "class_names": list(self.class_names),
         }
+        if self.target_stats is not None:
+            info["target_mean"], info["target_std"] = self.target_stats
+        return info
 
 
 class TensorFeed(Feed):
@@ -70,6 +75,7 @@ class TensorFeed(Feed):
         self.input_shape = data.input_shape
         self.num_classes = data.num_classes
         self.class_names = list(data.class_names)
+        self.target_stats = data.target_stats
         self.in_memory = in_memory
         self.num_workers = num_workers
         if in_memory:  # the training split lives on the device: each step only indexes
@@ -168,13 +174,19 @@ def _named_collate_errors(batches: Iterator[Any]) -> Iterator[Any]:
         raise
 
 
-def build_feed(cfg: DataConfig, device: torch.device, seed: int) -> Feed:
+def build_feed(
+    cfg: DataConfig, device: torch.device, seed: int, *, regression: bool = False
+) -> Feed:
+    """regression: the samples carry one numeric target (the model gets one output)."""
     if isinstance(cfg, (CustomDataConfig, ImageFolderConfig)):
-        return build_dataset_feed(cfg, seed)
-    return TensorFeed(build_data(cfg), device, in_memory=cfg.in_memory, num_workers=cfg.num_workers)
+        return build_dataset_feed(cfg, seed, regression=regression)
+    data = build_data(cfg, regression=regression)
+    return TensorFeed(data, device, in_memory=cfg.in_memory, num_workers=cfg.num_workers)
 
 
-def build_dataset_feed(cfg: CustomDataConfig | ImageFolderConfig, seed: int) -> DatasetFeed:
+def build_dataset_feed(
+    cfg: CustomDataConfig | ImageFolderConfig, seed: int, *, regression: bool = False
+) -> DatasetFeed:
     from hpcdl.config.validate import check_data
     from hpcdl.data.custom import build_custom_datasets, first_sample_info, num_classes_of
 
@@ -192,7 +204,10 @@ def build_dataset_feed(cfg: CustomDataConfig | ImageFolderConfig, seed: int) -> 
         collate = None
         num_classes = len(class_names)
     input_shape, label = first_sample_info(datasets["train"], where)
-    _check_label(label, num_classes, where)
+    if regression:
+        num_classes, class_names = 1, []
+    else:
+        _check_label(label, num_classes, where)
     settings = LoaderSettings(
         num_workers=cfg.num_workers,
         prefetch_factor=cfg.prefetch_factor,

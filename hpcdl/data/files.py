@@ -18,7 +18,9 @@ SUFFIXES = (".npz", ".npy", ".csv")
 LABEL_COLUMN = "label"
 
 
-def read_files(path: str, labels_path: Optional[str], label_column: str) -> RawData:
+def read_files(
+    path: str, labels_path: Optional[str], label_column: str, regression: bool = False
+) -> RawData:
     file = Path(path).expanduser()
     suffix = file.suffix.lower()
     if suffix not in SUFFIXES:
@@ -42,8 +44,25 @@ def read_files(path: str, labels_path: Optional[str], label_column: str) -> RawD
     if x.ndim < 2:
         raise DataError(f"data.path={path!r}: features must be [N, ...], got shape {x.shape}")
     x = check_numeric(x, f"data.path={path!r}")
+    if regression:
+        return RawData(x=x, y=numeric_targets(labels, f"data.path={path!r}"), class_names=[])
     y, class_names = encode_labels(labels, f"data.path={path!r}")
     return RawData(x=x, y=y, class_names=class_names)
+
+
+def numeric_targets(labels: np.ndarray, where: str) -> np.ndarray:
+    """Regression targets as float32 [N]; refuses text and NaN/inf."""
+    labels = labels.reshape(-1)
+    try:
+        values = labels.astype(np.float64)
+    except ValueError as exc:
+        raise DataError(
+            f"{where}: task=regression needs numeric labels ({exc}); point data.label_column at "
+            "a numeric column"
+        ) from None
+    if not np.all(np.isfinite(values)):
+        raise DataError(f"{where}: regression targets hold NaN or inf; clean them first")
+    return values.astype(np.float32)
 
 
 def read_npz(file: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -21,13 +21,17 @@ DIGITS_MAX_VALUE = 16.0
 SYNTHETIC_CENTER_DISTANCE = 6.0
 
 
-def read_source(cfg: Any) -> RawData:
+def read_source(cfg: Any, regression: bool = False) -> RawData:
+    """regression: numeric targets instead of class labels (data=files only; validate.py
+    refuses the others)."""
     readers: dict[str, Callable[[Any], RawData]] = {
         "breast_cancer": read_breast_cancer,
         "digits": read_digits,
         "mnist": lambda c: read_mnist(require_path(c), as_images=c.as_images),
         "cifar10": lambda c: read_cifar10(require_path(c)),
-        "files": lambda c: read_files(require_path(c), c.labels_path, c.label_column),
+        "files": lambda c: read_files(
+            require_path(c), c.labels_path, c.label_column, regression=regression
+        ),
         "synthetic": read_synthetic,
     }
     reader = readers.get(cfg.name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -17,7 +17,9 @@ class SplitIndices:
     test: np.ndarray  # empty when the source brings its own test set
 
 
-def split_indices(y: np.ndarray, cfg: Any, *, has_official_test: bool) -> SplitIndices:
+def split_indices(
+    y: np.ndarray, cfg: Any, *, has_official_test: bool, stratify: bool = True
+) -> SplitIndices:
     """Indices into y. Without an official test set: a stratified test split of
     data.test_fraction first, then val (data.val_fraction of all of y, or a k-fold fold)
     from the rest. With one, y is the official train set and only val comes out of it."""
@@ -27,22 +29,32 @@ def split_indices(y: np.ndarray, cfg: Any, *, has_official_test: bool) -> SplitI
     else:
         num_test = round(cfg.test_fraction * len(y))
         rest, test = stratified_split(
-            everything, y, num_test, cfg.split_seed, f"data.test_fraction={cfg.test_fraction}"
+            everything,
+            y if stratify else None,
+            num_test,
+            cfg.split_seed,
+            f"data.test_fraction={cfg.test_fraction}",
         )
     if cfg.num_folds:
-        train, val = kfold_split(rest, y[rest], cfg.num_folds, cfg.fold, cfg.split_seed)
+        labels = y[rest] if stratify else None
+        train, val = kfold_split(rest, labels, cfg.num_folds, cfg.fold, cfg.split_seed)
     else:
         num_val = round(cfg.val_fraction * len(y))
         train, val = stratified_split(
-            rest, y[rest], num_val, cfg.split_seed, f"data.val_fraction={cfg.val_fraction}"
+            rest,
+            y[rest] if stratify else None,
+            num_val,
+            cfg.split_seed,
+            f"data.val_fraction={cfg.val_fraction}",
         )
     return SplitIndices(train=np.sort(train), val=np.sort(val), test=np.sort(test))
 
 
 def stratified_split(
-    idx: np.ndarray, y: np.ndarray, num_held_out: int, seed: int, key: str
+    idx: np.ndarray, y: Optional[np.ndarray], num_held_out: int, seed: int, key: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(kept, held_out) with num_held_out samples held out, class proportions kept."""
+    """(kept, held_out) with num_held_out samples held out, class proportions kept (y None:
+    a plain seeded random split, for regression targets)."""
     from sklearn.model_selection import train_test_split
 
     if num_held_out == 0:
@@ -62,12 +74,16 @@ def stratified_split(
 
 
 def kfold_split(
-    idx: np.ndarray, y: np.ndarray, num_folds: int, fold: int, seed: int
+    idx: np.ndarray, y: Optional[np.ndarray], num_folds: int, fold: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val): fold number `fold` of a shuffled stratified k-fold over idx."""
-    from sklearn.model_selection import StratifiedKFold
+    """(train, val): fold number `fold` of a shuffled (stratified, with y) k-fold over idx."""
+    from sklearn.model_selection import KFold, StratifiedKFold
 
-    folds = StratifiedKFold(n_splits=num_folds, shuffle=True, random_state=seed)
+    folds: Any = (
+        StratifiedKFold(n_splits=num_folds, shuffle=True, random_state=seed)
+        if y is not None
+        else KFold(n_splits=num_folds, shuffle=True, random_state=seed)
+    )
     try:
         train_pos, val_pos = list(folds.split(np.zeros(len(idx)), y))[fold]
     except ValueError as exc:

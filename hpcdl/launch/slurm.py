@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcdl.config.schema import ClusterConfig, Config, CustomModelConfig, tasks_per_node
+from hpcdl.config.schema import ClusterConfig, Config, tasks_per_node
 from hpcdl.errors import HpcdlError
 from hpcdl.launch.snapshot import snapshot_code
 from hpcdl.rundir import JobDir, RunDir
@@ -119,10 +119,14 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
 
 
 def custom_targets(*configs: Config) -> list[str]:
-    """The user code the configs name (model.target, trainer.step_hooks): those modules
-    are frozen with the code."""
-    targets = [c.model.target for c in configs if isinstance(c.model, CustomModelConfig)]
-    return targets + [hook for c in configs for hook in c.trainer.step_hooks]
+    """The user code the configs name (model.target, data.target, data.collate_fn,
+    task.target, trainer.step_hooks): those modules are frozen with the code."""
+    targets: list[str] = []
+    for c in configs:
+        named = [getattr(c.model, "target", None), getattr(c.task, "target", None)]
+        named += [getattr(c.data, "target", None), getattr(c.data, "collate_fn", None)]
+        targets += [t for t in named if isinstance(t, str)] + list(c.trainer.step_hooks)
+    return targets
 
 
 class SubmitError(HpcdlError):

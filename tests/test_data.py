@@ -479,3 +479,30 @@ def test_iterate_batches_loader_matches_in_memory(num_workers):
     loaded = collect(x, y, sharder, 4, 1, in_memory=False, num_workers=num_workers)
     assert len(fast) == len(loaded)
     assert all(torch.equal(a[2], b[2]) for a, b in zip(fast, loaded, strict=True))
+
+
+class _Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": torch.tensor([float(i)]) + torch.rand(1), "y": i % 3}
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_dataset_batches_leave_the_global_rng_alone_and_are_seeded_per_sample(num_workers):
+    """Starting a DataLoader iteration must not draw from the global torch RNG: a run resumed
+    mid-epoch starts one where the uninterrupted run did not, and its dropout would differ."""
+    from hpcdl.data.loader import LoaderSettings, dataset_batches
+
+    settings = LoaderSettings(num_workers=num_workers, prefetch_factor=2, collate_fn=None, seed=7)
+    sharder = EpochSharder(30, 8, 0, 1, seed=7)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    full = list(dataset_batches(_Squares(), sharder, 2, 0, torch.device("cpu"), settings))
+    assert torch.equal(torch.get_rng_state(), before)
+    resumed = list(dataset_batches(_Squares(), sharder, 2, 2, torch.device("cpu"), settings))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert [s for s, _, _ in resumed] == [2, 3]
+    for (_, a, _), (_, b, _) in zip(full[2:], resumed, strict=True):
+        assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"])  # same augmentation

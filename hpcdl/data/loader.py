@@ -10,6 +10,7 @@ starts with exactly the next batch without reading the consumed ones.
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -20,6 +21,12 @@ from torch.utils.data import DataLoader
 from hpcdl.data.sharding import EpochSharder
 
 Batch = tuple[int, torch.Tensor, torch.Tensor, int]
+
+# QUIET_GENERATOR_NOTE: every DataLoader gets its own generator. Without one, starting an
+# iteration draws the workers' base seed from the global torch RNG, so a run resumed
+# mid-epoch (which starts a new iteration where the uninterrupted run did not) would draw
+# different dropout masks from then on. hpcdl seeds each sample itself, so the workers'
+# base seed does not matter.
 
 
 def iterate_batches(
@@ -167,6 +174,7 @@ def _loader_for(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
+        generator=torch.Generator(),  # see QUIET_GENERATOR_NOTE
     )
     _LOADERS[sharder] = _CachedLoader(loader, dataset, num_workers, pin_memory)
     return loader
@@ -195,8 +203,29 @@ class SeededSamples(torch.utils.data.Dataset[Any]):
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, index = key
-        seed_rngs(sample_seed(self.seed, epoch, index))
-        return self.dataset[index]
+        if torch.utils.data.get_worker_info() is not None:  # a worker: its RNGs are its own
+            seed_rngs(sample_seed(self.seed, epoch, index))
+            return self.dataset[index]
+        # num_workers=0: in the training process, whose RNG streams (dropout) must not move.
+        with kept_rng_states():
+            seed_rngs(sample_seed(self.seed, epoch, index))
+            return self.dataset[index]
+
+
+@contextmanager
+def kept_rng_states() -> Iterator[None]:
+    """Python's, NumPy's and torch's CPU RNG states, put back when the block ends."""
+    import random
+
+    import numpy as np
+
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
 
 
 def seed_rngs(seed: int) -> None:
@@ -286,6 +315,7 @@ def _dataset_loader_for(
         pin_memory=pin_memory,
         persistent_workers=workers > 0,
         prefetch_factor=settings.prefetch_factor if workers > 0 else None,
+        generator=torch.Generator(),  # see QUIET_GENERATOR_NOTE
     )
     _DATASET_LOADERS[sharder] = (dataset, loader)
     return loader
@@ -312,6 +342,7 @@ def dataset_eval_batches(
         num_workers=min(settings.num_workers, len(batches)),
         pin_memory=device.type == "cuda",
         prefetch_factor=settings.prefetch_factor if settings.num_workers > 0 else None,
+        generator=torch.Generator(),  # see QUIET_GENERATOR_NOTE
     )
     for batch in loader:
         yield move_to(batch, device)

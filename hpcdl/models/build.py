@@ -28,6 +28,9 @@ def build_model(cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> nn.
     if builder is None:
         raise ConfigError(f"model.name={cfg.name!r}: unknown; choose one of {', '.join(BUILDERS)}")
     check_model(cfg)  # the ranges, as on the login node
-    if num_classes < 1:
-        raise ValueError(f"num_classes={num_classes}: the data must have classes")
+    if num_classes < 1 and cfg.name != "custom":  # a model of yours may not need them
+        raise ConfigError(
+            f"model={cfg.name} needs the number of outputs, but the data names no classes; "
+            "set data.num_classes (or give the dataset a `classes` attribute)"
+        )
     return builder(cfg, tuple(int(s) for s in input_shape), num_classes)

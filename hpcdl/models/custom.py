@@ -27,6 +27,15 @@ def build_custom(
     data_kwargs: dict[str, Any] = {"input_shape": input_shape, "num_classes": num_classes}
     if signature is not None:
         data_kwargs = {k: v for k, v in data_kwargs.items() if accepts(signature, k)}
+    if num_classes < 1:  # the data names no classes (data=custom without them)
+        named = signature is not None and "num_classes" in signature.parameters
+        if named and "num_classes" not in cfg.kwargs:
+            raise ConfigError(
+                f"{key}: takes num_classes, but the data names no classes; set data.num_classes "
+                "or model.kwargs.num_classes"
+            )
+        data_kwargs.pop("num_classes", None)
+    if signature is not None:
         check_kwargs_fit(cfg, signature, data_kwargs)
     try:
         model = factory(**{**data_kwargs, **cfg.kwargs})

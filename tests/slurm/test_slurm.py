@@ -161,6 +161,87 @@ def test_outside_scontrol_requeue_mid_run_resumes_exactly(devcluster, tmp_path) 
     assert s["weights_sha256"] == reference_sha(tmp_path, *LONG)
 
 
+# A researcher's own package: a model class, a lazily computed dataset with random
+# augmentation, and a custom step with a metric of its own.
+USER_PACKAGE = {
+    "labcode/__init__.py": "",
+    "labcode/nets.py": (
+        "from torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self, width=16):\n"
+        "        super().__init__()\n"
+        "        self.body = nn.Sequential(nn.Linear(6, width), nn.ReLU(), nn.Dropout(0.2), nn.Linear(width, 3))\n"
+        "    def forward(self, x):\n"
+        "        return self.body(x)\n"
+    ),
+    "labcode/data.py": (
+        "import torch\n"
+        "from torch.utils.data import Dataset\n"
+        "class Points(Dataset):\n"
+        "    def __init__(self, n, offset):\n"
+        "        self.n, self.offset = n, offset\n"
+        "    def __len__(self):\n"
+        "        return self.n\n"
+        "    def __getitem__(self, i):\n"
+        "        g = torch.Generator().manual_seed(self.offset + i)\n"
+        "        y = (self.offset + i) % 3\n"
+        "        x = torch.randn(6, generator=g) + y + 0.1 * torch.randn(6)  # augmentation\n"
+        "        return {'x': x, 'y': y}\n"
+        "def build(n=3000):\n"
+        "    return {'train': Points(n, 0), 'val': Points(200, 10**6)}\n"
+    ),
+    "labcode/steps.py": (
+        "import torch.nn.functional as F\n"
+        "def step(model, batch):\n"
+        "    logits = model(batch['x'])\n"
+        "    hit = (logits.argmax(1) == batch['y']).float().mean()\n"
+        "    return F.cross_entropy(logits, batch['y']), {'hit': hit}\n"
+    ),
+}
+USER_RUN = [
+    "model=custom",
+    "model.target=labcode.nets:Net",
+    "data=custom",
+    "data.target=labcode.data:build",
+    "data.num_workers=1",
+    "task=custom",
+    "task.target=labcode.steps:step",
+    "trainer.early_stopping.monitor=val_hit",
+    "trainer.early_stopping.mode=max",
+    "trainer.batch_size=4",
+    "trainer.max_epochs=4",
+    "trainer.checkpoint_every_steps=300",
+    "trainer.log_every_steps=1000",
+]
+
+
+def test_users_own_model_data_and_task_survive_scontrol_requeue_exactly(
+    devcluster, tmp_path
+) -> None:
+    src = tmp_path / "src"
+    for name, text in USER_PACKAGE.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    env = {"PYTHONPATH": str(src), **ONE_THREAD}
+    run_dir = tmp_path / "run"
+    out = run_hpcdl(
+        "train", "cluster=devcluster", f"run_dir={run_dir}", *USER_RUN, cwd=tmp_path, env=env
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "labcode" in (run_dir / "code" / "FROZEN").read_text()  # frozen with the code
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    wait_for_checkpoint(run_dir)
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    s = wait_done(run_dir)
+    starts = [a for a in attempts(run_dir) if a["event"] == "start"]
+    assert len(starts) >= 2 and starts[-1]["restart_count"] >= 1
+    assert s["test_hit"] is None and s["best_metric_name"] == "val_hit"
+    ref = tmp_path / "reference"
+    out = run_hpcdl("train", f"run_dir={ref}", *USER_RUN, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert s["weights_sha256"] == summary(ref)["weights_sha256"]
+
+
 def test_preemption_by_the_urgent_partition_requeues_and_resumes_exactly(
     devcluster, tmp_path
 ) -> None:

@@ -10,8 +10,8 @@ starts with exactly the next batch without reading the consumed ones.
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Optional
 

@@ -30,9 +30,13 @@ class JobOutcome:
     signal_name: Optional[str]
     summary: dict[str, Any]
     global_step: int
+    # `hpcdl run`: the user's program failed with this status (no stop was asked for).
+    failed_exit_code: Optional[int] = None
 
     @property
     def exit_code(self) -> int:
+        if self.failed_exit_code is not None:
+            return self.failed_exit_code
         return EXIT_OK if self.completed else EXIT_INTERRUPTED
 
 
@@ -56,6 +60,14 @@ def stop_signal_names(warning: str) -> tuple[str, ...]:
 
 
 def _train(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
+    if cfg.script is not None:  # `hpcdl run`: the user's program, not the trainer
+        from hpcdl.script_job import run_script
+
+        return run_script(cfg, path, stop)
+    return _train_model(cfg, path, stop)
+
+
+def _train_model(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
     from hpcdl.build import build_trainer
     from hpcdl.dist import pick_device, process_group
     from hpcdl.env import rank_env_from

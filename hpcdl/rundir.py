@@ -53,6 +53,7 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("code/", "Slurm: the frozen copy of hpcdl and the user's modules the job runs"),
     ("logs/", "launched runs: one log file per rank (submitit)"),
     ("trial.log", "a trial of a local sweep: its console output"),
+    ("stop/", "`hpcdl run`: one file per attempt, made when a stop is requested (HPCDL_STOP_FILE)"),
 )
 
 
@@ -92,6 +93,7 @@ class RunDir(JobDir):
     ATTEMPTS: ClassVar[str] = "attempts.jsonl"
     SUBMISSION: ClassVar[str] = "slurm.json"
     TRIAL_LOG: ClassVar[str] = "trial.log"
+    STOP: ClassVar[str] = "stop"
 
     # ------------------------------------------------------------------ paths
     @property
@@ -121,6 +123,10 @@ class RunDir(JobDir):
     @property
     def trial_log(self) -> Path:
         return self.path / self.TRIAL_LOG
+
+    def stop_file(self, job_id: Optional[str], restart_count: int) -> Path:
+        """Where `hpcdl run` makes a file when this attempt is asked to stop (not created)."""
+        return self.path / self.STOP / f"{job_id or 'local'}-{restart_count}"
 
     def eval_dir(self, checkpoint_name: str) -> Path:
         """Where `hpcdl evaluate` of one checkpoint writes (created)."""

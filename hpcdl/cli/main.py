@@ -19,6 +19,7 @@ from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
     from hpcdl.rundir import RunDir
+    from hpcdl.sweep.plan import SweepPlan
 
 
 def _group_listing(config_dirs: Optional[list[str]] = None) -> str:
@@ -64,6 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks"
     )
+
+    run = sub.add_parser(
+        "run",
+        help="your own script or function as a (Slurm) job: hpcdl run [overrides] -- COMMAND...",
+        description="Run an existing program with hpcdl's run dir, profiles, dry-run, "
+        "preflight, requeue and sweeps: hpcdl run [overrides] -- python train.py --lr 0.1, or "
+        "hpcdl run entry=package.module:function entry.kwargs.lr=0.1. Overrides: cluster "
+        "settings, launcher=srun|torchrun, metrics_file=PATH, run_dir=PATH.",
+    )
+    run.add_argument("overrides", nargs="*", help="cluster=..., launcher=..., entry=...")
+    run.add_argument("--config-dir", "-cd", action="append", default=[], help="extra config dir")
+    run.add_argument("--multirun", "-m", action="store_true", help="expand {a,b} in the command")
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the sbatch script, submit nothing"
+    )
+    run.add_argument("--no-preflight", action="store_true", help="skip the sinfo/scontrol checks")
 
     resume = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
     resume.add_argument("run_dir")
@@ -114,10 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if argv[:1] == ["run"] and "--" in argv:  # `hpcdl run [overrides] -- COMMAND...`
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
+    args.program = command
     try:
         handler = {
             "train": cmd_train,
+            "run": cmd_run,
             "resume": cmd_resume,
             "evaluate": cmd_evaluate,
             "predict": cmd_predict,
@@ -170,11 +194,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def run_sweep(args: argparse.Namespace) -> int:
     from hpcdl.cli.expand import plan_sweep
+
+    return launch_sweep(plan_sweep(args.overrides, args.config_dir), args)
+
+
+def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
+    """A planned sweep (`train -m`, `run -m`): dry run, or preflight, the sweep dir with
+    one run dir per trial, and one job array (or a local pool)."""
     from hpcdl.config.schema import Launcher
     from hpcdl.sweep import ledger as ledger_mod
     from hpcdl.sweep.launch import create_sweep, run_local_pool, submit_arrays
 
-    plan = plan_sweep(args.overrides, args.config_dir)
     if args.dry_run:
         print(f"{len(plan.trials)} trials:")
         for t in plan.trials:
@@ -201,6 +231,12 @@ def run_sweep(args: argparse.Namespace) -> int:
         print(f"  summary: hpcdl sweep summary {sweep_dir}")
         return EXIT_OK
     return run_local_pool(ledger, indices)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from hpcdl.cli.run import run_program
+
+    return run_program(args)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -47,7 +47,11 @@ def to_config(cfg: DictConfig) -> schema.Config:
 
 
 def from_dict(raw: dict[Any, Any]) -> schema.Config:
-    unknown = [k for k in raw if k not in GROUPS and k not in TOP_LEVEL_KEYS and k != "hydra"]
+    unknown = [
+        k
+        for k in raw
+        if k not in GROUPS and k not in TOP_LEVEL_KEYS and k not in ("hydra", "script")
+    ]
     if unknown:
         raise ConfigError(_unknown_key_message(unknown[0], [*GROUPS, *TOP_LEVEL_KEYS]))
     parts: dict[str, Any] = {}
@@ -70,6 +74,9 @@ def from_dict(raw: dict[Any, Any]) -> schema.Config:
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{key}={value!r}: must be a path string or null")
         parts[key] = value
+    script = raw.get("script")
+    if script is not None:
+        parts["script"] = _typed("script", schema.ScriptConfig, script)
     return schema.Config(**parts)
 
 

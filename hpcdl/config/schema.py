@@ -384,6 +384,26 @@ class ClusterConfig:
     array_parallelism: int = 0
 
 
+# ----------------------------------------------------------------------------- scripts
+class ScriptLauncher(str, Enum):
+    srun = "srun"  # one task per GPU (or cluster.tasks_per_node), the rank env exported
+    torchrun = "torchrun"  # one task per node running torchrun (c10d rendezvous)
+
+
+@dataclass
+class ScriptConfig:
+    """`hpcdl run -- COMMAND...` or `hpcdl run entry=pkg.mod:fn`: the user's own program."""
+
+    command: list[str] = field(default_factory=list)
+    # "package.module:function", called with entry_kwargs in a fresh Python per rank.
+    entry: Optional[str] = None
+    entry_kwargs: dict[str, Any] = field(default_factory=dict)
+    launcher: ScriptLauncher = ScriptLauncher.srun
+    # A file (relative to the run dir) the script writes its metrics to, JSON object or
+    # CSV with a header (last row wins): copied into summary.json for sweep summaries.
+    metrics_file: Optional[str] = None
+
+
 # ----------------------------------------------------------------------------- top level
 @dataclass
 class Config:
@@ -400,10 +420,20 @@ class Config:
     run_dir: Optional[str] = None
     # Warm start: a run dir or checkpoint file; weights only, fresh optimizer.
     init_from: Optional[str] = None
+    # Set by `hpcdl run`: the job runs this program instead of hpcdl's trainer.
+    script: Optional[ScriptConfig] = None
 
     @property
     def world_size(self) -> int:
         return self.cluster.nodes * tasks_per_node(self.cluster)
+
+
+def slurm_tasks_per_node(cfg: Config) -> int:
+    """Slurm tasks per node: one per rank, or one torchrun per node for `hpcdl run
+    launcher=torchrun` (torchrun then starts tasks_per_node workers)."""
+    if cfg.script is not None and cfg.script.launcher == ScriptLauncher.torchrun:
+        return 1
+    return tasks_per_node(cfg.cluster)
 
 
 def tasks_per_node(cluster: ClusterConfig) -> int:

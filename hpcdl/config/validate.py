@@ -8,6 +8,7 @@ code gets the same one-line errors and no check is written twice.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hpcdl.config import schema
@@ -157,6 +158,89 @@ def _check_dataset_source(data: schema.CustomDataConfig | schema.ImageFolderConf
             )
     if data.std is not None and any(v <= 0 for v in data.std):
         raise ConfigError(f"data.std={data.std}: every value must be > 0")
+
+
+def check_script(script: schema.ScriptConfig, cluster: schema.ClusterConfig) -> None:
+    """`hpcdl run`: the program exists and can be started; nothing is imported or run."""
+    usage = (
+        "hpcdl run [overrides] -- python train.py ...  or  hpcdl run entry=package.module:function"
+    )
+    if bool(script.command) == bool(script.entry):
+        raise ConfigError(
+            f"hpcdl run: give a command after -- or entry=..., not {'both' if script.command else 'neither'}: {usage}"
+        )
+    if (
+        script.launcher == schema.ScriptLauncher.torchrun
+        and cluster.launcher != schema.Launcher.slurm
+    ):
+        raise ConfigError(
+            f"launcher=torchrun: starts one torchrun per node of a Slurm job, and cluster={cluster.name} "
+            "is not Slurm; use launcher=srun (the default) on this machine"
+        )
+    if script.entry is not None:
+        check_target_form("entry", script.entry)
+        if not locatable(script.entry.partition(":")[0]):
+            raise ConfigError(
+                f"entry={script.entry!r}: module {script.entry.partition(':')[0]!r} is not "
+                "importable here; install it or put its folder on PYTHONPATH"
+            )
+        return
+    _check_command(script.command)
+
+
+def _check_command(command: list[str]) -> None:
+    import shutil
+
+    program = command[0]
+    if Path(program).name.startswith("python") and shutil.which(program):
+        rest = command[1:]
+        if rest[:1] == ["-m"] and len(rest) > 1:
+            if not locatable(rest[1]):
+                raise ConfigError(f"-m {rest[1]}: no such module here; check PYTHONPATH")
+            return
+        script = next((t for t in rest if not t.startswith("-")), None)
+        if script is not None and not Path(script).expanduser().is_file():
+            raise ConfigError(
+                f"{script}: no such script (from {Path.cwd()}); give its path relative to here"
+            )
+        return
+    path = Path(program).expanduser()
+    if "/" in program:
+        if not path.is_file():
+            raise ConfigError(
+                f"{program}: no such file; give the program's path or its name on PATH"
+            )
+        if not os.access(path, os.X_OK):
+            raise ConfigError(
+                f"{program}: not executable; chmod +x it, or start it with its interpreter "
+                f"(python {program}, bash {program})"
+            )
+        return
+    if shutil.which(program) is None:
+        raise ConfigError(f"{program}: command not found on PATH; give its full path")
+
+
+def locatable(module: str) -> bool:
+    """Whether `module` (dotted) can be imported here, found without running any of it."""
+    import importlib.util
+
+    top, *rest = module.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    locations = list(spec.submodule_search_locations or [])
+    for part in rest:
+        found = [Path(d) / part for d in locations]
+        packages = [p for p in found if (p / "__init__.py").is_file() or p.is_dir()]
+        if any(p.with_suffix(".py").is_file() for p in found):
+            return True  # a module file: deeper parts would be attributes
+        if not packages:
+            return False
+        locations = [str(p) for p in packages]
+    return True
 
 
 def check_optim(optim: object) -> None:

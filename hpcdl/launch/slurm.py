@@ -11,22 +11,31 @@ import shlex
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from hpcdl.config.schema import ClusterConfig, Config, tasks_per_node
+from hpcdl.config.schema import (
+    ClusterConfig,
+    Config,
+    ScriptLauncher,
+    slurm_tasks_per_node,
+    tasks_per_node,
+)
 from hpcdl.errors import HpcdlError
-from hpcdl.launch.snapshot import snapshot_code
+from hpcdl.launch.snapshot import freeze_script_files, snapshot_code
 from hpcdl.rundir import JobDir, RunDir
 
 
-def sbatch_parameters(cluster: ClusterConfig, job_name: str) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for a cluster profile (one task per GPU)."""
+def sbatch_parameters(
+    cluster: ClusterConfig, job_name: str, ntasks_per_node: Optional[int] = None
+) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for a cluster profile (one task per GPU unless
+    ntasks_per_node says otherwise: one torchrun per node)."""
     params: dict[str, Any] = {
         "job_name": job_name,
         "nodes": cluster.nodes,
-        "ntasks_per_node": tasks_per_node(cluster),
+        "ntasks_per_node": ntasks_per_node or tasks_per_node(cluster),
         "cpus_per_task": cluster.cpus_per_task,
         "time": cluster.timeout_min,
         "signal_delay_s": cluster.signal_delay_s,
@@ -76,7 +85,9 @@ def make_executor(cfg: Config, base_dir: JobDir) -> Any:
     executor = submitit.SlurmExecutor(
         folder=str(base_dir.log_dir), max_num_timeout=cfg.cluster.max_requeues
     )
-    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{base_dir.path.name}")
+    params = sbatch_parameters(
+        cfg.cluster, f"hpcdl-{base_dir.path.name}", slurm_tasks_per_node(cfg)
+    )
     params["setup"] = setup_lines(cfg.cluster, base_dir.code_dir)
     executor.update_parameters(**params)
     return executor
@@ -86,7 +97,7 @@ def sbatch_text(cfg: Config, run_dir: JobDir) -> str:
     """The exact sbatch script submitit writes for this run."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = sbatch_parameters(cfg.cluster, job_name=f"hpcdl-{run_dir.path.name}")
+    params = sbatch_parameters(cfg.cluster, f"hpcdl-{run_dir.path.name}", slurm_tasks_per_node(cfg))
     params["setup"] = setup_lines(cfg.cluster, run_dir.code_dir)
     logs = shlex.quote(str(run_dir.log_dir))
     command = (
@@ -99,6 +110,16 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
     """What each rank will see, as far as it is known before the job starts."""
     c = cfg.cluster
     per_node = tasks_per_node(c)
+    if cfg.script is not None and cfg.script.launcher == ScriptLauncher.torchrun:
+        return [
+            {
+                "NODE(SLURM_NODEID)": str(node),
+                "TORCHRUN": f"--nnodes={c.nodes} --nproc-per-node={per_node} --node-rank={node}",
+                "RDZV": "c10d at <first host of SLURM_JOB_NODELIST>:15000 + SLURM_JOB_ID % 15000",
+                **{k: str(v) for k, v in c.env.items()},
+            }
+            for node in range(c.nodes)
+        ]
     rows = []
     for rank in range(c.nodes * per_node):
         node, local = divmod(rank, per_node)
@@ -124,6 +145,7 @@ def custom_targets(*configs: Config) -> list[str]:
     targets: list[str] = []
     for c in configs:
         named = [getattr(c.model, "target", None), getattr(c.task, "target", None)]
+        named.append(c.script.entry if c.script is not None else None)
         named += [getattr(c.data, "target", None), getattr(c.data, "collate_fn", None)]
         targets += [t for t in named if isinstance(t, str)] + list(c.trainer.step_hooks)
     return targets
@@ -181,12 +203,24 @@ def freeze_code(base_dir: JobDir, *configs: Config) -> None:
     snapshot_code(base_dir.code_dir, custom_targets(*configs))
 
 
+def with_frozen_script(cfg: Config, base_dir: JobDir) -> Config:
+    """`hpcdl run -- python train.py`: the script's folder frozen into the code dir, and the
+    command pointing at that copy (so later edits never reach a queued or requeued job)."""
+    if cfg.script is None or not cfg.script.command:
+        return cfg
+    command = freeze_script_files(base_dir.code_dir, cfg.script.command)
+    return replace(cfg, script=replace(cfg.script, command=command))
+
+
 def submit(cfg: Config, run_dir: RunDir) -> Submission:
     from submitit.core.utils import FailedJobError
 
     from hpcdl.launch.slurm_job import main as job_main
 
     freeze_code(run_dir, cfg)
+    frozen = with_frozen_script(cfg, run_dir)
+    if frozen != cfg:
+        cfg = run_dir.save_config(frozen)
     executor = make_executor(cfg, run_dir)
     try:
         with outside_job_env():

@@ -81,6 +81,8 @@ def seconds_left(job_id: str) -> float | None:
 
 
 def classify(signal_name: str | None, warning: str, job_id: str, signal_delay_s: int) -> str:
+    if signal_name is None:
+        return "requested"  # `hpcdl run`: the program exited with EXIT_INTERRUPTED itself
     if signal_name != warning:
         return "cancelled"  # SIGTERM/SIGINT: scancel, an outside requeue, or a kill
     left = seconds_left(job_id)
@@ -90,10 +92,15 @@ def classify(signal_name: str | None, warning: str, job_id: str, signal_delay_s:
 
 
 def should_requeue(reason: str, num_timeouts_before: int, max_requeues: int) -> bool:
-    """Preemptions always come back; timeouts only max_requeues times; cancels never."""
+    """Preemptions always come back; timeouts (and a program's own requests to be
+    requeued) only max_requeues times; cancels never."""
     if reason == "preempted":
         return True
-    return reason == "timeout" and num_timeouts_before < max_requeues
+    return reason in LIMITED_REASONS and num_timeouts_before < max_requeues
+
+
+# Stops that count against cluster.max_requeues.
+LIMITED_REASONS = ("timeout", "requested")
 
 
 def requeue(job_id: str) -> str:
@@ -122,13 +129,26 @@ def main(run_dir: str) -> dict[str, Any]:
                 {"event": "end", "job_id": env.job_id, "end": _now(), "reason": "completed"}
             )
         return outcome.summary
+    if outcome.failed_exit_code is not None:  # `hpcdl run`: the program failed on its own
+        if env.is_main:
+            path.append_attempt(
+                {
+                    "event": "end",
+                    "job_id": env.job_id,
+                    "end": _now(),
+                    "reason": "failed",
+                    "exit_code": outcome.failed_exit_code,
+                    "action": "exit",
+                }
+            )
+        sys.exit(outcome.failed_exit_code)
     warning = stop_signal_names(cfg.cluster.signal)[-1]
     reason = classify(outcome.signal_name, warning, env.job_id or "", cfg.cluster.signal_delay_s)
     if env.is_main:
-        num_timeouts = sum(1 for a in path.read_attempts() if a.get("reason") == "timeout")
+        num_timeouts = sum(1 for a in path.read_attempts() if a.get("reason") in LIMITED_REASONS)
         if should_requeue(reason, num_timeouts, cfg.cluster.max_requeues) and env.job_id:
             action = requeue(env.job_id)
-        elif reason == "timeout":
+        elif reason in LIMITED_REASONS:
             action = (
                 f"not requeued: cluster.max_requeues={cfg.cluster.max_requeues} timeouts reached"
             )

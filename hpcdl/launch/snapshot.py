@@ -55,6 +55,39 @@ def snapshot_code(code: Path, custom_targets: Iterable[str] = ()) -> str:
     return revision
 
 
+SCRIPT_DIR = "script"  # the frozen copy of an `hpcdl run` script's folder
+
+
+def freeze_script_files(code: Path, command: list[str]) -> list[str]:
+    """`hpcdl run -- python train.py ...`: copy the script's folder (its .py files and the
+    packages beside it) into code/script once, and return the command with the script's
+    path pointing at the frozen copy. Commands without a local .py file are unchanged."""
+    for index, token in enumerate(command):
+        path = Path(token).expanduser()
+        if not token.endswith(".py") or not path.is_file():
+            continue
+        path = path.resolve()
+        if path.is_relative_to(code.resolve()):
+            return command  # already frozen (a resumed run)
+        frozen = code / SCRIPT_DIR
+        if not frozen.exists():
+            copy_python_tree(path.parent, frozen)
+        return [*command[:index], str(frozen / path.name), *command[index + 1 :]]
+    return command
+
+
+def copy_python_tree(source: Path, target: Path) -> None:
+    """The .py files of `source`, and its sub-folders that are packages (with __init__.py)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(source.iterdir()):
+        if entry.name.startswith(".") or entry.name == "__pycache__":
+            continue
+        if entry.is_file() and entry.suffix == ".py":
+            shutil.copy2(entry, target / entry.name)
+        elif entry.is_dir() and (entry / "__init__.py").is_file():
+            shutil.copytree(entry, target / entry.name, ignore=IGNORED)
+
+
 def find_top_level(name: str) -> Optional[ModuleSpec]:
     """Locate a top-level module without running it (None: not importable here)."""
     try:

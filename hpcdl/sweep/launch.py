@@ -56,9 +56,13 @@ def create_sweep(plan: SweepPlan) -> Ledger:
         _, run_dir = create_run_dir(cfg)
         ledger.trials.append(TrialRecord(trial.index, trial.overrides, str(run_dir.path)))
     if first.cluster.launcher == Launcher.slurm:
-        from hpcdl.launch.slurm import freeze_code
+        from hpcdl.launch.slurm import freeze_code, with_frozen_script
 
         freeze_code(SweepDir(sweep_dir), *(t.config for t in plan.trials))
+        for record, trial in zip(ledger.trials, plan.trials, strict=True):
+            frozen = with_frozen_script(trial.config, SweepDir(sweep_dir))
+            if frozen != trial.config:
+                RunDir(Path(record.run_dir)).save_config(frozen)
     ledger_mod.save(ledger)
     return ledger
 

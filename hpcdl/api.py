@@ -1,0 +1,71 @@
+"""hpcdl's API for programs launched by `hpcdl run` (stdlib; torch only for checkpoints).
+
+    import hpcdl.api as hp
+    store = hp.checkpoint_store()          # atomic, checksummed, weights-only, keep-last-N
+    found = store.load_latest()            # a continuation after a requeue resumes here
+    for step in ...:
+        ...
+        if hp.stop_requested():            # the time limit or a preemption is near
+            store.save(state, step)
+            raise SystemExit(hp.EXIT_REQUEUE)
+
+A program that ignores this API still gets the warning signal forwarded (and is requeued
+after it exits); with it, it can save at a step boundary first.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from hpcdl.env import RankEnv, rank_env_from
+from hpcdl.exit_codes import EXIT_INTERRUPTED
+
+if TYPE_CHECKING:
+    from hpcdl.checkpoint import CheckpointStore
+
+# Exit with this status to be requeued (after saving), with or without a stop request.
+EXIT_REQUEUE = EXIT_INTERRUPTED
+
+
+def stop_requested() -> bool:
+    """True once hpcdl was asked to stop this attempt (time limit, preemption, scancel)."""
+    path = os.environ.get("HPCDL_STOP_FILE")
+    return path is not None and path != "" and os.path.exists(path)
+
+
+def run_dir() -> Optional[Path]:
+    """The run's directory (the same for every attempt), or None outside `hpcdl run`."""
+    value = os.environ.get("HPCDL_RUN_DIR")
+    return Path(value) if value else None
+
+
+def restart_count() -> int:
+    """0 for the first attempt; > 0 for a continuation after a requeue."""
+    return int(os.environ.get("HPCDL_RESTART_COUNT", "0") or 0)
+
+
+def rank_env() -> RankEnv:
+    """Rank, local rank, world size, master address and port of this process (from the
+    RANK/WORLD_SIZE/... that hpcdl or torchrun exported, which win over SLURM_*)."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return rank_env_from({k: v for k, v in env.items() if not k.startswith("SLURM_")})
+    return rank_env_from(env)
+
+
+def checkpoint_store(keep_last: int = 2, directory: Optional[str] = None) -> CheckpointStore:
+    """The run's checkpoint store (RUN_DIR/checkpoints unless `directory` is given). Save
+    from one rank (rank 0) only."""
+    from hpcdl.checkpoint import CheckpointStore
+    from hpcdl.rundir import RunDir
+
+    if directory is None:
+        base = run_dir()
+        if base is None:
+            raise RuntimeError(
+                "hpcdl.api.checkpoint_store: not launched by `hpcdl run`; give directory="
+            )
+        directory = str(RunDir(base).checkpoint_dir)
+    return CheckpointStore(directory, keep_last=keep_last)

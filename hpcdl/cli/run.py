@@ -1,0 +1,149 @@
+"""`hpcdl run [overrides] -- COMMAND...` and `hpcdl run entry=pkg.mod:fn`: the user's own
+program through the same run dir, snapshot, sbatch, preflight, submission and sweep
+machinery as `hpcdl train` (hpcdl.cli.main). Never imports torch.
+
+Overrides besides the config's (cluster=..., cluster.nodes=2, run_dir=...): launcher=srun|
+torchrun, entry=package.module:function, entry.kwargs.NAME=VALUE, metrics_file=PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import re
+from dataclasses import replace
+from typing import Any
+
+from hpcdl.config.schema import Config, ScriptConfig, ScriptLauncher
+from hpcdl.errors import ConfigError
+
+# Keys of `hpcdl run` itself; everything else goes to the config.
+RUN_KEYS = ("launcher", "entry", "metrics_file")
+BRACES = re.compile(r"\{([^{}]*)\}")
+RANGE = re.compile(r"^range\((-?\d+),\s*(-?\d+)(?:,\s*(-?\d+))?\)$")
+HYDRA_LIST = re.compile(r"^([A-Za-z_+~][\w.+~/-]*)=([^=]*,[^=]*)$")
+
+
+def run_program(args: argparse.Namespace) -> int:
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.cli.main import dry_run, launch, launch_sweep, preflight
+    from hpcdl.config.validate import check_script
+    from hpcdl.rundir import create_run_dir
+
+    script, overrides = script_from(args.overrides, list(args.program))
+    cfg = replace(compose_config(overrides, args.config_dir), script=script)
+    check_script(script, cfg.cluster)
+    if args.multirun:
+        return launch_sweep(plan_program_sweep(cfg, args, overrides), args)
+    if args.dry_run:
+        return dry_run(cfg)
+    preflight(cfg, args.no_preflight)
+    cfg, run_dir = create_run_dir(cfg)
+    print(f"run dir: {run_dir.path}", flush=True)
+    return launch(cfg, run_dir)
+
+
+def script_from(overrides: list[str], command: list[str]) -> tuple[ScriptConfig, list[str]]:
+    """Split `hpcdl run`'s own keys out of the overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    entry, launcher, metrics_file = None, ScriptLauncher.srun, None
+    kwargs: dict[str, Any] = {}
+    rest = []
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        if not sep or key.split(".", 1)[0] not in RUN_KEYS:
+            rest.append(text)
+        elif key == "launcher":
+            if value not in ScriptLauncher.__members__:
+                raise ConfigError(f"launcher={value!r}: unknown; choose srun or torchrun")
+            launcher = ScriptLauncher(value)
+        elif key == "entry":
+            entry = value
+        elif key.startswith("entry.kwargs."):
+            kwargs[key.removeprefix("entry.kwargs.")] = (
+                OverridesParser.create().parse_override(text).value()
+            )
+        elif key == "metrics_file":
+            metrics_file = value
+        else:
+            raise ConfigError(f"{key}: unknown key of hpcdl run; use entry.kwargs.NAME=VALUE")
+    script = ScriptConfig(
+        command=command,
+        entry=entry,
+        entry_kwargs=kwargs,
+        launcher=launcher,
+        metrics_file=metrics_file,
+    )
+    return script, rest
+
+
+def expand_token(token: str) -> list[str]:
+    """`--lr={0.1,0.03}` -> two tokens; `{range(0,3)}` -> 0, 1, 2; `lr=0.1,0.03` (a Hydra
+    app's list) -> two tokens; anything else -> itself."""
+    match = HYDRA_LIST.match(token)
+    if match and "{" not in token:
+        return [f"{match.group(1)}={v}" for v in match.group(2).split(",")]
+    options: list[list[str]] = []
+    for inner in BRACES.findall(token):
+        span = RANGE.match(inner.strip())
+        if span:
+            start, stop, step = int(span.group(1)), int(span.group(2)), int(span.group(3) or 1)
+            options.append([str(v) for v in range(start, stop, step)])
+        elif "," in inner:
+            options.append([v.strip() for v in inner.split(",")])
+        else:
+            options.append(["{" + inner + "}"])
+    if not options:
+        return [token]
+    parts = BRACES.split(token)  # literal, inner, literal, inner, ..., literal
+    expanded = []
+    for choice in itertools.product(*options):
+        pieces = [p if i % 2 == 0 else choice[i // 2] for i, p in enumerate(parts)]
+        expanded.append("".join(pieces))
+    return expanded
+
+
+def plan_program_sweep(cfg: Config, args: argparse.Namespace, overrides: list[str]) -> Any:
+    """One trial per combination of the command's lists; Hydra sweeps of the config itself
+    are not combined with them (one kind per sweep)."""
+    from hpcdl.sweep.plan import SweepPlan, Trial
+
+    assert cfg.script is not None
+    command = cfg.script.command
+    choices = [expand_token(t) for t in command]
+    swept = [i for i, c in enumerate(choices) if len(c) > 1 or c[0] != command[i]]
+    if not swept:
+        raise ConfigError("-m: no list in the command; write e.g. --lr={0.1,0.03} or seed=1,2")
+    sweep_dir = None
+    for text in overrides:
+        if text.startswith("hydra.sweep.dir="):
+            sweep_dir = text.split("=", 1)[1]
+        elif text.startswith("run_dir="):
+            raise ConfigError(
+                "run_dir: a sweep gives each trial its own run dir; set hydra.sweep.dir=..."
+            )
+    keys = [_key_of(command, i) for i in swept]
+    trials = []
+    for index, combo in enumerate(itertools.product(*choices)):
+        script = replace(cfg.script, command=list(combo))
+        shown = [_shown(combo[i], keys[n]) for n, i in enumerate(swept)]
+        trials.append(Trial(index=index, overrides=shown, config=replace(cfg, script=script)))
+    return SweepPlan(sweep_dir=sweep_dir, common=overrides, swept_keys=keys, trials=trials)
+
+
+def _key_of(command: list[str], position: int) -> str:
+    """A swept token's name: its own `key=` or `--flag=`, the option flag before it
+    (`--lr {0.1,0.2}`), or its position (arg3)."""
+    token = command[position]
+    name = token.split("=", 1)[0] if "=" in token else ""
+    if name and "{" not in name:
+        return name
+    previous = command[position - 1] if position > 0 else ""
+    if previous.startswith("-") and "=" not in previous and "{" not in previous:
+        return previous
+    return f"arg{position}"
+
+
+def _shown(value: str, key: str) -> str:
+    return value if value.startswith(key + "=") else f"{key}={value}"

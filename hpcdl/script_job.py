@@ -1,0 +1,168 @@
+"""The job payload of `hpcdl run`: the user's own program, one per rank (srun) or one
+torchrun per node, with hpcdl's stop contract around it.
+
+    the rank env exported (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT, HPCDL_*) -> the program in its own process group -> on a stop signal:
+    the stop file appears and the signal is forwarded -> the program's exit decides:
+    0 = completed, 3 (EXIT_INTERRUPTED) or any exit after a stop = requeue, else failed.
+
+Stdlib only: the program imports torch itself if it wants it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from hpcdl.env import RankEnv, rank_env_from
+from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+
+if TYPE_CHECKING:
+    from hpcdl.config.schema import Config, ScriptConfig
+    from hpcdl.job import JobOutcome
+    from hpcdl.rundir import RunDir
+    from hpcdl.signals import StopFlag
+
+# How often the wrapper looks at the program and at the stop flag.
+POLL_S = 0.2
+
+
+def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
+    from hpcdl.job import JobOutcome
+
+    assert cfg.script is not None
+    started = time.monotonic()
+    env = rank_env_from(os.environ)
+    stop_file = run_dir.stop_file(env.job_id, env.restart_count)
+    command = program_command(cfg.script, cfg, env)
+    if command[0] != sys.executable and shutil.which(command[0]) is None:
+        print(f"hpcdl: {command[0]!r} is not found in the job's environment (PATH)", flush=True)
+        return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=127)
+    proc = subprocess.Popen(
+        command,
+        env={**os.environ, **program_env(cfg, env, run_dir, stop_file)},
+        start_new_session=True,
+    )
+    forwarded = False
+    while proc.poll() is None:
+        if stop.requested and not forwarded:
+            _touch(stop_file)
+            _signal_group(proc.pid, stop.signal_name or "SIGTERM")
+            forwarded = True
+        time.sleep(POLL_S)
+    if stop.requested:  # Slurm may have signalled (and ended) the program itself first
+        _touch(stop_file)
+    code = proc.returncode
+    stopped = stop.requested or code == EXIT_INTERRUPTED
+    if code == EXIT_OK and not stop.requested:
+        summary = _summary(cfg.script, run_dir, env, time.monotonic() - started)
+        if env.is_main:
+            run_dir.write_summary(summary)
+        return JobOutcome(env.rank, True, None, summary if env.is_main else {}, 0)
+    if stopped:
+        return JobOutcome(env.rank, False, stop.signal_name, {}, 0)
+    print(f"hpcdl: the program exited with status {code}", flush=True)
+    return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=_status(code))
+
+
+def program_command(script: ScriptConfig, cfg: Config, env: RankEnv) -> list[str]:
+    if script.entry is not None:
+        kwargs = json.dumps(script.entry_kwargs)
+        base = [sys.executable, "-u", "-m", "hpcdl.entry", script.entry, kwargs]
+    else:
+        base = list(script.command)
+    if script.launcher.value != "torchrun":
+        return base
+    from hpcdl.config.schema import tasks_per_node
+
+    if base and os.path.basename(base[0]).startswith("python"):
+        base = base[1:]  # torchrun starts the interpreter itself
+    if base and base[0] == "-u":
+        base = base[1:]
+    return [
+        "torchrun",
+        f"--nnodes={cfg.cluster.nodes}",
+        f"--nproc-per-node={tasks_per_node(cfg.cluster)}",
+        f"--node-rank={env.node_rank}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={env.master_addr}:{env.master_port}",
+        f"--rdzv-id={env.job_id or 'hpcdl'}",
+        *base,
+    ]
+
+
+def program_env(cfg: Config, env: RankEnv, run_dir: RunDir, stop_file: Any) -> dict[str, str]:
+    """The variables torch.distributed (env://) and torchrun-style scripts read, and
+    hpcdl's own."""
+    from hpcdl.config.schema import tasks_per_node
+
+    per_node = tasks_per_node(cfg.cluster)
+    gpus = cfg.cluster.gpus_per_node
+    variables = {
+        "HPCDL_RUN_DIR": str(run_dir.path),
+        "HPCDL_STOP_FILE": str(stop_file),
+        "HPCDL_RESTART_COUNT": str(env.restart_count),
+        "HPCDL_JOB_ID": env.job_id or "",
+        "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": str(env.master_port),
+    }
+    if cfg.script is not None and cfg.script.launcher.value == "torchrun":
+        return variables  # torchrun sets the per-worker ones itself
+    variables.update(
+        {
+            "RANK": str(env.rank),
+            "LOCAL_RANK": str(env.local_rank),
+            "WORLD_SIZE": str(env.world_size),
+            "LOCAL_WORLD_SIZE": str(per_node),
+            "NODE_RANK": str(env.node_rank),
+            "GROUP_RANK": str(env.node_rank),
+            "HPCDL_DEVICE": f"cuda:{env.local_rank % gpus}" if gpus else "cpu",
+        }
+    )
+    return variables
+
+
+def _touch(path: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def _signal_group(pid: int, signal_name: str) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError, KeyError):  # gone already
+        os.killpg(pid, signal.Signals[signal_name])
+
+
+def _status(code: int) -> int:
+    """A program killed by signal N reports -N; a shell would say 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def _summary(script: ScriptConfig, run_dir: RunDir, env: RankEnv, wall_s: float) -> dict[str, Any]:
+    summary: dict[str, Any] = {"outcome": "completed", "exit_code": 0}
+    summary.update({"world_size": env.world_size, "wall_s": wall_s})
+    if script.metrics_file:
+        summary.update(read_program_metrics(run_dir.path / script.metrics_file))
+    return summary
+
+
+def read_program_metrics(path: Any) -> dict[str, Any]:
+    """The program's metrics file: a JSON object, or a CSV with a header (the last row)."""
+    from hpcdl.rundir import MetricsLog
+
+    if not os.path.exists(path):
+        return {}
+    if str(path).endswith(".csv"):
+        return MetricsLog(path).last_row() or {}
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,170 @@
+"""`hpcdl run`: a user's own script or function, on this machine (the dev-cluster tests are
+in tests/slurm/test_scripts_slurm.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcdl.cli.run import expand_token
+
+DDP_SCRIPT = """\
+import json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+if dist.get_rank() == 0:
+    with open(os.path.join(os.environ["HPCDL_RUN_DIR"], "out.json"), "w") as f:
+        json.dump({"sum": total.item(), "argv": sys.argv[1:], "world": dist.get_world_size(),
+                   "local_world": int(os.environ["LOCAL_WORLD_SIZE"])}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_expand_token() -> None:
+    assert expand_token("--lr={0.1,0.03}") == ["--lr=0.1", "--lr=0.03"]
+    assert expand_token("{range(0,3)}") == ["0", "1", "2"]
+    assert expand_token("run{1,2}-{a,b}") == ["run1-a", "run1-b", "run2-a", "run2-b"]
+    assert expand_token("optimizer.lr=0.1,0.01") == ["optimizer.lr=0.1", "optimizer.lr=0.01"]
+    assert expand_token("--layers=1,2") == ["--layers=1,2"]  # a flag's own comma list stays
+    assert expand_token("plain") == ["plain"] and expand_token("{single}") == ["{single}"]
+
+
+@pytest.mark.slow
+def test_plain_ddp_script_on_two_local_ranks(hpcdl, tmp_path: Path) -> None:
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    out = hpcdl(
+        "run",
+        "cluster=local",
+        "cluster.tasks_per_node=2",
+        "metrics_file=out.json",
+        "run_dir=run",
+        "--",
+        "python",
+        "ddp.py",
+        "--lr",
+        "0.1",
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["outcome"] == "completed"
+    assert (summary["sum"], summary["world"], summary["local_world"]) == (3.0, 2, 2)
+    assert summary["argv"] == ["--lr", "0.1"]
+
+
+def test_entry_function_with_kwargs_and_exit_statuses(hpcdl, tmp_path: Path) -> None:
+    (tmp_path / "labjobs.py").write_text(
+        "import json, os\n"
+        "def main(lr, tag='x'):\n"
+        "    path = os.path.join(os.environ['HPCDL_RUN_DIR'], 'seen.json')\n"
+        "    json.dump({'lr': lr, 'tag': tag, 'rank': os.environ['RANK']}, open(path, 'w'))\n"
+        "def fails():\n"
+        "    return 5\n"
+        "def wants_requeue():\n"
+        "    return 3\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    out = hpcdl(
+        "run",
+        "entry=labjobs:main",
+        "entry.kwargs.lr=0.1",
+        "entry.kwargs.tag=ab",
+        "run_dir=a",
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "a" / "seen.json").read_text()) == {
+        "lr": 0.1,
+        "tag": "ab",
+        "rank": "0",
+    }
+    failed = hpcdl("run", "entry=labjobs:fails", "run_dir=b", env=env)
+    assert failed.returncode == 5 and not (tmp_path / "b" / "summary.json").exists()
+    stopped = hpcdl("run", "entry=labjobs:wants_requeue", "run_dir=c", env=env)
+    assert stopped.returncode == 3 and "Continue with: hpcdl resume" in stopped.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--", "python", "missing.py"], "missing.py: no such script"),
+        (["--", "./notexec.sh"], "./notexec.sh: not executable"),
+        (["--", "no-such-program-xyz"], "no-such-program-xyz: command not found on PATH"),
+        (["entry=nosuchpkg_xyz.train:main"], "entry='nosuchpkg_xyz.train:main': module"),
+        (["entry=no_colon"], "entry='no_colon': expected 'package.module:factory'"),
+        (["launcher=mpirun", "--", "python", "ok.py"], "launcher='mpirun': unknown"),
+        (["launcher=torchrun", "--", "python", "ok.py"], "launcher=torchrun: starts one torchrun"),
+        ([], "give a command after -- or entry=..., not neither"),
+    ],
+)
+def test_bad_programs_are_refused_in_one_line_before_anything(
+    hpcdl, tmp_path, args, message
+) -> None:
+    (tmp_path / "notexec.sh").write_text("echo hi\n")
+    (tmp_path / "ok.py").write_text("print('ok')\n")
+    out = hpcdl("run", "run_dir=run", *args)
+    assert out.returncode == 2, out.stderr + out.stdout
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_and_the_login_path_never_import_torch(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    code = (
+        "import sys\n"
+        "from hpcdl.cli.main import main\n"
+        "assert main(['run', 'cluster=rivanna_a100', 'cluster.nodes=2', 'cluster.gpus_per_node=4', 'launcher=torchrun', "
+        "'--dry-run', '--', 'python', 'train.py']) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "#SBATCH --ntasks-per-node=1" in out.stdout  # one torchrun per node
+    assert "TORCHRUN=--nnodes=2 --nproc-per-node=4 --node-rank=1" in out.stdout
+    assert "nothing submitted" in out.stdout and not list(tmp_path.glob("outputs"))
+
+
+def test_program_env_names_the_rank_and_the_stop_file(tmp_path: Path) -> None:
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.config.schema import ScriptConfig
+    from hpcdl.env import RankEnv
+    from hpcdl.rundir import RunDir
+    from hpcdl.script_job import program_env
+
+    cfg = compose_config(["cluster=slurm", "cluster.gpus_per_node=4"])
+    from dataclasses import replace
+
+    cfg = replace(cfg, script=ScriptConfig(command=["python", "t.py"]))
+    env = RankEnv(
+        rank=5,
+        local_rank=1,
+        world_size=8,
+        node_rank=1,
+        num_nodes=2,
+        master_addr="n1",
+        master_port=15042,
+        launcher="slurm",
+        job_id="42",
+        restart_count=2,
+    )
+    run = RunDir(tmp_path)
+    values = program_env(cfg, env, run, run.stop_file("42", 2))
+    assert {k: values[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+    }
+    assert (values["MASTER_ADDR"], values["MASTER_PORT"], values["HPCDL_DEVICE"]) == (
+        "n1",
+        "15042",
+        "cuda:1",
+    )
+    assert values["HPCDL_STOP_FILE"].endswith("stop/42-2") and values["HPCDL_RESTART_COUNT"] == "2"
+    os.environ.pop("HPCDL_STOP_FILE", None)

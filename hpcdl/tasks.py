@@ -31,6 +31,7 @@ from hpcdl.config.schema import (
     TaskConfig,
 )
 from hpcdl.errors import ConfigError, DataError
+from hpcdl.samples import input_target_pair
 from hpcdl.targets import resolve_callable
 
 
@@ -226,12 +227,9 @@ class CustomTask(Task):
 
 def input_and_target(batch: Any, task: str = "classification") -> tuple[torch.Tensor, torch.Tensor]:
     """The (x, y) of a batch given as a pair or as a dict with x/y or input/target keys."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    if isinstance(batch, Mapping):
-        for x_key, y_key in (("x", "y"), ("input", "target")):
-            if x_key in batch and y_key in batch:
-                return batch[x_key], batch[y_key]
+    pair = input_target_pair(batch)
+    if pair is not None:
+        return pair
     raise DataError(
         f"task={task}: a batch is a {type(batch).__name__}; the built-in tasks need "
         "(input, label) samples or dicts with 'x'/'y' keys (or use task=custom with your own step)"

@@ -14,6 +14,7 @@ from torch.utils.data import Subset
 
 from hpcdl.config.schema import CustomDataConfig, DataCommon
 from hpcdl.errors import DataError
+from hpcdl.samples import input_target_pair
 from hpcdl.targets import resolve_callable
 
 SPLITS = ("train", "val", "test")
@@ -99,19 +100,9 @@ def first_sample_info(dataset: Any, where: str) -> tuple[tuple[int, ...], Option
             f"{where}: reading the first training sample failed: {type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
-    x, y = _pair(sample)
+    x, y = input_target_pair(sample) or (None, None)
     shape = tuple(int(s) for s in np.shape(x)) if x is not None else ()
     return shape, y
-
-
-def _pair(sample: Any) -> tuple[Any, Any]:
-    if isinstance(sample, (tuple, list)) and len(sample) == 2:
-        return sample[0], sample[1]
-    if isinstance(sample, Mapping):
-        for x_key, y_key in (("x", "y"), ("input", "target")):
-            if x_key in sample and y_key in sample:
-                return sample[x_key], sample[y_key]
-    return None, None
 
 
 def num_classes_of(dataset: Any, cfg: CustomDataConfig) -> tuple[int, list[str]]:

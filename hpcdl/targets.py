@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any, cast
 
-from hpcdl.config.validate import TARGET_FORM, check_target_form
+from hpcdl.config.validate import check_target_form
 from hpcdl.errors import ConfigError
 
 
@@ -21,7 +21,7 @@ def resolve_target(key: str, target: str) -> object:
     except ImportError as exc:
         raise ConfigError(
             f"{where}: cannot import {module_name!r} ({exc}); install it or put its folder on "
-            f"PYTHONPATH; {TARGET_FORM}"
+            "PYTHONPATH"
         ) from exc
     found: object = module
     for attr in attr_path.split("."):

@@ -14,7 +14,7 @@ from pathlib import Path
 from hpcdl.config import schema
 from hpcdl.errors import ConfigError
 
-TARGET_FORM = "expected 'package.module:factory', e.g. model.target=mypkg.models:build"
+TARGET_FORM = "expected 'package.module:factory', e.g. mypkg.models:build"
 
 
 def validate(cfg: schema.Config) -> None:

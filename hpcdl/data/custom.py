@@ -5,6 +5,7 @@ Nothing here reads the data: a dataset is checked by its length and its first sa
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -25,11 +26,17 @@ def build_custom_datasets(cfg: CustomDataConfig) -> dict[str, Any]:
     where = f"data.target={cfg.target!r}"
     fn = resolve_callable("data.target", cfg.target)
     try:
-        made = fn(**cfg.kwargs)
+        inspect.signature(fn).bind(**cfg.kwargs)
     except TypeError as exc:
-        raise DataError(
-            f"{where}: calling it with data.kwargs={dict(cfg.kwargs)} failed ({exc})"
-        ) from exc
+        raise DataError(f"{where}: does not take data.kwargs={dict(cfg.kwargs)} ({exc})") from None
+    except ValueError:  # no signature to read (a builtin): let the call tell
+        pass
+    try:
+        made = fn(**cfg.kwargs)
+    except Exception as exc:
+        message = str(exc).strip().splitlines()
+        detail = f": {message[0]}" if message else ""
+        raise DataError(f"{where}: raised {type(exc).__name__}{detail}") from exc
     datasets = _as_splits(made, where)
     if len(datasets) == 1 and "all" in datasets:
         datasets = split_dataset(datasets["all"], cfg)

@@ -168,8 +168,8 @@ def _named_collate_errors(batches: Iterator[Any]) -> Iterator[Any]:
         if "stack expects each tensor to be equal size" in text:
             detail = next((ln for ln in text.splitlines() if "stack expects" in ln), text)
             raise DataError(
-                f"data: samples of different shapes in one batch ({detail.strip()}); make every "
-                "sample the same shape (resize/crop), or set data.collate_fn to pad them"
+                f"data.target: samples of different shapes in one batch ({detail.strip()}); make "
+                "every sample the same shape (resize/crop), or set data.collate_fn to pad them"
             ) from None
         raise
 

@@ -1,0 +1,1 @@
+"""mylab: a small cell-segmentation project (models, data on disk, a training step)."""

@@ -1,0 +1,392 @@
+"""Bring your own model, data and loss: the docs/examples/mylab package, end to end.
+
+mylab is a small segmentation project written without hpcdl in mind (docs/your-code.md): a
+U-Net class, a Dataset that reads one sample at a time from .npy files and flips at random,
+and a step function with Dice and pixel-accuracy metrics. It is trained through the real
+`hpcdl` command (a fresh interpreter each time), with docs/examples on PYTHONPATH as a
+user would have it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import fault_hook
+from tests.conftest import REPO, run_hpcdl
+
+EXAMPLES = REPO / "docs" / "examples"
+
+# 100 images of 32x32: 80 train (10 steps of 8 per epoch), 10 val, 10 test.
+NUM_IMAGES = 100
+BATCH_SIZE = 8
+NUM_TRAIN = 80
+
+
+def user_env(extra_path: Path | None = None, fault: str | None = None) -> dict[str, str]:
+    """mylab (and extra_path, for a test's own modules) importable by the command and its
+    ranks; the fault hook armed with `fault`."""
+    env = fault_hook.env(fault)
+    paths = [str(EXAMPLES), *([str(extra_path)] if extra_path else []), env["PYTHONPATH"]]
+    # Two ranks (and their DataLoader workers) share two cores: one thread each.
+    return {**env, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
+
+
+def example(root: Path) -> list[str]:
+    """The documented command's overrides (docs/your-code.md), sized for a test."""
+    return [
+        "model=custom",
+        "model.target=mylab.models:TinyUNet",
+        "model.kwargs.base=4",
+        "data=custom",
+        "data.target=mylab.data:build_datasets",
+        f"data.kwargs.root={root}",
+        "task=custom",
+        "task.target=mylab.tasks:segmentation_step",
+        "trainer.early_stopping.monitor=val_dice",
+        "trainer.early_stopping.mode=max",
+        f"trainer.batch_size={BATCH_SIZE}",
+        "trainer.max_epochs=2",
+        "trainer.checkpoint_every_steps=3",
+    ]
+
+
+@pytest.fixture(scope="module")
+def cells(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic data set, written by the documented `python -m mylab.make_data`."""
+    root = tmp_path_factory.mktemp("cells")
+    out = subprocess.run(
+        [sys.executable, "-m", "mylab.make_data", str(root), f"--num={NUM_IMAGES}", "--size=32"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **user_env()},
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"wrote {NUM_IMAGES} images of 32x32" in out.stdout
+    return root
+
+
+@pytest.fixture
+def mylab(monkeypatch: pytest.MonkeyPatch):
+    """The example package, imported in this process."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import mylab.data
+
+    return mylab
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, str]]:
+    return list(csv.DictReader((run_dir / "metrics.csv").open()))
+
+
+def without_timing(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    return [{k: v for k, v in r.items() if k not in ("seconds", "samples_per_s")} for r in rows]
+
+
+# ----------------------------------------------------------------------------- the package
+def test_the_dataset_reads_one_sample_at_a_time_and_flips_with_torchs_rng(mylab, cells) -> None:
+    import numpy as np
+    import torch
+
+    splits = mylab.data.build_datasets(cells)
+    assert {k: len(v) for k, v in splits.items()} == {"train": 80, "val": 10, "test": 10}
+    train = splits["train"]
+    images = np.load(cells / "images.npy")
+    j = int(train.indices[5])
+    assert np.array_equal(train.images[j], images[j])
+    upright = torch.from_numpy(images[j].astype(np.float32) / 255).unsqueeze(0)
+    torch.manual_seed(0)
+    draws = [train[5]["image"] for _ in range(20)]
+    assert all(torch.equal(d, upright) or torch.equal(d, upright.flip(-1)) for d in draws)
+    assert len({torch.equal(d, upright) for d in draws}) == 2  # both orientations occur
+    torch.manual_seed(7)
+    first = train[5]["image"]
+    torch.manual_seed(7)
+    assert torch.equal(train[5]["image"], first)  # the flip is torch's RNG, so seedable
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_the_example_trains_and_evaluate_prints_its_metrics(hpcdl, tmp_path, cells) -> None:
+    run_dir = tmp_path / "run"
+    out = hpcdl("train", f"run_dir={run_dir}", *example(cells), env=user_env())
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "val_dice" in out.stdout
+    rows = metrics_rows(run_dir)
+    assert list(rows[0])[:8] == [
+        "epoch",
+        "step",
+        "train_loss",
+        "train_dice",
+        "train_pixel_accuracy",
+        "val_loss",
+        "val_dice",
+        "val_pixel_accuracy",
+    ]
+    assert [int(r["step"]) for r in rows] == [10, 20]
+    done = summary(run_dir)
+    assert done["num_test_samples"] == 10
+    assert 0 <= done["test_dice"] <= 1 and 0 <= done["test_pixel_accuracy"] <= 1
+    assert done["peak_rss_mb"] > 0
+    # mode=max: best.pt and best_metric follow the highest val_dice.
+    dice = [float(r["val_dice"]) for r in rows]
+    assert done["best_metric_name"] == "val_dice"
+    assert done["best_metric"] == pytest.approx(max(dice))
+    assert done["best_epoch"] == 1 + dice.index(max(dice))
+
+    shown = hpcdl("evaluate", str(run_dir), "--checkpoint", "last", env=user_env())
+    assert shown.returncode == 0, shown.stderr
+    # The final weights: the same numbers as summary.json's test metrics.
+    assert f"test_dice {done['test_dice']:.4f}" in shown.stdout
+    assert f"test_pixel_accuracy {done['test_pixel_accuracy']:.4f}" in shown.stdout
+    assert "(10 samples)" in shown.stdout
+
+
+def test_imagefolder_trains_on_a_folder_of_pngs(hpcdl, tmp_path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, (low, high) in {"dark": (0, 100), "light": (150, 255)}.items():
+        folder = tmp_path / "pictures" / label
+        folder.mkdir(parents=True)
+        for i in range(12):
+            pixels = rng.integers(low, high, size=(20, 16, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i}.png")
+    out = hpcdl(
+        "train",
+        "run_dir=run",
+        "data=imagefolder",
+        "data.path=pictures",
+        "data.crop_size=16",
+        "data.random_flip=true",
+        "model=cnn",
+        "trainer.max_epochs=1",
+        "trainer.batch_size=4",
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    done = summary(tmp_path / "run")
+    assert done["epochs"] == 1 and done["num_test_samples"] > 0
+    assert 0 <= done["test_accuracy"] <= 1
+    shown = hpcdl("evaluate", "run")
+    assert shown.returncode == 0, shown.stderr
+    assert "dark" in shown.stdout and "light" in shown.stdout  # class names from the folders
+
+
+# ----------------------------------------------------------------------------- exact resume
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, cells: Path) -> dict[int, Path]:
+    """Uninterrupted runs of the example, on 1 and on 2 ranks, computed once."""
+    root = tmp_path_factory.mktemp("reference")
+    refs = {}
+    for ranks, extra in ((1, []), (2, ["cluster=local", "cluster.tasks_per_node=2"])):
+        run_dir = root / f"ranks{ranks}"
+        out = run_hpcdl(
+            "train", f"run_dir={run_dir}", *example(cells), *extra, cwd=root, env=user_env()
+        )
+        assert out.returncode == 0, out.stderr + out.stdout
+        refs[ranks] = run_dir
+    # Two ranks split each batch (batch-norm statistics per rank): a different result, so
+    # comparing with the right reference is a real check.
+    assert summary(refs[1])["weights_sha256"] != summary(refs[2])["weights_sha256"]
+    return refs
+
+
+def newest_step(run_dir: Path) -> int:
+    return max(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sigterm_then_sigkill_and_resume_is_exact(hpcdl, tmp_path, cells, reference, ranks) -> None:
+    """SIGTERM mid-epoch 1 (checkpoint on the way out), then SIGKILL mid-epoch 2 (no
+    handler: back to the last periodic checkpoint), then resume to the end: the same
+    weights and metrics as the uninterrupted run, with the model, data and task of mylab
+    and its DataLoader workers."""
+    run_dir = tmp_path / "run"
+    extra = ["cluster=local", "cluster.tasks_per_node=2"] if ranks == 2 else []
+    first = hpcdl(
+        "train",
+        f"run_dir={run_dir}",
+        *example(cells),
+        *extra,
+        fault_hook.OVERRIDE,
+        env=user_env(fault="SIGTERM@4"),
+    )
+    assert first.returncode == 3, first.stderr + first.stdout
+    assert 4 <= newest_step(run_dir) < 10  # mid-epoch 1
+
+    kill = "SIGKILL@14:rank1" if ranks == 2 else "SIGKILL@14"
+    killed = hpcdl("resume", str(run_dir), env=user_env(fault=kill))
+    assert killed.returncode not in (0, 3), killed.stderr + killed.stdout
+    assert newest_step(run_dir) == 12  # every 3 steps: step 14's work is lost, 12 is kept
+
+    final = hpcdl("resume", str(run_dir), env=user_env())
+    assert final.returncode == 0, final.stderr + final.stdout
+    assert "resumed from" in final.stdout
+    assert summary(run_dir)["weights_sha256"] == summary(reference[ranks])["weights_sha256"]
+    assert without_timing(metrics_rows(run_dir)) == without_timing(metrics_rows(reference[ranks]))
+
+
+LOGGED_DATASET = """
+import os
+
+from mylab.data import build_datasets
+
+
+class ReadLog:
+    '''A dataset that appends each index it reads to the file $MYLAB_READ_LOG.'''
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        with open(os.environ["MYLAB_READ_LOG"], "a") as log:
+            log.write(f"{index}\\n")
+        return self.dataset[index]
+
+
+def build(root):
+    splits = build_datasets(root)
+    return {**splits, "train": ReadLog(splits["train"])}
+"""
+
+
+@pytest.mark.slow
+def test_a_resumed_epoch_reads_only_the_samples_not_yet_consumed(hpcdl, tmp_path, cells) -> None:
+    (tmp_path / "readlog.py").write_text(LOGGED_DATASET)
+    log = tmp_path / "reads.txt"
+    overrides = [
+        *example(cells),
+        "data.target=readlog:build",
+        "data.num_workers=0",  # reads in the training process, in order
+        "trainer.max_epochs=1",
+    ]
+    env = {**user_env(tmp_path, "SIGTERM@4"), "MYLAB_READ_LOG": str(log)}
+    first = hpcdl("train", "run_dir=run", *overrides, fault_hook.OVERRIDE, env=env)
+    assert first.returncode == 3, first.stderr + first.stdout
+    done = int(re.search(r"stopped by SIGTERM at global step (\d+)", first.stdout).group(1))
+    assert 4 <= done < NUM_TRAIN // BATCH_SIZE
+    before = [int(i) for i in log.read_text().split()]
+    log.write_text("")
+
+    final = hpcdl("resume", "run", env={**user_env(tmp_path), "MYLAB_READ_LOG": str(log)})
+    assert final.returncode == 0, final.stderr + final.stdout
+    after = [int(i) for i in log.read_text().split()]
+
+    num_consumed = done * BATCH_SIZE
+    consumed = before[-num_consumed:]  # the steps trained before the signal
+    rest = after[len(after) - (NUM_TRAIN - num_consumed) :]
+    assert sorted(consumed + rest) == list(range(NUM_TRAIN))  # every sample once in the epoch
+    # Before those: only hpcdl's look at the first sample (its shape), once per command, and
+    # in the first command the probe's one batch, before the run dir existed.
+    assert after[: len(after) - len(rest)] == [0]
+    assert len(before) - num_consumed == 1 + BATCH_SIZE + 1
+
+
+# ----------------------------------------------------------------------------- bad input
+BAD_CODE = """
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+
+class Ragged(Dataset):
+    '''Images whose size changes from sample to sample.'''
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        n = 8 + 2 * (i % 3)
+        return {"image": torch.zeros(1, n, n), "mask": torch.zeros(1, n, n)}
+
+
+def ragged(root):
+    return Ragged(), Ragged()
+
+
+class Labels(Dataset):
+    '''Three classes, but every label after the first is 3 or 4.'''
+
+    classes = ["a", "b", "c"]
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.zeros(4), 0 if i == 0 else 3 + i % 2
+
+
+def labels():
+    return Labels(), Labels()
+
+
+def missing(root):
+    raise FileNotFoundError(f"{root}/images.npy: no such file")
+
+
+def per_sample_loss(model, batch):
+    logits = model(batch["image"])
+    loss = F.binary_cross_entropy_with_logits(logits, batch["mask"], reduction="none")
+    return loss.mean(dim=(1, 2, 3)), {}
+
+
+def metrics_as_list(model, batch):
+    logits = model(batch["image"])
+    return F.binary_cross_entropy_with_logits(logits, batch["mask"]), [0.5]
+"""
+
+
+def replaced(overrides: list[str], changes: list[str]) -> list[str]:
+    """overrides with the keys that `changes` set replaced by them."""
+    keys = {c.partition("=")[0] for c in changes}
+    return [o for o in overrides if o.partition("=")[0] not in keys] + changes
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        (["data.target=badcode:ragged"], "data.collate_fn"),
+        (["task.target=badcode:per_sample_loss"], "task.target='badcode:per_sample_loss'"),
+        (["task.target=badcode:metrics_as_list"], "task.target='badcode:metrics_as_list'"),
+        (["trainer.early_stopping.monitor=val_nosuch"], "trainer.early_stopping.monitor"),
+        (["data.target=badcode:missing", "data.kwargs.root=/nowhere"], "data.target"),
+    ],
+    ids=["ragged-samples", "non-scalar-loss", "non-dict-metrics", "monitor", "data-target-raises"],
+)
+def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, changes, key) -> None:
+    (tmp_path / "badcode.py").write_text(BAD_CODE)
+    overrides = replaced(example(cells), changes)
+    assert_refused(hpcdl("train", "run_dir=run", *overrides, env=user_env(tmp_path)), tmp_path, key)
+
+
+def test_a_class_label_out_of_range_is_one_line_and_no_run_dir(hpcdl, tmp_path) -> None:
+    (tmp_path / "badcode.py").write_text(BAD_CODE)
+    out = hpcdl(
+        "train", "run_dir=run", "data=custom", "data.target=badcode:labels", env=user_env(tmp_path)
+    )
+    assert_refused(out, tmp_path, "data.num_classes")
+    assert "outside [0, 3)" in out.stderr
+
+
+def assert_refused(out: subprocess.CompletedProcess, cwd: Path, key: str) -> None:
+    assert out.returncode == 2, out.stderr + out.stdout
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert key in lines[0], lines[0]
+    assert not (cwd / "run").exists() and not (cwd / "outputs").exists()

@@ -1,6 +1,7 @@
 """hpcdl's API for programs launched by `hpcdl run` (stdlib; torch only for checkpoints).
 
     import hpcdl.api as hp
+    hp.catch_stop_signals()                # the warning signal sets a flag, not a kill
     store = hp.checkpoint_store()          # atomic, checksummed, weights-only, keep-last-N
     found = store.load_latest()            # a continuation after a requeue resumes here
     for step in ...:
@@ -29,8 +30,25 @@ if TYPE_CHECKING:
 EXIT_REQUEUE = EXIT_INTERRUPTED
 
 
+_caught: list[int] = []
+
+
+def catch_stop_signals(names: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")) -> None:
+    """Turn the stop signals into a flag that stop_requested() reads, instead of their
+    default action (ending the program before it can save). Call it once, early."""
+    import signal
+
+    def note(signum: int, _frame: object) -> None:
+        _caught.append(signum)
+
+    for name in names:
+        signal.signal(signal.Signals[name], note)
+
+
 def stop_requested() -> bool:
     """True once hpcdl was asked to stop this attempt (time limit, preemption, scancel)."""
+    if _caught:
+        return True
     path = os.environ.get("HPCDL_STOP_FILE")
     return path is not None and path != "" and os.path.exists(path)
 

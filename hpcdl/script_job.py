@@ -45,11 +45,12 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     if command[0] != sys.executable and shutil.which(command[0]) is None:
         print(f"hpcdl: {command[0]!r} is not found in the job's environment (PATH)", flush=True)
         return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=127)
-    proc = subprocess.Popen(
-        command,
-        env={**os.environ, **program_env(cfg, env, run_dir, stop_file)},
-        start_new_session=True,
-    )
+    stop_file.unlink(missing_ok=True)  # a rerun of a local run reuses the attempt's name
+    child_env = {**os.environ, **program_env(cfg, env, run_dir, stop_file)}
+    # hpcdl's job sets PYTHONSAFEPATH (its frozen code must win over the submit dir); the
+    # program must see its own folder first, to import the modules beside it.
+    child_env.pop("PYTHONSAFEPATH", None)
+    proc = subprocess.Popen(command, env=child_env, start_new_session=True)
     forwarded = False
     while proc.poll() is None:
         if stop.requested and not forwarded:

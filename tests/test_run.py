@@ -88,6 +88,27 @@ def test_entry_function_with_kwargs_and_exit_statuses(hpcdl, tmp_path: Path) -> 
     assert failed.returncode == 5 and not (tmp_path / "b" / "summary.json").exists()
     stopped = hpcdl("run", "entry=labjobs:wants_requeue", "run_dir=c", env=env)
     assert stopped.returncode == 3 and "Continue with: hpcdl resume" in stopped.stdout
+    inline = hpcdl("run", "run_dir=d", "--", "python", "-X", "dev", "-c", "print('inline ok')")
+    assert inline.returncode == 0 and "inline ok" in inline.stdout, inline.stderr
+
+
+def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl, tmp_path):
+    (tmp_path / "job.py").write_text(
+        "import os, sys\n"
+        "import hpcdl.api as hp\n"
+        "marker = os.path.join(os.environ['HPCDL_RUN_DIR'], 'first-done')\n"
+        "if not os.path.exists(marker):\n"
+        "    open(marker, 'w').close()\n"
+        "    os.kill(os.getppid(), 15)  # as Ctrl-C or scancel would: a stop of this attempt\n"
+        "    import time; time.sleep(5)\n"
+        "sys.exit(3 if hp.stop_requested() else 0)\n"
+    )
+    first = hpcdl("run", "run_dir=r", "--", "python", "job.py")
+    assert first.returncode == 3, first.stderr + first.stdout
+    assert list((tmp_path / "r" / "stop").iterdir())
+    again = hpcdl("resume", "r")
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert (tmp_path / "r" / "summary.json").exists()
 
 
 @pytest.mark.parametrize(

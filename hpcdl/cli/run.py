@@ -114,7 +114,10 @@ def plan_program_sweep(cfg: Config, args: argparse.Namespace, overrides: list[st
     choices = [expand_token(t) for t in command]
     swept = [i for i, c in enumerate(choices) if len(c) > 1 or c[0] != command[i]]
     if not swept:
-        raise ConfigError("-m: no list in the command; write e.g. --lr={0.1,0.03} or seed=1,2")
+        raise ConfigError(
+            "-m: no list in the command; write e.g. '--lr={0.1,0.03}' or seed=1,2, quoted "
+            "(the shell expands unquoted braces itself)"
+        )
     sweep_dir = None
     for text in overrides:
         if text.startswith("hydra.sweep.dir="):

@@ -185,7 +185,14 @@ def check_script(script: schema.ScriptConfig, cluster: schema.ClusterConfig) -> 
                 "importable here; install it or put its folder on PYTHONPATH"
             )
         return
+    torchrun = script.launcher == schema.ScriptLauncher.torchrun
+    if torchrun and script.command[0].endswith(".py") and Path(script.command[0]).is_file():
+        return  # `launcher=torchrun -- train.py ...`: torchrun starts the interpreter
     _check_command(script.command)
+
+
+# Interpreter options that take a value (`python -X dev train.py`).
+PYTHON_OPTIONS_WITH_VALUE = ("-X", "-W", "-Q")
 
 
 def _check_command(command: list[str]) -> None:
@@ -194,11 +201,16 @@ def _check_command(command: list[str]) -> None:
     program = command[0]
     if Path(program).name.startswith("python") and shutil.which(program):
         rest = command[1:]
+        if "-c" in rest:
+            return  # python -c CODE
         if rest[:1] == ["-m"] and len(rest) > 1:
             if not locatable(rest[1]):
                 raise ConfigError(f"-m {rest[1]}: no such module here; check PYTHONPATH")
             return
-        script = next((t for t in rest if not t.startswith("-")), None)
+        values = {i + 1 for i, t in enumerate(rest) if t in PYTHON_OPTIONS_WITH_VALUE}
+        script = next(
+            (t for i, t in enumerate(rest) if not t.startswith("-") and i not in values), None
+        )
         if script is not None and not Path(script).expanduser().is_file():
             raise ConfigError(
                 f"{script}: no such script (from {Path.cwd()}); give its path relative to here"

@@ -63,9 +63,9 @@ def query(cmd: list[str]) -> Optional[str]:
 def job_state(job_id: str) -> dict[str, str]:
     """squeue while queued/running; sacct once it has left the queue (if accounting exists)."""
     out = query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
-    if out is None:  # the controller did not answer: say so, guess nothing
-        return {"job_id": job_id, "state": "UNKNOWN", "source": "none (squeue failed)"}
-    if out.strip():
+    # squeue also fails ("Invalid job id") for a job the controller has purged (MinJobAge):
+    # accounting still knows it, so ask sacct before giving up.
+    if out is not None and out.strip():
         jid, state, elapsed, limit, nodes, where = out.strip().splitlines()[0].split("|")
         return {
             "job_id": jid,
@@ -89,6 +89,8 @@ def job_state(job_id: str) -> dict[str, str]:
             "where": nodes,
             "source": "sacct",
         }
+    if out is None:  # neither answered: say so, guess nothing
+        return {"job_id": job_id, "state": "UNKNOWN", "source": "none (squeue failed)"}
     return {"job_id": job_id, "state": "UNKNOWN", "source": NO_ACCOUNTING}
 
 

@@ -145,7 +145,11 @@ def custom_targets(*configs: Config) -> list[str]:
     targets: list[str] = []
     for c in configs:
         named = [getattr(c.model, "target", None), getattr(c.task, "target", None)]
-        named.append(c.script.entry if c.script is not None else None)
+        if c.script is not None:
+            named.append(c.script.entry)
+            command = c.script.command
+            if "-m" in command[:-1]:  # `python -m pkg.mod`: freeze its package too
+                named.append(command[command.index("-m") + 1] + ":main")
         named += [getattr(c.data, "target", None), getattr(c.data, "collate_fn", None)]
         targets += [t for t in named if isinstance(t, str)] + list(c.trainer.step_hooks)
     return targets

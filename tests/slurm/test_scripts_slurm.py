@@ -18,13 +18,15 @@ pytestmark = pytest.mark.slurm
 DDP_SCRIPT = """\
 import json, os, sys
 import torch, torch.distributed as dist
+from ddp_util import describe  # a module beside the script: frozen with it, importable
+
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 local = os.environ["LOCAL_RANK"]
-print(f"rank {rank} of {world}, local rank {local}, sum {total.item():.0f}", flush=True)
+print(describe(rank, world, local, total.item()), flush=True)
 if rank == 0:
     with open(os.path.join(os.environ["HPCDL_RUN_DIR"], "result.json"), "w") as f:
         json.dump({"world": world, "sum": total.item()}, f)
@@ -40,6 +42,7 @@ import hpcdl.api as hp
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
+hp.catch_stop_signals()
 store = hp.checkpoint_store()
 step = 0
 found = store.load_latest()
@@ -108,6 +111,12 @@ def attempts(run_dir: Path) -> list[dict]:
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_plain_ddp_script_on_two_nodes(devcluster, tmp_path, launcher) -> None:
     write(tmp_path, "ddp.py", DDP_SCRIPT)
+    write(
+        tmp_path,
+        "ddp_util.py",
+        "def describe(rank, world, local, total):\n"
+        "    return f'rank {rank} of {world}, local rank {local}, sum {total:.0f}'\n",
+    )
     run_dir = hpcdl_run(
         tmp_path,
         "cluster=devcluster",
@@ -122,7 +131,7 @@ def test_plain_ddp_script_on_two_nodes(devcluster, tmp_path, launcher) -> None:
     )
     summary = wait_done(run_dir)
     assert summary["outcome"] == "completed" and summary["world"] == 4 and summary["sum"] == 10
-    assert (run_dir / "code" / "script" / "ddp.py").exists()  # frozen with the run
+    assert (run_dir / "code" / "script" / "ddp_util.py").exists()  # frozen with the run
     logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*_log.out"))
     for rank in range(4):
         assert f"rank {rank} of 4, local rank {rank % 2}" in logs

@@ -1,0 +1,71 @@
+"""The benchmark suite's smoke run: every benchmark runs on tiny sizes and writes its rows.
+
+It checks that the benchmarks still run against the current hpcdl (they drive its job
+payload, hooks and trainer), never how fast anything is: timings belong in
+benchmarks/results/, as ratios measured in one run (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def test_interleaved_runs_rounds_in_turn_and_drops_the_warmup() -> None:
+    from benchmarks.timing import interleaved, median_ratio
+
+    calls: list[str] = []
+
+    def candidate(name: str):
+        def call() -> int:
+            calls.append(name)
+            return len(calls)
+
+        return call
+
+    results = interleaved({"a": candidate("a"), "b": candidate("b")}, repeats=2, warmup_rounds=1)
+    assert calls == ["a", "b", "a", "b", "a", "b"]
+    assert results == {"a": [3, 5], "b": [4, 6]}
+    # Per-round ratios 2.0, 1.0 and 9.0: their median, not a ratio of separate medians.
+    assert median_ratio([2.0, 3.0, 9.0], [1.0, 3.0, 1.0]) == 2.0
+
+
+@pytest.mark.slow  # DataLoader worker processes; about 10 s
+def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path) -> None:
+    from benchmarks.registry import BENCHMARKS
+
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--all", "--smoke", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [json_path] = tmp_path.glob("*-smoke.json")
+    assert json_path.with_suffix(".md").is_file()
+    record = json.loads(json_path.read_text())
+
+    assert record["smoke"] is True
+    assert record["benchmarks"] == list(BENCHMARKS)
+    for key in ("python", "torch", "numpy", "hpcdl"):
+        assert record["versions"][key]
+    assert record["machine"]["cpu_model"] and record["date"]
+    assert "revision" in record["git"]
+
+    ids = [row["id"] for row in record["rows"]]
+    for name in BENCHMARKS:
+        assert any(i.startswith(f"{name}.") for i in ids), f"no rows from {name}: {ids}"
+    assert {"lazy_epoch.loop", "resumed_step.vs_step", "resumed_step.vs_new_run"} <= set(ids)
+    for row in record["rows"]:
+        assert math.isfinite(row["ratio"]) and row["ratio"] > 0, row
+        assert row["what"] and row["baseline"]
+        assert row["details"]["measured_s"]["median"] > 0, row
+        assert row["details"]["baseline_s"]["median"] > 0, row

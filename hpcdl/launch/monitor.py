@@ -89,8 +89,10 @@ def job_state(job_id: str) -> dict[str, str]:
             "where": nodes,
             "source": "sacct",
         }
-    if out is None:  # neither answered: say so, guess nothing
+    if out is None and query(["squeue", "-h", "-o", "%i"]) is None:
+        # The controller does not answer at all: say so, guess nothing.
         return {"job_id": job_id, "state": "UNKNOWN", "source": "none (squeue failed)"}
+    # The controller answers but no longer knows the job: it left the queue.
     return {"job_id": job_id, "state": "UNKNOWN", "source": NO_ACCOUNTING}
 
 

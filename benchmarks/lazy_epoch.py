@@ -58,13 +58,19 @@ SMOKE = Sizes(
 )
 
 
-def run(settings: Settings) -> list[Row]:
+def prepare(settings: Settings) -> tuple[Sizes, Path, Path]:
+    """The sizes for this run, its work folder, and the images both benchmarks read."""
     sizes = SMOKE if settings.smoke else FULL
     work = settings.work_dir
     work.mkdir(parents=True)
     images = lazy.write_images(
         work / "images.npy", sizes.num_train + sizes.num_val, sizes.image_size
     )
+    return sizes, work, images
+
+
+def run(settings: Settings) -> list[Row]:
+    sizes, work, images = prepare(settings)
     counter = itertools.count()
 
     def timed(name: str, loop: Any) -> Any:

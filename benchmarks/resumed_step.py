@@ -21,10 +21,10 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from benchmarks import hooks, lazy
+from benchmarks import hooks
 from benchmarks.base import Row, Settings
 from benchmarks.inprocess import create_run, run_in_process
-from benchmarks.lazy_epoch import FULL, SMOKE, Sizes, hpcdl_overrides
+from benchmarks.lazy_epoch import Sizes, hpcdl_overrides, prepare
 from benchmarks.timing import interleaved, median_ratio, paired_ratios, summarize
 
 if TYPE_CHECKING:
@@ -40,12 +40,7 @@ def stop_step(sizes: Sizes) -> int:
 
 
 def run(settings: Settings) -> list[Row]:
-    sizes = SMOKE if settings.smoke else FULL
-    work = settings.work_dir
-    work.mkdir(parents=True)
-    images = lazy.write_images(
-        work / "images.npy", sizes.num_train + sizes.num_val, sizes.image_size
-    )
+    sizes, work, images = prepare(settings)
     # L1's data, model and sizes; a run's second epoch is its last (max_epochs=2).
     overrides = [*hpcdl_overrides(sizes, images), "trainer.max_epochs=2", HOOKS]
     counter = itertools.count()

@@ -78,6 +78,10 @@ def rank_env_from(environ: Mapping[str, str]) -> RankEnv:
     return RankEnv()
 
 
+# `cluster.requeue=chain`: set in a continuation job's script to its place in the chain.
+CHAIN_LINK = "HPCDL_CHAIN_LINK"
+
+
 def _from_slurm(environ: Mapping[str, str]) -> RankEnv:
     job_id = environ["SLURM_JOB_ID"]
     nodes = expand_nodelist(environ.get("SLURM_JOB_NODELIST", environ.get("SLURM_NODELIST", "")))
@@ -91,7 +95,9 @@ def _from_slurm(environ: Mapping[str, str]) -> RankEnv:
         master_port=int(environ.get("MASTER_PORT") or port_for_job(job_id)),
         launcher="slurm",
         job_id=job_id,
-        restart_count=int(environ.get("SLURM_RESTART_COUNT", "0")),
+        # Slurm's own restarts of this job id, plus the jobs before it in a chain.
+        restart_count=int(environ.get("SLURM_RESTART_COUNT", "0"))
+        + int(environ.get(CHAIN_LINK, "0") or 0),
         hostname=environ.get("SLURMD_NODENAME"),
     )
 

@@ -203,6 +203,14 @@ class RunDir(JobDir):
             {"job_id": job_id, "log_dir": str(log_dir), "history": history},
         )
 
+    def job_base(self) -> JobDir:
+        """Where this run's jobs take their code and write their logs: the run dir, or for
+        a sweep trial (which has no code of its own) the sweep dir around it."""
+        sweep = SweepDir(self.path.parent)
+        if not self.code_dir.is_dir() and sweep.ledger_file.is_file():
+            return sweep
+        return self
+
     def rank_log(self, job_id: str, rank: int | str) -> Path:
         """A rank's log file as submitit names it, in the folder the submission recorded
         (a sweep trial's logs are in the sweep dir)."""

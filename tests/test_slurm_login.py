@@ -153,3 +153,28 @@ def test_snapshot_freezes_the_users_model_module_but_not_installed_ones(
     (src / "mymod_frz.py").write_text("raise ImportError('edited')\n")
     snapshot_code(code, targets)
     assert (code / "mymod_frz.py").read_text() == "def build(**kw): ...\n"
+
+
+def test_chain_mode_asks_for_no_requeue_and_links_count_as_restarts(monkeypatch) -> None:
+    from hpcdl.env import CHAIN_LINK, rank_env_from
+    from hpcdl.launch.slurm import outside_job_env
+
+    chain = compose_config(["cluster=rivanna_a100", "cluster.requeue=chain"])
+    assert "requeue" not in sbatch_parameters(chain.cluster, "j")["additional_parameters"]
+    plain = compose_config(["cluster=rivanna_a100"])
+    assert sbatch_parameters(plain.cluster, "j")["additional_parameters"]["requeue"] is True
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_RESTART_COUNT": "1"}
+    assert rank_env_from({**slurm, CHAIN_LINK: "2"}).restart_count == 3
+    # A job submitted from inside a chained job starts its own count.
+    monkeypatch.setenv(CHAIN_LINK, "2")
+    with outside_job_env():
+        import os
+
+        assert CHAIN_LINK not in os.environ
+
+
+def test_unknown_requeue_mode_is_one_line(hpcdl) -> None:
+    out = hpcdl("train", "cluster=devcluster", "cluster.requeue=again", "--dry-run")
+    assert out.returncode == 2
+    assert "cluster.requeue" in out.stderr and "chain" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

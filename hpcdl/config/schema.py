@@ -355,6 +355,11 @@ class Launcher(str, Enum):
     slurm = "slurm"
 
 
+class Requeue(str, Enum):
+    scontrol = "scontrol"  # the job requeues itself (`scontrol requeue`): same job id
+    chain = "chain"  # the job submits its continuation (`--dependency=afterany:<id>`)
+
+
 @dataclass
 class ClusterConfig:
     name: str = "debug"
@@ -375,6 +380,9 @@ class ClusterConfig:
     signal: str = "USR2"
     signal_delay_s: int = 120
     max_requeues: int = 3
+    # How a stopped job comes back: `scontrol requeue`, or a chain of jobs where requeue is
+    # unavailable (inside containers, or JobRequeue disabled by the site).
+    requeue: Requeue = Requeue.scontrol
     # Shell lines run before the payload, e.g. "module load cuda".
     setup: list[str] = field(default_factory=list)
     sbatch_extra: dict[str, Any] = field(default_factory=dict)

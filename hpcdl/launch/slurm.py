@@ -18,10 +18,12 @@ from typing import Any, Optional
 from hpcdl.config.schema import (
     ClusterConfig,
     Config,
+    Requeue,
     ScriptLauncher,
     slurm_tasks_per_node,
     tasks_per_node,
 )
+from hpcdl.env import CHAIN_LINK
 from hpcdl.errors import HpcdlError
 from hpcdl.launch.snapshot import freeze_script_files, snapshot_code
 from hpcdl.rundir import JobDir, RunDir
@@ -53,8 +55,11 @@ def sbatch_parameters(
         kind = f"{cluster.gpu_type}:" if cluster.gpu_type else ""
         params["gres"] = f"gpu:{kind}{cluster.gpus_per_node}"
     # Our own warning signal instead of submitit's fixed USR2; and requeue allowed, since
-    # the job requeues itself on a time-limit warning (Slurm never requeues a TIMEOUT).
-    extra = {"signal": f"{signal_name(cluster)}@{cluster.signal_delay_s}", "requeue": True}
+    # the job requeues itself on a time-limit warning (Slurm never requeues a TIMEOUT). A
+    # chain never asks for it: its sites may refuse requeue altogether.
+    extra: dict[str, Any] = {"signal": f"{signal_name(cluster)}@{cluster.signal_delay_s}"}
+    if cluster.requeue == Requeue.scontrol:
+        extra["requeue"] = True
     extra.update(cluster.sbatch_extra)
     params["additional_parameters"] = extra
     return params
@@ -77,7 +82,7 @@ def setup_lines(cluster: ClusterConfig, code_dir: Path) -> list[str]:
     return lines
 
 
-def make_executor(cfg: Config, base_dir: JobDir) -> Any:
+def make_executor(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None) -> Any:
     """A submitit executor writing logs to the job dir's logs, running the code in its code
     dir (a run dir, or a sweep dir whose trials share one snapshot)."""
     import submitit
@@ -86,7 +91,7 @@ def make_executor(cfg: Config, base_dir: JobDir) -> Any:
         folder=str(base_dir.log_dir), max_num_timeout=cfg.cluster.max_requeues
     )
     params = sbatch_parameters(
-        cfg.cluster, f"hpcdl-{base_dir.path.name}", slurm_tasks_per_node(cfg)
+        cfg.cluster, job_name or f"hpcdl-{base_dir.path.name}", slurm_tasks_per_node(cfg)
     )
     params["setup"] = setup_lines(cfg.cluster, base_dir.code_dir)
     executor.update_parameters(**params)
@@ -192,6 +197,7 @@ def outside_job_env() -> Iterator[None]:
         k: v
         for k, v in os.environ.items()
         if (k.startswith(("SLURM_", "SUBMITIT_")) and k not in KEPT_SLURM_VARIABLES)
+        or k == CHAIN_LINK
     }
     for key in saved:
         del os.environ[key]

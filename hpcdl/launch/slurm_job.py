@@ -14,10 +14,15 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hpcdl.config.schema import Requeue
 from hpcdl.env import RankEnv, rank_env_from
 from hpcdl.exit_codes import EXIT_INTERRUPTED
+
+if TYPE_CHECKING:
+    from hpcdl.config.schema import Config
+    from hpcdl.rundir import RunDir
 
 # A warning signal with at most signal_delay_s + this many seconds left before the time
 # limit is the time-limit warning; with more left it is a preemption. sbatch(1): "the
@@ -110,6 +115,15 @@ def requeue(job_id: str) -> str:
     return "requeued" if out.returncode == 0 else f"requeue failed: {out.stderr.strip()}"
 
 
+def come_back(cfg: Config, path: RunDir, env: RankEnv, job_id: str) -> str:
+    """Requeue this job, or submit its continuation (cluster.requeue=chain)."""
+    if cfg.cluster.requeue == Requeue.chain:
+        from hpcdl.launch.chain import submit_continuation
+
+        return submit_continuation(cfg, path, env, job_id)
+    return requeue(job_id)
+
+
 def main(run_dir: str) -> dict[str, Any]:
     from hpcdl.job import run_job, stop_signal_names
     from hpcdl.rundir import RunDir
@@ -147,7 +161,7 @@ def main(run_dir: str) -> dict[str, Any]:
     if env.is_main:
         num_timeouts = sum(1 for a in path.read_attempts() if a.get("reason") in LIMITED_REASONS)
         if should_requeue(reason, num_timeouts, cfg.cluster.max_requeues) and env.job_id:
-            action = requeue(env.job_id)
+            action = come_back(cfg, path, env, env.job_id)
         elif reason in LIMITED_REASONS:
             action = (
                 f"not requeued: cluster.max_requeues={cfg.cluster.max_requeues} timeouts reached"

@@ -58,13 +58,20 @@ def slurm_states(array_ids: list[str]) -> SchedulerView:
 
 
 def requeues(run_dir: RunDir) -> int:
-    """Runs that Slurm started again under the same job id (preemption, time limit,
-    scontrol requeue): start records with SLURM_RESTART_COUNT > 0."""
+    """Runs started again after a stop (preemption, time limit, scontrol requeue, or the
+    next job of a chain): start records with a restart count > 0."""
     return sum(
         1
         for e in run_dir.read_attempts()
         if e.get("event") == "start" and (e.get("restart_count") or 0) > 0
     )
+
+
+def current_job(run_dir: RunDir) -> Optional[str]:
+    """The job the trial's run dir last recorded: its array task, or the newest link of
+    its chain."""
+    record = run_dir.read_submission() or {}
+    return str(record["job_id"]) if record.get("job_id") else None
 
 
 def refresh(sweep_dir: Path) -> Ledger:
@@ -75,6 +82,8 @@ def refresh(sweep_dir: Path) -> Ledger:
     dir has the last word: a summary.json means COMPLETED whatever the scheduler says."""
     with ledger_mod.locked(sweep_dir) as ledger:
         if ledger.launcher == "slurm":
+            for t in ledger.trials:  # a chained trial (cluster.requeue=chain) has moved on
+                t.job_id = current_job(RunDir(Path(t.run_dir))) or t.job_id
             arrays = sorted({t.job_id.split("_")[0] for t in ledger.trials if t.job_id})
             view = slurm_states(arrays)
             for t in ledger.trials:

@@ -165,6 +165,53 @@ def test_api_script_survives_scontrol_requeue_with_the_same_weights(devcluster, 
     assert final in reference.stdout  # the uninterrupted run's final weights
 
 
+def test_api_script_on_a_too_short_time_limit_completes_as_a_chain_of_jobs(
+    devcluster, tmp_path
+) -> None:
+    # cluster.requeue=chain, as where `scontrol requeue` is unavailable: each stop submits
+    # the next job with --dependency=afterany. The first job gets the warning signal early
+    # (as on preemption); the second runs into its 2-minute limit (warning 30 s before it,
+    # Slurm may send it up to 60 s early: 30-90 s of work); the run needs ~110 s, so a
+    # third job finishes it.
+    write(tmp_path, "fit.py", API_SCRIPT)
+    reference = run_hpcdl(
+        "run", "run_dir=ref", "--", "python", "fit.py", "440", "0", cwd=tmp_path / "src"
+    )
+    assert reference.returncode == 0, reference.stderr
+    run_dir = hpcdl_run(
+        tmp_path,
+        "cluster=devcluster",
+        "cluster.requeue=chain",
+        "cluster.timeout_min=2",
+        "cluster.signal_delay_s=30",
+        "cluster.max_requeues=4",
+        f"run_dir={tmp_path / 'run'}",
+        "--",
+        "python",
+        "fit.py",
+        "440",
+        "0.25",
+    )
+    first = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    wait_until(lambda: any((run_dir / "checkpoints").glob("step_*.pt")), 120, "a checkpoint", 0.2)
+    subprocess.run(["scancel", "--signal=USR2", first], check=True)
+    wait_done(run_dir, timeout_s=420)
+    records = attempts(run_dir)
+    jobs = [a["job_id"] for a in records if a["event"] == "start"]
+    ends = [a for a in records if a["event"] == "end"]
+    assert len(set(jobs)) >= 3 and jobs[0] == first, records
+    assert all(a["action"].startswith("chained: job ") for a in ends[:-1]), ends
+    assert ends[-1]["reason"] == "completed"
+    history = json.loads((run_dir / "slurm.json").read_text())["history"]
+    assert [h["job_id"] for h in history] == list(dict.fromkeys(jobs))  # status follows
+    status = run_hpcdl("status", str(run_dir))
+    assert jobs[-1] in status.stdout and "COMPLETED" in status.stdout, status.stdout
+    logs = [(run_dir / "logs" / f"{j}_0_log.out").read_text() for j in dict.fromkeys(jobs)]
+    assert "continuing at step" in logs[-1] and "(restart " in logs[-1]
+    final = [ln for ln in logs[-1].splitlines() if ln.startswith("final")][-1]
+    assert final in reference.stdout  # the uninterrupted run's final weights
+
+
 def test_a_script_that_ignores_hpcdl_is_signalled_and_requeued(devcluster, tmp_path) -> None:
     write(tmp_path, "loop.py", IGNORANT_SCRIPT)
     run_dir = hpcdl_run(

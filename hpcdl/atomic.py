@@ -11,10 +11,12 @@ import json
 import os
 import re
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from enum import Enum
 from pathlib import Path
 from typing import IO, Any, Union
+
+from hpcdl.errors import WriteError, os_error_reason
 
 PathLike = Union[str, Path]
 Chunk = Union[bytes, bytearray, memoryview]
@@ -32,6 +34,7 @@ def atomic_file(path: PathLike) -> Iterator[IO[bytes]]:
     """A binary file that appears at ``path`` complete, or not at all, when the block ends.
 
     An exception inside the block removes the temporary file and leaves ``path`` as it was.
+    A file-system error (disk full, read-only, no permission) becomes a one-line WriteError.
     """
     path = Path(path)
     temp = temp_path(path)
@@ -41,8 +44,11 @@ def atomic_file(path: PathLike) -> Iterator[IO[bytes]]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
+    except BaseException as err:
+        with suppress(OSError):  # the error that got us here matters, not this one
+            temp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise WriteError(path, os_error_reason(err)) from err
         raise
     fsync_directory(path.parent)
 
@@ -75,10 +81,13 @@ def append_line_durably(path: PathLike, line: str) -> None:
 
     A reader may see a last line cut short by a kill mid-write, so readers skip lines that
     do not parse."""
-    with open(path, "a") as f:
-        f.write(line.rstrip("\n") + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "a") as f:
+            f.write(line.rstrip("\n") + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        raise WriteError(path, os_error_reason(err)) from err
 
 
 def fsync_directory(directory: Path) -> None:

@@ -14,7 +14,7 @@ from hpcdl.checkpoint import CheckpointStore, read_checkpoint, resolve_checkpoin
 from hpcdl.config.convert import config_hash, to_plain
 from hpcdl.config.schema import Config, Precision, RegressionTaskConfig
 from hpcdl.data import EpochSharder
-from hpcdl.data.feed import build_feed
+from hpcdl.data.feed import Feed, build_feed
 from hpcdl.env import RankEnv
 from hpcdl.errors import CheckpointError
 from hpcdl.evaluation import load_matching_weights
@@ -25,7 +25,7 @@ from hpcdl.progress import ProgressReporter
 from hpcdl.rundir import RunDir
 from hpcdl.signals import StopFlag
 from hpcdl.tasks import build_task
-from hpcdl.trainer import Parts, Trainer, total_steps
+from hpcdl.trainer import Parts, Start, Trainer, total_steps
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -56,8 +56,16 @@ def build_trainer(
     seed_everything(t.seed, t.deterministic)
     regression = isinstance(cfg.task, RegressionTaskConfig)
     feed = build_feed(cfg.data, device, seed=t.seed, regression=regression)
-    raw_model = build_model(cfg.model, feed.input_shape, feed.num_classes)
+    sharder = EpochSharder(
+        num_samples=feed.num_samples("train"),
+        global_batch_size=t.batch_size,
+        rank=env.rank,
+        world_size=env.world_size,
+        seed=t.seed,
+    )
     store = CheckpointStore(run_dir.checkpoint_dir, keep_last=t.keep_last)
+    start = first_batches(cfg, feed, sharder, store, device)
+    raw_model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     if cfg.init_from and not store.list_steps():  # a resumed run restores its own weights
         ckpt = warm_start_checkpoint(cfg.init_from)
         load_matching_weights(raw_model, read_checkpoint(ckpt)["model"], str(ckpt))
@@ -73,13 +81,6 @@ def build_trainer(
     if t.compile:
         model = torch.compile(model)  # type: ignore[assignment]
 
-    sharder = EpochSharder(
-        num_samples=feed.num_samples("train"),
-        global_batch_size=t.batch_size,
-        rank=env.rank,
-        world_size=env.world_size,
-        seed=t.seed,
-    )
     optimizer = build_optimizer(cfg.optim, raw_model.parameters())
     scheduler = build_scheduler(
         cfg.schedule,
@@ -106,4 +107,22 @@ def build_trainer(
         task=build_task(cfg.task, feed.target_stats),
         step_hooks=load_step_hooks(t.step_hooks),
     )
-    return Trainer(cfg, env, parts, stop)
+    return Trainer(cfg, env, parts, stop, start)
+
+
+def first_batches(
+    cfg: Config, feed: Feed, sharder: EpochSharder, store: CheckpointStore, device: torch.device
+) -> Start:
+    """The newest valid checkpoint, and the batches the run continues with, their loader
+    started now: its workers start and read ahead while the model is built, moved to the
+    device, wrapped and restored (the loader draws nothing from the global RNG streams, so
+    the model's initial weights are the same). Not when the run has nothing left to do."""
+    start = Start(checkpoint=store.load_latest())
+    progress = start.progress
+    t = cfg.trainer
+    if progress.early_stopped or progress.epoch >= t.max_epochs:
+        return start
+    if t.max_steps is not None and progress.global_step >= t.max_steps:
+        return start
+    start.batches = feed.train_batches(sharder, progress.epoch, progress.step_in_epoch, device)
+    return start

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hpcdl.atomic import purge_temp_files, write_atomic
-from hpcdl.errors import CheckpointError, ConfigError
+from hpcdl.errors import CheckpointError, ConfigError, WriteError, os_error_reason
 from hpcdl.rundir import RunDir
 
 MAGIC = b"HPCDLCK1"
@@ -69,13 +69,28 @@ class CheckpointStore:
         torch.save(state, buffer)
         payload = buffer.getbuffer()
         header = _HEADER.pack(MAGIC, hashlib.sha256(payload).digest(), len(payload))
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / step_file_name(step)
-        write_atomic(path, (header, payload))
-        if is_best:
-            write_atomic(self.directory / BEST_NAME, (header, payload))
+        target = path
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, (header, payload))
+            if is_best:
+                target = self.directory / BEST_NAME
+                write_atomic(target, (header, payload))
+        except OSError as err:
+            raise self._save_failed(target, os_error_reason(err)) from err
+        except WriteError as err:
+            raise self._save_failed(target, err.reason) from err
         self._purge(keep=path)
         return path
+
+    def _save_failed(self, path: Path, reason: str) -> CheckpointError:
+        # Nothing was purged and the atomic writer removed its temporary file, so the
+        # checkpoints already on disk are untouched and `hpcdl resume` continues from them.
+        return CheckpointError(
+            f"{path}: checkpoint not saved: {reason}; the older checkpoints in "
+            f"{self.directory} are intact (continue with `hpcdl resume` once fixed)"
+        )
 
     def list_steps(self) -> list[tuple[int, Path]]:
         """Complete checkpoint files as (step, path), oldest first, from the names only."""

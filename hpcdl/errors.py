@@ -1,5 +1,9 @@
 """Errors that reach the user as one line and exit status 2."""
 
+from __future__ import annotations
+
+import errno
+
 
 class HpcdlError(Exception):
     """Base class: the message is one line naming the key or file and how to fix it."""
@@ -19,3 +23,36 @@ class CheckpointError(HpcdlError):
 
 class RunDirError(HpcdlError):
     """A run directory collides with an existing one or is not a run directory."""
+
+
+class WriteError(HpcdlError):
+    """A file or folder could not be written: disk full, read-only, no permission.
+
+    ``path`` is what could not be written and ``reason`` the cause with its fix (from
+    ``os_error_reason``), so that callers can put the error in their own words.
+    """
+
+    def __init__(self, path: object, reason: str) -> None:
+        super().__init__(f"{path}: not written: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+# What to do about the errors a full, read-only or failing file system gives.
+_OS_ERROR_FIXES = {
+    errno.ENOSPC: "free space there, or write to another file system",
+    errno.EDQUOT: "your disk quota there is used up; free space, or write elsewhere",
+    errno.EFBIG: "the file is larger than this file system or your limits allow (ulimit -f)",
+    errno.EROFS: "that file system is mounted read-only; write to another one",
+    errno.EACCES: "you have no write permission there; write elsewhere or fix the permissions",
+    errno.EPERM: "you have no write permission there; write elsewhere or fix the permissions",
+    errno.EIO: "the storage reported an I/O error; check the disk or write elsewhere",
+}
+
+
+def os_error_reason(err: OSError) -> str:
+    """One line for an OSError: the cause, its errno name and what to do about it."""
+    cause = err.strerror or str(err) or type(err).__name__
+    name = errno.errorcode.get(err.errno or 0)
+    fix = _OS_ERROR_FIXES.get(err.errno or 0)
+    return cause + (f" ({name})" if name else "") + (f"; {fix}" if fix else "")

@@ -13,19 +13,29 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import errno
 import io
 import json
+import os
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
-from hpcdl.atomic import append_line_durably, write_atomic, write_json_atomic
+from hpcdl.atomic import (
+    append_line_durably,
+    fsync_directory,
+    temp_path,
+    write_atomic,
+    write_json_atomic,
+)
 from hpcdl.config.convert import load_config, save_config
 from hpcdl.config.schema import Config
-from hpcdl.errors import RunDirError
+from hpcdl.errors import RunDirError, WriteError, os_error_reason
 
 # (name, what it holds): the layout of a run directory, in the order docs/checkpoints.md
 # lists it. A test checks the docs' table against this.
@@ -54,7 +64,14 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("logs/", "launched runs: one log file per rank (submitit)"),
     ("trial.log", "a trial of a local sweep: its console output"),
     ("stop/", "`hpcdl run`: one file per attempt, made when a stop is requested (HPCDL_STOP_FILE)"),
+    (".run.lock", "locked by the process training the run: a second one is refused"),
 )
+
+
+# A run with this many epochs in metrics.csv has saved a checkpoint (one per epoch end,
+# the newest always kept): none left means they were lost, and a resume must not silently
+# retrain from epoch 1. (One epoch can be a kill between its row and its first save.)
+EPOCHS_NEEDING_A_CHECKPOINT = 2
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,7 @@ class RunDir(JobDir):
     SUBMISSION: ClassVar[str] = "slurm.json"
     TRIAL_LOG: ClassVar[str] = "trial.log"
     STOP: ClassVar[str] = "stop"
+    LOCK: ClassVar[str] = ".run.lock"
 
     # ------------------------------------------------------------------ paths
     @property
@@ -123,6 +141,18 @@ class RunDir(JobDir):
     @property
     def trial_log(self) -> Path:
         return self.path / self.TRIAL_LOG
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / self.LOCK
+
+    def clear_history(self) -> None:
+        """`hpcdl resume --from-scratch`: forget the epochs of a run whose checkpoints are
+        gone, so the retrained run's metrics and summary are its own."""
+        for path in (self.path / self.METRICS, self.summary_file, self.curves_png):
+            path.unlink(missing_ok=True)
+        for path in (self.confusion_png, self.scatter_png):
+            path.unlink(missing_ok=True)
 
     def stop_file(self, job_id: Optional[str], restart_count: int) -> Path:
         """Where `hpcdl run` makes a file when this attempt is asked to stop (not created)."""
@@ -259,26 +289,113 @@ def default_run_dir(now: dt.datetime | None = None, root: str = "outputs") -> Pa
 
 
 def create_run_dir(cfg: Config) -> tuple[Config, RunDir]:
-    """Make a fresh run dir and write the resolved config; refuse to reuse an existing one."""
+    """Make a fresh run dir and write the resolved config; refuse to reuse an existing one.
+
+    The run dir is built under a temporary sibling name (``.<name>.tmp-<pid>``) and renamed
+    into place once its config is written. A run dir with its final name therefore always
+    has the config.yaml `hpcdl resume` reads, and a failure (disk full, read-only file
+    system, no permission) leaves nothing behind that would block a retry.
+    """
     if cfg.run_dir is None:
-        path = default_run_dir().resolve()
-        suffix = 1
-        base = path
-        while path.exists():  # two runs started in the same second
+        base = path = default_run_dir().resolve()
+        for suffix in range(1, 1000):  # runs started in the same second get -1, -2, ...
+            if not path.exists():
+                try:
+                    return _create_run_dir(replace(cfg, run_dir=str(path)), f"run dir {path}")
+                except _TakenMeanwhile:
+                    pass
             path = base.with_name(f"{base.name}-{suffix}")
-            suffix += 1
-    else:
-        path = Path(cfg.run_dir).expanduser().resolve()
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise RunDirError(
-                f"run_dir={cfg.run_dir!r} already exists; continue it with `hpcdl resume {cfg.run_dir}` "
-                "or choose a new run_dir"
-            )
-    path.mkdir(parents=True, exist_ok=True)
-    run_dir = RunDir(path)
-    cfg = run_dir.save_config(cfg)
-    run_dir.record_command("train")
-    return cfg, run_dir
+        raise RunDirError(f"run dir {base}: too many runs started this second; set run_dir=...")
+    path = Path(cfg.run_dir).expanduser().resolve()
+    key = f"run_dir={cfg.run_dir!r}"
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{key}: {path} is a file, not a folder; choose a new run_dir")
+    if path.is_dir() and any(path.iterdir()):
+        raise RunDirError(
+            f"{key} already exists; continue it with `hpcdl resume {cfg.run_dir}` "
+            "or choose a new run_dir"
+        )
+    try:
+        return _create_run_dir(replace(cfg, run_dir=str(path)), key)
+    except _TakenMeanwhile:
+        raise RunDirError(
+            f"{key}: another command created {path} meanwhile; choose a new run_dir"
+        ) from None
+
+
+class _TakenMeanwhile(Exception):
+    """The run dir's name was taken by another command after it was checked."""
+
+
+def _create_run_dir(cfg: Config, key: str) -> tuple[Config, RunDir]:
+    assert cfg.run_dir is not None
+    path = Path(cfg.run_dir)
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):
+        raise _TakenMeanwhile()
+    blocker = _file_among_parents(path)
+    if blocker is not None:
+        raise RunDirError(f"{key}: {blocker} is a file, not a folder; choose another run_dir")
+    try:
+        if path.is_dir():  # an empty folder made for the run: fill it, config.yaml last
+            _fill_empty_run_dir(cfg, path)
+        else:
+            _build_and_rename(cfg, path)
+    except (OSError, WriteError) as err:
+        reason = err.reason if isinstance(err, WriteError) else os_error_reason(err)
+        raise RunDirError(f"{key}: cannot create {path}: {reason}") from err
+    return cfg, RunDir(path)
+
+
+def _file_among_parents(path: Path) -> Optional[Path]:
+    """The nearest existing parent of ``path`` when it is a file (run_dir=notes.txt/x)."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def _write_records(cfg: Config, folder: Path) -> None:
+    """commands.log, then config.yaml (``cfg.run_dir`` is the final path, not ``folder``):
+    the config is what makes a folder a run dir, so it comes last."""
+    staged = RunDir(folder)
+    staged.record_command("train")
+    save_config(cfg, staged.config_file)
+
+
+def _build_and_rename(cfg: Config, path: Path) -> None:
+    created = [p for p in reversed(path.parents) if not p.exists()]
+    staging = temp_path(path)
+    try:
+        for folder in created:
+            folder.mkdir(exist_ok=True)
+        if staging.exists():  # left by a killed command that had our pid
+            shutil.rmtree(staging)
+        staging.mkdir()
+        _write_records(cfg, staging)
+        # rename() refuses a non-empty target: a run dir made meanwhile is never replaced.
+        try:
+            os.rename(staging, path)
+        except OSError as err:
+            if err.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise _TakenMeanwhile() from None
+            raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in reversed(created):  # only the parents made here, only if still empty
+            with suppress(OSError):
+                folder.rmdir()
+        raise
+    fsync_directory(path.parent)
+
+
+def _fill_empty_run_dir(cfg: Config, path: Path) -> None:
+    try:
+        _write_records(cfg, path)
+    except BaseException:
+        for name in (RunDir.COMMANDS, RunDir.CONFIG):  # back to the empty folder it was
+            with suppress(OSError):
+                (path / name).unlink(missing_ok=True)
+        raise
 
 
 def open_run_dir(ref: str | Path) -> tuple[Config, RunDir]:

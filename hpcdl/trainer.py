@@ -25,12 +25,12 @@ from hpcdl.data.loader import channels_last_inputs
 from hpcdl.data.sharding import EpochSharder
 from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.env import RankEnv
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import HpcdlError, RunDirError
 from hpcdl.evaluation import EvalResult, evaluate
 from hpcdl.hooks import StepEvent, StepHook
 from hpcdl.progress import ProgressReporter
 from hpcdl.provenance import collect_versions, weights_sha256
-from hpcdl.rundir import MetricsLog
+from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT, MetricsLog
 from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
 from hpcdl.step_sums import StepSums
@@ -77,8 +77,26 @@ class NonFiniteLossError(HpcdlError):
     """Too many non-finite losses in a row."""
 
 
+@dataclass
+class Start:
+    """Where fit() begins: the newest valid checkpoint (None: from the start), and the first
+    epoch's batches when their loader was started early (hpcdl.build starts it before it
+    builds the model, so the loader's workers read ahead meanwhile)."""
+
+    checkpoint: Optional[tuple[Path, dict[str, Any]]] = None
+    batches: Optional[Iterator[TrainBatch]] = None
+
+    @property
+    def progress(self) -> Progress:
+        if self.checkpoint is None:
+            return Progress()
+        return Progress.from_dict(self.checkpoint[1]["progress"])
+
+
 class Trainer:
-    def __init__(self, cfg: Config, env: RankEnv, parts: Parts, stop: StopFlag) -> None:
+    def __init__(
+        self, cfg: Config, env: RankEnv, parts: Parts, stop: StopFlag, start: Optional[Start] = None
+    ) -> None:
         self.cfg = cfg
         self.t = cfg.trainer
         self.env = env
@@ -94,15 +112,18 @@ class Trainer:
         self._last_saved_step = -1
         self._last_saved_path: Optional[Path] = None
         self._monitor_checked = False
+        self._start = start or Start(checkpoint=parts.store.load_latest())
+        # An epoch's batches whose loader has started reading ahead (see Start).
+        self._pending: Optional[Iterator[TrainBatch]] = self._start.batches
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> FitResult:
-        self.restore()
+        self.restore(self._start.checkpoint)
         while not self.finished():
             self.p.reporter.start_epoch(
                 self.progress.epoch, self.progress.step_in_epoch, self.p.sharder.num_steps_per_epoch
             )
-            for step_in_epoch, batch, global_count in self.batches():
+            for step_in_epoch, batch, global_count in self._take_batches():
                 flags = self.train_step(batch, global_count)
                 self.run_step_hooks()
                 self.log_step(step_in_epoch, flags)
@@ -116,12 +137,28 @@ class Trainer:
                     self.save()
                 if self.max_steps_reached():
                     break
+            self._read_ahead_next_epoch()
             self.end_epoch()
         return self.complete()
 
     def batches(self) -> Iterator[TrainBatch]:
         pr = self.progress
         return self.p.feed.train_batches(self.p.sharder, pr.epoch, pr.step_in_epoch, self.p.device)
+
+    def _take_batches(self) -> Iterator[TrainBatch]:
+        pending, self._pending = self._pending, None
+        return pending if pending is not None else self.batches()
+
+    def _read_ahead_next_epoch(self) -> None:
+        """Start the next epoch's batches before this epoch's validation and checkpoint, so
+        the loader's workers read ahead meanwhile (when the next epoch will run at all;
+        early stopping may still end the run, and the batches read are then dropped)."""
+        pr = self.progress
+        if pr.step_in_epoch < self.p.sharder.num_steps_per_epoch or self.max_steps_reached():
+            return
+        if pr.early_stopped or pr.epoch + 1 >= self.t.max_epochs:
+            return
+        self._pending = self.p.feed.train_batches(self.p.sharder, pr.epoch + 1, 0, self.p.device)
 
     def finished(self) -> bool:
         pr = self.progress
@@ -361,9 +398,9 @@ class Trainer:
         )
         return self._last_saved_path
 
-    def restore(self) -> None:
-        found = self.p.store.load_latest()
+    def restore(self, found: Optional[tuple[Path, dict[str, Any]]]) -> None:
         if found is None:
+            self._start_over()
             return
         path, state = found
         p = self.p
@@ -389,6 +426,21 @@ class Trainer:
             f"resumed from {path} (epoch {self.progress.epoch + 1}, "
             f"step {self.progress.step_in_epoch} of the epoch, global step {self.progress.global_step})"
         )
+
+    def _start_over(self) -> None:
+        """No checkpoint to continue from. One epoch on record is a kill between its
+        metrics row and its first save: forget the row. More means checkpoints that were
+        saved are gone: retraining silently would mix two runs' histories."""
+        epochs = len(self.p.metrics.read())
+        if epochs >= EPOCHS_NEEDING_A_CHECKPOINT:
+            run = self.p.metrics.path.parent
+            raise RunDirError(
+                f"{run}: metrics.csv records {epochs} epochs but {self.p.store.directory} "
+                "holds no valid checkpoint to continue from; retrain from epoch 1 with "
+                f"`hpcdl resume {run} --from-scratch` (clears its metrics and summary)"
+            )
+        if epochs and self.env.is_main:
+            self.p.metrics.truncate_after_epoch(0)
 
     # ------------------------------------------------------------------ the end
     @property

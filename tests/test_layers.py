@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hpcdl"
 LAYERS: list[list[str]] = [
     ["hpcdl", "hpcdl.errors", "hpcdl.exit_codes", "hpcdl.atomic"],
     ["hpcdl.config"],
-    ["hpcdl.rundir", "hpcdl.targets", "hpcdl.env", "hpcdl.signals", "hpcdl.state", "hpcdl.samples"],
+    ["hpcdl.rundir", "hpcdl.runlock", "hpcdl.targets", "hpcdl.env", "hpcdl.signals", "hpcdl.state", "hpcdl.samples"],
     [
         "hpcdl.checkpoint",
         "hpcdl.provenance",

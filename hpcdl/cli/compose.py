@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -59,7 +60,12 @@ def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> Di
         try:
             with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
                 return hydra_compose("config", overrides=[*extra, *overrides])
+        except yaml.YAMLError as err:  # a YAML file with a syntax error
+            raise ConfigError(yaml_message(err)) from None
         except (HydraException, OmegaConfBaseException, ValueError) as err:
+            cause = _yaml_cause(err)
+            if cause is not None:
+                raise ConfigError(yaml_message(cause)) from None
             # A schema key the chosen YAML leaves out (cluster.partition on cluster=debug)
             # is still a valid key: add it instead of overriding it.
             retry = _as_addition(str(err), overrides)
@@ -67,6 +73,32 @@ def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> Di
                 raise ConfigError(hydra_message(err)) from None
             overrides = retry
     raise ConfigError("could not compose the config")  # unreachable: each retry fixes one key
+
+
+def _yaml_cause(err: BaseException) -> Optional[yaml.YAMLError]:
+    """The YAML syntax error behind an error that Hydra wrapped, if any."""
+    seen: set[int] = set()
+    cause: Optional[BaseException] = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, yaml.YAMLError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def yaml_message(err: yaml.YAMLError) -> str:
+    """One line for PyYAML's multi-line error: the file, line and column, and the problem."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    what = " ".join((f"{context}: {problem}" if context else str(problem)).split())
+    name = getattr(mark, "name", "") or ""
+    if mark is None or name.startswith("<"):  # not read from a file
+        where = name or "a config file"
+    else:
+        where = f"{name}, line {mark.line + 1}, column {mark.column + 1}"
+    return f"{where}: invalid YAML ({what}); fix the syntax there"
 
 
 def _as_addition(message: str, overrides: list[str]) -> Optional[list[str]]:

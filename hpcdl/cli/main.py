@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument(
         "--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks"
     )
+    resume.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="the run's checkpoints are gone: retrain from epoch 1, clearing its metrics and summary",
+    )
 
     status = sub.add_parser("status", help="Slurm job state, attempts, last metrics")
     status.add_argument("ref", metavar="RUN_DIR|JOB_ID")
@@ -103,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_sub = sweep.add_subparsers(dest="sweep_command", required=True)
     sweep_status = sweep_sub.add_parser("status", help="table: trial, overrides, job id, state")
     sweep_status.add_argument("sweep_dir")
+    sweep_status.add_argument("--metric", help=METRIC_HELP)
     sweep_summary = sweep_sub.add_parser("summary", help="ranked table + plot per swept key")
     sweep_summary.add_argument("sweep_dir")
-    sweep_summary.add_argument("--metric", default="val_accuracy")
+    sweep_summary.add_argument("--metric", help=METRIC_HELP)
     sweep_summary.add_argument("--format", choices=["markdown", "csv"], default="markdown")
     sweep_rerun = sweep_sub.add_parser("rerun", help="resubmit failed/cancelled/timed-out trials")
     sweep_rerun.add_argument("sweep_dir")
@@ -161,6 +167,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hpcdl.config.schema import Launcher
     from hpcdl.probe import probe_user_code
     from hpcdl.rundir import create_run_dir
+    from hpcdl.runlock import hold
 
     if args.multirun and not (args.cfg or args.info):
         return run_sweep(args)
@@ -189,7 +196,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             freeze_code(run_dir, cfg)
         print(f"not launched; e.g. sbatch slurm/train.sbatch {run_dir.path}")
         return EXIT_OK
-    return launch(cfg, run_dir)
+    with hold(run_dir):
+        return launch(cfg, run_dir)
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -239,18 +247,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_program(args)
 
 
+METRIC_HELP = (
+    "the metric to show and rank by; default: val_accuracy for classification, else the "
+    "early-stopping monitor; for `hpcdl run` sweeps the first number in the programs' metrics"
+)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from hpcdl.sweep import ledger as ledger_mod
     from hpcdl.sweep.ledger import RERUNNABLE
     from hpcdl.sweep.report import refresh, status_table, write_summary
 
     sweep_dir = Path(args.sweep_dir).expanduser().resolve()
-    ledger = refresh(sweep_dir)
+    ledger, metric = refresh(sweep_dir, getattr(args, "metric", None))
     if args.sweep_command == "status":
-        print(status_table(ledger), end="")
+        print(status_table(ledger, metric), end="")
         return EXIT_OK
     if args.sweep_command == "summary":
-        table, files = write_summary(ledger, args.metric)
+        table, files = write_summary(ledger, metric)
         if args.format == "csv":
             print(files[1].read_text(), end="")
         else:
@@ -295,6 +309,9 @@ def dry_run(cfg: Config) -> int:
     run_dir = RunDir(Path(cfg.run_dir or default_run_dir()).expanduser().resolve())
     print(f"# run dir (not created): {run_dir.path}")
     print(sbatch_text(cfg, run_dir))
+    if cfg.script is not None:
+        print("# program (what each Slurm task runs, its script from the frozen copy)")
+        print("  " + program_line(cfg, run_dir))
     print("# per-rank environment")
     for row in rank_environment(cfg):
         print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
@@ -302,10 +319,35 @@ def dry_run(cfg: Config) -> int:
     return EXIT_OK
 
 
+def program_line(cfg: Config, run_dir: RunDir) -> str:
+    """`hpcdl run --dry-run`: the user's command as the job will start it."""
+    import shlex
+    from dataclasses import replace
+
+    from hpcdl.env import RankEnv
+    from hpcdl.launch.snapshot import frozen_script
+    from hpcdl.script_job import program_command
+
+    assert cfg.script is not None
+    command, _ = frozen_script(run_dir.code_dir, cfg.script.command)
+    tokens = program_command(replace(cfg.script, command=command), cfg, RankEnv())
+    known_in_the_job = {  # torchrun's per-node options, decided once the job runs
+        "--node-rank=": "<SLURM_NODEID>",
+        "--rdzv-endpoint=": "<first host of SLURM_JOB_NODELIST>:<15000 + SLURM_JOB_ID % 15000>",
+        "--rdzv-id=": "<SLURM_JOB_ID>",
+    }
+    for i, token in enumerate(tokens):
+        for option, shown in known_in_the_job.items():
+            if token.startswith(option):
+                tokens[i] = option + shown
+    return shlex.join(tokens)
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import apply_overrides
     from hpcdl.probe import probe_user_code
     from hpcdl.rundir import open_run_dir
+    from hpcdl.runlock import hold
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_if_still_queued(run_dir)
@@ -315,10 +357,29 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if (cfg.model, cfg.data, cfg.task) != (stored.model, stored.data, stored.task):
             probe_user_code(cfg)  # before the changed config is saved
     preflight(cfg, args.no_preflight)
-    cfg = run_dir.save_config(cfg)
-    run_dir.record_command("resume")
-    print(f"resuming run dir: {run_dir.path}", flush=True)
-    return launch(cfg, run_dir)
+    with hold(run_dir):  # before anything is written: a second resume changes nothing
+        refuse_lost_checkpoints(run_dir, args.from_scratch)
+        cfg = run_dir.save_config(cfg)
+        run_dir.record_command("resume")
+        print(f"resuming run dir: {run_dir.path}", flush=True)
+        return launch(cfg, run_dir)
+
+
+def refuse_lost_checkpoints(run_dir: RunDir, from_scratch: bool) -> None:
+    """A run with epochs on record but no checkpoint left would silently retrain from
+    epoch 1 into the same history: only with --from-scratch, which clears that history."""
+    from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT
+
+    if from_scratch:
+        run_dir.clear_history()
+        return
+    epochs = len(run_dir.metrics.read())
+    if epochs >= EPOCHS_NEEDING_A_CHECKPOINT and not any(run_dir.checkpoint_dir.glob("step_*")):
+        raise HpcdlError(
+            f"{run_dir.path}: metrics.csv records {epochs} epoch(s) but {run_dir.checkpoint_dir} "
+            f"holds no checkpoint to continue from; retrain from epoch 1 with "
+            f"`hpcdl resume {run_dir.path} --from-scratch` (clears its metrics and summary)"
+        )
 
 
 def refuse_if_still_queued(run_dir: RunDir) -> None:

@@ -29,6 +29,7 @@ def run_program(args: argparse.Namespace) -> int:
     from hpcdl.cli.main import dry_run, launch, launch_sweep, preflight
     from hpcdl.config.validate import check_script
     from hpcdl.rundir import create_run_dir
+    from hpcdl.runlock import hold
 
     script, overrides = script_from(args.overrides, list(args.program))
     cfg = replace(compose_config(overrides, args.config_dir), script=script)
@@ -40,7 +41,8 @@ def run_program(args: argparse.Namespace) -> int:
     preflight(cfg, args.no_preflight)
     cfg, run_dir = create_run_dir(cfg)
     print(f"run dir: {run_dir.path}", flush=True)
-    return launch(cfg, run_dir)
+    with hold(run_dir):
+        return launch(cfg, run_dir)
 
 
 def script_from(overrides: list[str], command: list[str]) -> tuple[ScriptConfig, list[str]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import functools
 import pickle
 from pathlib import Path
 from typing import Any
@@ -80,13 +82,19 @@ def read_class_names(folder: Path) -> list[str]:
 
 
 def unpickle(path: Path) -> dict[Any, Any]:
+    """A batch file as a dict, unpickled with only the types a CIFAR-10 batch holds: a
+    crafted file that would call anything else (os.system, ...) is refused, not run."""
     if not path.is_file():
         raise DataError(f"data.path: missing {path}; {FIX_HINT}")
     try:
         with path.open("rb") as f:
-            # Pickle runs code from the file: fine for the official CIFAR-10 download, which
-            # is only distributed this way. Never point data.path at untrusted files.
-            content = pickle.load(f, encoding="bytes")
+            content = _BatchUnpickler(f, encoding="bytes").load()
+    except _Refused as exc:
+        raise DataError(
+            f"data.path: {path}: refused: the pickle calls {exc}, which a CIFAR-10 batch "
+            f"never holds (only dicts, lists, bytes, str and numpy arrays); {FIX_HINT}, "
+            "from the official cifar-10-python.tar.gz"
+        ) from None
     except Exception as exc:  # pickle raises many types on bad input
         raise DataError(f"data.path: cannot unpickle {path}: {exc!r}; {FIX_HINT}") from exc
     if not isinstance(content, dict):
@@ -94,3 +102,43 @@ def unpickle(path: Path) -> dict[Any, Any]:
             f"data.path: {path} holds a {type(content).__name__}, not a dict; {FIX_HINT}"
         )
     return content
+
+
+class _Refused(pickle.UnpicklingError):
+    """The pickle names a global outside the allow-list; the message is module.name."""
+
+
+def _latin1_encode(text: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+    # Python 3 pickles bytes with protocols 0-2 as _codecs.encode(str, "latin1").
+    if encoding not in ("latin1", "latin-1") or errors != "strict":
+        raise _Refused(f"_codecs.encode with encoding {encoding!r}")
+    return codecs.encode(text, "latin1")
+
+
+@functools.cache
+def _allowed_globals() -> dict[tuple[str, str], Any]:
+    """What pickles of CIFAR-10 batches name: numpy's array reconstructors (under both the
+    numpy 1 and numpy 2 module names), ndarray, dtype, numpy scalars, and bytes."""
+    try:
+        from numpy._core import multiarray, numeric  # numpy >= 2
+    except ImportError:  # numpy 1
+        from numpy.core import multiarray, numeric  # type: ignore[no-redef]
+    allowed: dict[tuple[str, str], Any] = {
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("_codecs", "encode"): _latin1_encode,
+    }
+    for package in ("numpy.core", "numpy._core"):
+        allowed[(f"{package}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        allowed[(f"{package}.multiarray", "scalar")] = multiarray.scalar
+        # Protocol 5 pickles of arrays (absent from numpy's type stubs).
+        allowed[(f"{package}.numeric", "_frombuffer")] = vars(numeric)["_frombuffer"]
+    return allowed
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _allowed_globals()[(module, name)]
+        except KeyError:
+            raise _Refused(f"{module}.{name}") from None

@@ -283,7 +283,11 @@ def dataset_batches(
     settings: LoaderSettings,
 ) -> Iterator[tuple[int, Any, int]]:
     """(step_in_epoch, batch on the device, global_batch_count) for the steps
-    [start_step, num_steps_per_epoch) of this epoch, read from a map-style dataset."""
+    [start_step, num_steps_per_epoch) of this epoch, read from a map-style dataset.
+
+    Not lazy: the loader's iteration starts here (its workers start, or wake up, and read
+    ahead), so a caller that asks early gets its first batch without waiting: the trainer
+    asks before it builds the model, and for the next epoch before validating this one."""
     if len(dataset) != sharder.num_samples:
         raise ValueError(
             f"the dataset holds {len(dataset)} samples, the sharder {sharder.num_samples}"
@@ -292,8 +296,14 @@ def dataset_batches(
     sampler = loader.batch_sampler
     assert isinstance(sampler, EpochBatchSampler)
     sampler.epoch, sampler.start_step = epoch, start_step  # read when iteration starts
-    steps = range(start_step, sharder.num_steps_per_epoch)
-    for step, batch in zip(steps, loader, strict=True):
+    started = iter(loader)
+    return _on_device(started, sharder, range(start_step, sharder.num_steps_per_epoch), device)
+
+
+def _on_device(
+    batches: Iterator[Any], sharder: EpochSharder, steps: range, device: torch.device
+) -> Iterator[tuple[int, Any, int]]:
+    for step, batch in zip(steps, batches, strict=True):
         yield step, move_to(batch, device), sharder.global_batch_count(step)
 
 

@@ -13,12 +13,14 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcdl.config.schema import Requeue
 from hpcdl.env import RankEnv, rank_env_from
-from hpcdl.exit_codes import EXIT_INTERRUPTED
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
@@ -40,7 +42,9 @@ def _gpu_name() -> str | None:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def start_record(env: RankEnv) -> dict[str, Any]:
+def start_record(env: RankEnv, world_size: int) -> dict[str, Any]:
+    """world_size: the training processes (under torchrun, its workers, not the Slurm
+    tasks)."""
     import hpcdl
     from hpcdl.launch.snapshot import code_revision
     from hpcdl.provenance import collect_versions
@@ -52,7 +56,7 @@ def start_record(env: RankEnv) -> dict[str, Any]:
         "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
         "restart_count": env.restart_count,
         "nodes": os.environ.get("SLURM_JOB_NODELIST", socket.gethostname()),
-        "world_size": env.world_size,
+        "world_size": world_size,
         "start": _now(),
         "git_revision": code_revision(Path(hpcdl.__file__).resolve().parent),
         "versions": collect_versions(),
@@ -115,6 +119,21 @@ def requeue(job_id: str) -> str:
     return "requeued" if out.returncode == 0 else f"requeue failed: {out.stderr.strip()}"
 
 
+@contextmanager
+def hold_or_exit(path: RunDir, env: RankEnv) -> Iterator[None]:
+    from hpcdl.runlock import RunDirBusy, hold
+
+    try:
+        with hold(path):  # only the lock raises RunDirBusy; the job's errors pass through
+            yield
+    except RunDirBusy as err:
+        path.append_attempt(
+            {"event": "end", "job_id": env.job_id, "end": _now(), "reason": "busy", "action": "exit"}
+        )
+        print(f"hpcdl: error: {err}", flush=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
 def come_back(cfg: Config, path: RunDir, env: RankEnv, job_id: str) -> str:
     """Requeue this job, or submit its continuation (cluster.requeue=chain)."""
     if cfg.cluster.requeue == Requeue.chain:
@@ -135,8 +154,10 @@ def main(run_dir: str) -> dict[str, Any]:
     with stop_on_signals(stop_signal_names(cfg.cluster.signal)) as stop:
         env = rank_env_from(os.environ)
         if env.is_main:
-            path.append_attempt(start_record(env))
-        outcome = run_job(run_dir, stop)
+            path.append_attempt(start_record(env, cfg.world_size))
+        # Rank 0 holds the run dir's lock for the job: a second writer is refused.
+        with hold_or_exit(path, env) if env.is_main else nullcontext():
+            outcome = run_job(run_dir, stop)
     if outcome.completed:
         if env.is_main:
             path.append_attempt(

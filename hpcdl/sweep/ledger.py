@@ -70,22 +70,38 @@ def save(ledger: Ledger) -> None:
     write_json_atomic(SweepDir(Path(ledger.sweep_dir)).ledger_file, asdict(ledger), indent=1)
 
 
+def check_sweep_dir(sweep_dir: Path) -> None:
+    """Raise a one-line error unless ``sweep_dir`` is a folder holding a ledger; reads only."""
+    fix = "pass the sweep dir printed by `hpcdl train -m`"
+    if not sweep_dir.exists():
+        raise HpcdlError(f"{sweep_dir}: no such folder; {fix}")
+    if not sweep_dir.is_dir():
+        raise HpcdlError(f"{sweep_dir}: a file, not a sweep dir; {fix}")
+    if not SweepDir(sweep_dir).ledger_file.is_file():
+        raise HpcdlError(f"{sweep_dir}: no {SweepDir.LEDGER}, so not a sweep dir; {fix}")
+
+
 def load(sweep_dir: Path) -> Ledger:
+    check_sweep_dir(sweep_dir)
     path = SweepDir(sweep_dir).ledger_file
-    if not path.exists():
-        raise HpcdlError(
-            f"{sweep_dir}: no {SweepDir.LEDGER}; pass the sweep dir printed by `hpcdl train -m`"
-        )
-    raw = json.loads(path.read_text())
-    known = {f.name for f in fields(TrialRecord)}
-    trials = [TrialRecord(**{k: v for k, v in t.items() if k in known}) for t in raw.pop("trials")]
-    return Ledger(**raw, trials=trials)
+    try:
+        raw = json.loads(path.read_text())
+        known = {f.name for f in fields(TrialRecord)}
+        trials = [
+            TrialRecord(**{k: v for k, v in t.items() if k in known}) for t in raw.pop("trials")
+        ]
+        return Ledger(**raw, trials=trials)
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise HpcdlError(f"{path}: not a sweep ledger hpcdl can read ({err})") from None
 
 
 @contextmanager
 def locked(sweep_dir: Path) -> Iterator[Ledger]:
-    """Load, let the caller change, and save the ledger under an exclusive lock."""
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    """Load, let the caller change, and save the ledger under an exclusive lock.
+
+    Only an existing sweep dir (with its ledger) gets a lock file: a mistyped path is
+    refused before anything is created."""
+    check_sweep_dir(sweep_dir)
     with open(SweepDir(sweep_dir).lock_file, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         ledger = load(sweep_dir)

@@ -1,0 +1,98 @@
+"""One writer per run dir: the process that trains a run holds an exclusive lock on its
+`.run.lock` for as long as it runs (the foreground `hpcdl train|resume` for in-process and
+local runs, rank 0 of the Slurm job for submitted ones). A second writer is refused with
+one line naming the holder.
+
+An flock lock belongs to the open file: the kernel drops it when the holder exits, however
+it exits (SIGKILL, a node gone for a local file system), so a lock is never stale; the
+holder's description in the file is only read to say who holds it. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, Any, Optional
+
+from hpcdl.errors import HpcdlError
+from hpcdl.rundir import RunDir
+
+
+class RunDirBusy(HpcdlError):
+    """Another process is training this run dir."""
+
+
+def _holder() -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "since": dt.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+def describe(holder: Optional[dict[str, Any]]) -> str:
+    if not holder:
+        return "another process"
+    who = f"pid {holder.get('pid')} on {holder.get('host')}"
+    if holder.get("job_id"):
+        who = f"Slurm job {holder['job_id']} ({who})"
+    return f"{who} since {holder.get('since')}"
+
+
+def _read_holder(handle: IO[str]) -> Optional[dict[str, Any]]:
+    try:
+        handle.seek(0)
+        value = json.loads(handle.read() or "null")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _try_lock(handle: IO[str], run_dir: RunDir) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        # A file system without flock support (some NFS/Lustre mounts): go on unguarded
+        # rather than refuse every run there.
+        print(
+            f"hpcdl: warning: {run_dir.lock_file}: cannot lock ({err.strerror}); "
+            "two runs of this run dir at once would not be stopped",
+            file=sys.stderr,
+        )
+    return True
+
+
+@contextmanager
+def hold(run_dir: RunDir) -> Iterator[None]:
+    """Hold the run dir's lock, or raise RunDirBusy at once."""
+    try:
+        handle = open(run_dir.lock_file, "a+")  # noqa: SIM115 (closed by the with below)
+    except OSError as err:
+        raise HpcdlError(
+            f"{run_dir.lock_file}: cannot open the run dir's lock: {err.strerror}"
+        ) from None
+    with handle:
+        if not _try_lock(handle, run_dir):
+            raise RunDirBusy(
+                f"{run_dir.path} is being trained by {describe(_read_holder(handle))}; "
+                "wait for it to end, or stop it first (Ctrl-C there, or "
+                f"`hpcdl cancel {run_dir.path}` for a Slurm job)"
+            )
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(_holder()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -67,15 +67,34 @@ def rank_env_from(environ: Mapping[str, str]) -> RankEnv:
     if "SUBMITIT_LOCAL_JOB_ID" in environ:
         return _from_submitit_local(environ)
     if "RANK" in environ and "WORLD_SIZE" in environ:
-        return RankEnv(
-            rank=int(environ["RANK"]),
-            local_rank=int(environ.get("LOCAL_RANK", "0")),
-            world_size=int(environ["WORLD_SIZE"]),
-            master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(environ.get("MASTER_PORT", "29500")),
-            launcher="torchrun",
-        )
+        return _from_torchrun(environ)
     return RankEnv()
+
+
+def _from_torchrun(environ: Mapping[str, str]) -> RankEnv:
+    """torchrun's variables (or the same ones `hpcdl run` exports to a program), plus the
+    HPCDL_* ones a program started by `hpcdl run` gets: its job and restart count."""
+
+    def number(*names: str, default: int) -> int:
+        for name in names:
+            if environ.get(name):
+                return int(environ[name])
+        return default
+
+    return RankEnv(
+        rank=int(environ["RANK"]),
+        local_rank=number("LOCAL_RANK", default=0),
+        world_size=int(environ["WORLD_SIZE"]),
+        node_rank=number("GROUP_RANK", "NODE_RANK", default=0),
+        num_nodes=number("GROUP_WORLD_SIZE", default=1),
+        master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=number("MASTER_PORT", default=29500),
+        launcher="torchrun",
+        job_id=environ.get("HPCDL_JOB_ID") or environ.get("TORCHELASTIC_RUN_ID") or None,
+        restart_count=number("HPCDL_RESTART_COUNT", default=0)
+        + number("TORCHELASTIC_RESTART_COUNT", default=0),
+        hostname=environ.get("HOSTNAME"),
+    )
 
 
 # `cluster.requeue=chain`: set in a continuation job's script to its place in the chain.

@@ -50,12 +50,24 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     # hpcdl's job sets PYTHONSAFEPATH (its frozen code must win over the submit dir); the
     # program must see its own folder first, to import the modules beside it.
     child_env.pop("PYTHONSAFEPATH", None)
-    proc = subprocess.Popen(command, env=child_env, start_new_session=True)
+    torchrun = cfg.script.launcher.value == "torchrun"
+    warning = _warning_signal(cfg.cluster.signal)
+    proc = subprocess.Popen(
+        command,
+        env=child_env,
+        start_new_session=True,
+        # torchrun dies of the warning signal (it handles only TERM, INT, HUP, QUIT), and
+        # Slurm sends it to every process of the step: torchrun and its workers ignore it
+        # (a program that wants it installs its own handler, as hpcdl.api does).
+        preexec_fn=(lambda: signal.signal(warning, signal.SIG_IGN)) if torchrun else None,
+    )
     forwarded = False
     while proc.poll() is None:
         if stop.requested and not forwarded:
             _touch(stop_file)
-            _signal_group(proc.pid, stop.signal_name or "SIGTERM")
+            # torchrun turns SIGTERM into SIGTERM to each worker and waits up to 30 s for
+            # them (hpcdl.api treats it as a stop request: the workers save and exit).
+            _signal_group(proc.pid, "SIGTERM" if torchrun else stop.signal_name or "SIGTERM")
             forwarded = True
         time.sleep(POLL_S)
     if stop.requested:  # Slurm may have signalled (and ended) the program itself first
@@ -63,7 +75,7 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     code = proc.returncode
     stopped = stop.requested or code == EXIT_INTERRUPTED
     if code == EXIT_OK and not stop.requested:
-        summary = _summary(cfg.script, run_dir, env, time.monotonic() - started)
+        summary = _summary(cfg, run_dir, time.monotonic() - started)
         if env.is_main:
             run_dir.write_summary(summary)
         return JobOutcome(env.rank, True, None, summary if env.is_main else {}, 0)
@@ -124,10 +136,15 @@ def program_env(cfg: Config, env: RankEnv, run_dir: RunDir, stop_file: Any) -> d
             "LOCAL_WORLD_SIZE": str(per_node),
             "NODE_RANK": str(env.node_rank),
             "GROUP_RANK": str(env.node_rank),
+            "GROUP_WORLD_SIZE": str(env.num_nodes),  # nodes, as torchrun names it
             "HPCDL_DEVICE": f"cuda:{env.local_rank % gpus}" if gpus else "cpu",
         }
     )
     return variables
+
+
+def _warning_signal(name: str) -> signal.Signals:
+    return signal.Signals["SIG" + name.upper().removeprefix("SIG")]
 
 
 def _touch(path: Any) -> None:
@@ -145,11 +162,13 @@ def _status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _summary(script: ScriptConfig, run_dir: RunDir, env: RankEnv, wall_s: float) -> dict[str, Any]:
+def _summary(cfg: Config, run_dir: RunDir, wall_s: float) -> dict[str, Any]:
+    assert cfg.script is not None
     summary: dict[str, Any] = {"outcome": "completed", "exit_code": 0}
-    summary.update({"world_size": env.world_size, "wall_s": wall_s})
-    if script.metrics_file:
-        summary.update(read_program_metrics(run_dir.path / script.metrics_file))
+    # The program's processes: torchrun's workers, not the one Slurm task per node.
+    summary.update({"world_size": cfg.world_size, "wall_s": wall_s})
+    if cfg.script.metrics_file:
+        summary.update(read_program_metrics(run_dir.path / cfg.script.metrics_file))
     return summary
 
 

@@ -99,3 +99,23 @@ def test_torchrun_variables() -> None:
         5,
         "torchrun",
     )
+
+
+def test_a_program_under_torchrun_knows_its_node_job_and_restarts() -> None:
+    env = rank_env_from(
+        {
+            "RANK": "5",
+            "WORLD_SIZE": "8",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "4",
+            "GROUP_RANK": "1",
+            "GROUP_WORLD_SIZE": "2",
+            "MASTER_ADDR": "n1",
+            "MASTER_PORT": "9",
+            "TORCHELASTIC_RUN_ID": "123",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "HPCDL_JOB_ID": "123",
+            "HPCDL_RESTART_COUNT": "2",
+        }
+    )
+    assert (env.node_rank, env.num_nodes, env.job_id, env.restart_count) == (1, 2, "123", 2)

@@ -148,6 +148,10 @@ def test_dry_run_and_the_login_path_never_import_torch(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "#SBATCH --ntasks-per-node=1" in out.stdout  # one torchrun per node
     assert "TORCHRUN=--nnodes=2 --nproc-per-node=4 --node-rank=1" in out.stdout
+    # The user's command as the job starts it: under torchrun, from the frozen copy.
+    program = out.stdout.split("# program")[1].splitlines()[1]
+    assert program.strip().startswith("torchrun --nnodes=2 --nproc-per-node=4")
+    assert program.endswith("/code/script/train.py")
     assert "nothing submitted" in out.stdout and not list(tmp_path.glob("outputs"))
 
 
@@ -189,3 +193,129 @@ def test_program_env_names_the_rank_and_the_stop_file(tmp_path: Path) -> None:
     )
     assert values["HPCDL_STOP_FILE"].endswith("stop/42-2") and values["HPCDL_RESTART_COUNT"] == "2"
     os.environ.pop("HPCDL_STOP_FILE", None)
+
+
+# A torchrun worker that saves when asked to stop: slowly, so a torchrun that died of the
+# warning signal would be seen returning before the save is done.
+TORCHRUN_WORKER = """\
+import os, pathlib, time
+import hpcdl.api as hp
+hp.catch_stop_signals()
+out = pathlib.Path(os.environ["HPCDL_RUN_DIR"])
+rank = os.environ["RANK"]
+(out / f"started-{rank}").touch()
+while not hp.stop_requested():
+    time.sleep(0.05)
+time.sleep(2)
+(out / f"saved-{rank}").touch()
+raise SystemExit(hp.EXIT_REQUEUE)
+"""
+
+TORCHRUN_DRIVER = """\
+import json, sys
+from dataclasses import replace
+from pathlib import Path
+from hpcdl.cli.compose import compose_config
+from hpcdl.config.schema import ScriptConfig, ScriptLauncher
+from hpcdl.rundir import RunDir
+from hpcdl.script_job import run_script
+from hpcdl.signals import stop_on_signals
+
+cfg = compose_config(["cluster=devcluster", "cluster.gpus_per_node=0", "cluster.tasks_per_node=2"])
+script = ScriptConfig(command=["python", sys.argv[2]], launcher=ScriptLauncher.torchrun)
+with stop_on_signals(("SIGTERM", "SIGINT", "SIGUSR2")) as flag:
+    outcome = run_script(replace(cfg, script=script), RunDir(Path(sys.argv[1])), flag)
+print(json.dumps({"signal": outcome.signal_name, "failed": outcome.failed_exit_code,
+                  "saved": sorted(p.name for p in Path(sys.argv[1]).glob("saved-*"))}))
+"""
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_torchrun_survives_the_warning_signal_until_its_workers_have_saved(tmp_path) -> None:
+    import contextlib
+    import signal
+    import socket
+    import time
+
+    (tmp_path / "worker.py").write_text(TORCHRUN_WORKER)
+    (tmp_path / "driver.py").write_text(TORCHRUN_DRIVER)
+    run = tmp_path / "run"
+    run.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": "77",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+    }
+    driver = subprocess.Popen(
+        [sys.executable, str(tmp_path / "driver.py"), str(run), str(tmp_path / "worker.py")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(list(run.glob("started-*"))) < 2:
+        assert driver.poll() is None, driver.communicate()
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    # As Slurm does at the warning: the signal to every process of the step.
+    for pid in [driver.pid, *descendants(driver.pid)]:
+        with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+            os.kill(pid, signal.SIGUSR2)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    # The stop was seen, and the program ended only once both workers had saved.
+    assert result == {"signal": "SIGUSR2", "failed": None, "saved": ["saved-0", "saved-1"]}
+
+
+def test_script_sweep_shows_and_ranks_by_the_programs_own_metric(hpcdl, tmp_path: Path) -> None:
+    (tmp_path / "fit.py").write_text(
+        "import json, os, sys\n"
+        "lr = float(sys.argv[1].split('=')[1])\n"
+        "with open(os.path.join(os.environ['HPCDL_RUN_DIR'], 'm.json'), 'w') as f:\n"
+        "    json.dump({'val_score': 1 - abs(lr - 0.3)}, f)\n"
+    )
+    out = hpcdl(
+        "run",
+        "-m",
+        "metrics_file=m.json",
+        "hydra.sweep.dir=sw",
+        "--",
+        "python",
+        "fit.py",
+        "--lr={0.1,0.3,0.9}",
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    status = hpcdl("sweep", "status", "sw")
+    assert status.returncode == 0, status.stderr
+    assert "| val_score |" in status.stdout.replace("  ", " ").replace("  ", " ")
+    assert "1.0000" in status.stdout and "0.4000" in status.stdout
+    summary = hpcdl("sweep", "summary", "sw")
+    assert summary.returncode == 0, summary.stderr
+    ranked = [ln for ln in summary.stdout.splitlines() if ln.startswith("| 1 ")]
+    assert ranked and "--lr=0.3" in ranked[0]  # the highest val_score first
+    assert (tmp_path / "sw" / "summary_val_score.png").exists()

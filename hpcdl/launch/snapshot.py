@@ -62,18 +62,26 @@ def freeze_script_files(code: Path, command: list[str]) -> list[str]:
     """`hpcdl run -- python train.py ...`: copy the script's folder (its .py files and the
     packages beside it) into code/script once, and return the command with the script's
     path pointing at the frozen copy. Commands without a local .py file are unchanged."""
+    frozen, source = frozen_script(code, command)
+    if source is not None and not (code / SCRIPT_DIR).exists():
+        copy_python_tree(source, code / SCRIPT_DIR)
+    return frozen
+
+
+def frozen_script(code: Path, command: list[str]) -> tuple[list[str], Optional[Path]]:
+    """The command as the job will run it (its script in the frozen copy), and the folder
+    to copy there (None: nothing to copy). Writes nothing: `--dry-run` shows it too."""
     for index, token in enumerate(command):
         path = Path(token).expanduser()
         if not token.endswith(".py") or not path.is_file():
             continue
         path = path.resolve()
         if path.is_relative_to(code.resolve()):
-            return command  # already frozen (a resumed run)
-        frozen = code / SCRIPT_DIR
-        if not frozen.exists():
-            copy_python_tree(path.parent, frozen)
-        return [*command[:index], str(frozen / path.name), *command[index + 1 :]]
-    return command
+            return command, None  # already frozen (a resumed run)
+        return [*command[:index], str(code / SCRIPT_DIR / path.name), *command[index + 1 :]], (
+            path.parent
+        )
+    return command, None
 
 
 def copy_python_tree(source: Path, target: Path) -> None:

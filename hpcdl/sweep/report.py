@@ -74,10 +74,35 @@ def current_job(run_dir: RunDir) -> Optional[str]:
     return str(record["job_id"]) if record.get("job_id") else None
 
 
-def refresh(sweep_dir: Path) -> Ledger:
+# What `hpcdl run` writes into every summary: not a program's metric.
+RUN_BOOKKEEPING = ("outcome", "exit_code", "world_size", "wall_s")
+
+
+def default_metric(ledger: Ledger) -> str:
+    """The metric a sweep is ranked by unless --metric says: val_accuracy for
+    classification, else the trials' early-stopping monitor; for `hpcdl run` sweeps, the
+    first number the programs report (their metrics file)."""
+    if not ledger.trials:
+        return DEFAULT_METRIC
+    cfg = RunDir(Path(ledger.trials[0].run_dir)).load_config()
+    if cfg.script is not None:
+        for t in ledger.trials:
+            summary = RunDir(Path(t.run_dir)).read_summary() or {}
+            for key, value in summary.items():
+                number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if number and key not in RUN_BOOKKEEPING:
+                    return key
+        return "wall_s"
+    if cfg.task.name == "classification":
+        return DEFAULT_METRIC
+    return cfg.trainer.early_stopping.monitor
+
+
+def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]:
     """Update every trial's state, requeue count and metric in the ledger.
 
-    The scheduler decides while a task is queued or running; once it has left the queue,
+    Also the metric the trials are shown with: `metric`, else default_metric(). The
+    scheduler decides while a task is queued or running; once it has left the queue,
     accounting (sacct) decides, or the run dir where the cluster has no accounting. The run
     dir has the last word: a summary.json means COMPLETED whatever the scheduler says."""
     with ledger_mod.locked(sweep_dir) as ledger:
@@ -98,16 +123,18 @@ def refresh(sweep_dir: Path) -> Ledger:
             if run_dir.is_complete():
                 t.state = COMPLETED
             t.requeues = requeues(run_dir)
-            t.metric = trial_metric(run_dir)
-    return ledger
+        metric = metric or default_metric(ledger)
+        for t in ledger.trials:
+            t.metric = trial_metric(RunDir(Path(t.run_dir)), metric)
+    return ledger, metric
 
 
-def status_table(ledger: Ledger) -> str:
-    rows = [["trial", "overrides", "job id", "state", "attempts", "requeues", DEFAULT_METRIC]]
+def status_table(ledger: Ledger, metric: str) -> str:
+    rows = [["trial", "overrides", "job id", "state", "attempts", "requeues", metric]]
     for t in ledger.trials:
-        metric = f"{t.metric:.4f}" if t.metric is not None else "-"
+        value = f"{t.metric:.4f}" if t.metric is not None else "-"
         cells = [str(t.index), " ".join(t.overrides), t.job_id or "-", t.state]
-        rows.append([*cells, str(t.attempts), str(t.requeues), metric])
+        rows.append([*cells, str(t.attempts), str(t.requeues), value])
     counts: dict[str, int] = defaultdict(int)
     for t in ledger.trials:
         counts[t.state] += 1

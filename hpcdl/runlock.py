@@ -88,10 +88,13 @@ def hold(run_dir: RunDir) -> Iterator[None]:
                 "wait for it to end, or stop it first (Ctrl-C there, or "
                 f"`hpcdl cancel {run_dir.path}` for a Slurm job)"
             )
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps(_holder()))
-        handle.flush()
+        try:  # who holds it, for the message a second writer gets; the lock is what counts
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(_holder()))
+            handle.flush()
+        except OSError:  # a full disk: hold the lock without naming the holder
+            pass
         try:
             yield
         finally:

@@ -352,3 +352,18 @@ def test_disk_full_during_training_keeps_the_checkpoints(hpcdl, mount_tmpfs) -> 
     # What `hpcdl resume` continues from, once space is freed (tests/test_resume_exact.py).
     latest = CheckpointStore(run_dir / "checkpoints").load_latest()
     assert latest is not None and latest[1]["progress"]["global_step"] == 6
+
+
+def test_disk_full_while_creating_a_sweep_leaves_nothing(hpcdl, mount_tmpfs) -> None:
+    # Room for the first trial's run dir, not for the rest: no half-made sweep is left to
+    # block a retry (which says "already exists") or a rerun (which finds no ledger).
+    fs = mount_tmpfs(128)
+    filler = fill(fs, pages_free=3)
+    sweep = fs / "sweeps" / "s1"
+    out = hpcdl("train", "-m", f"hydra.sweep.dir={sweep}", "trainer.seed=1,2,3,4,5,6", *FAST)
+    one_line_error(out, str(sweep), "No space left on device (ENOSPC)")
+    assert tree(fs) == ["filler"]
+    filler.unlink()
+    out = hpcdl("train", "-m", f"hydra.sweep.dir={sweep}", "trainer.seed=1,2", *FAST)
+    assert out.returncode == EXIT_OK, out.stderr
+    assert (sweep / "sweep.json").is_file()

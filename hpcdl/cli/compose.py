@@ -23,6 +23,7 @@ from hpcdl.config.convert import (
     to_config,
     to_plain,
     unknown_key_message,
+    yaml_message,
 )
 from hpcdl.config.validate import validate
 from hpcdl.errors import ConfigError
@@ -85,20 +86,6 @@ def _yaml_cause(err: BaseException) -> Optional[yaml.YAMLError]:
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return None
-
-
-def yaml_message(err: yaml.YAMLError) -> str:
-    """One line for PyYAML's multi-line error: the file, line and column, and the problem."""
-    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    problem = getattr(err, "problem", None) or str(err)
-    context = getattr(err, "context", None)
-    what = " ".join((f"{context}: {problem}" if context else str(problem)).split())
-    name = getattr(mark, "name", "") or ""
-    if mark is None or name.startswith("<"):  # not read from a file
-        where = name or "a config file"
-    else:
-        where = f"{name}, line {mark.line + 1}, column {mark.column + 1}"
-    return f"{where}: invalid YAML ({what}); fix the syntax there"
 
 
 def _as_addition(message: str, overrides: list[str]) -> Optional[list[str]]:

@@ -14,6 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -161,9 +162,25 @@ def save_config(cfg: schema.Config, path: Path) -> None:
     write_atomic(path, to_yaml(cfg))
 
 
+def yaml_message(err: yaml.YAMLError) -> str:
+    """One line for PyYAML's multi-line error: the file, line and column, and the problem."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    what = " ".join((f"{context}: {problem}" if context else str(problem)).split())
+    name = getattr(mark, "name", "") or ""
+    if mark is None or name.startswith("<"):  # not read from a file
+        where = name or "a config file"
+    else:
+        where = f"{name}, line {mark.line + 1}, column {mark.column + 1}"
+    return f"{where}: invalid YAML ({what}); fix the syntax there"
+
+
 def load_config(path: Path) -> schema.Config:
     try:
         raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except yaml.YAMLError as err:
+        raise ConfigError(yaml_message(err)) from None
     except (OSError, OmegaConfBaseException) as err:
         raise ConfigError(
             f"{path}: cannot read the run's config ({err}); is this a run dir?"

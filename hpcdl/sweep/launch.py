@@ -7,9 +7,11 @@ and plain `hpcdl resume` all continue from the trial's own newest checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from typing import Any
 
 from hpcdl.config.convert import to_plain
 from hpcdl.config.schema import Config, Launcher
-from hpcdl.errors import RunDirError
+from hpcdl.errors import HpcdlError, RunDirError, os_error_reason
 from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from hpcdl.rundir import RunDir, SweepDir, create_run_dir, default_run_dir, open_run_dir
 from hpcdl.sweep import ledger as ledger_mod
@@ -42,6 +44,25 @@ def create_sweep(plan: SweepPlan) -> Ledger:
             f"hydra.sweep.dir={str(sweep_dir)!r} already exists; rerun its trials with "
             f"`hpcdl sweep rerun {sweep_dir} --failed` or choose a new hydra.sweep.dir"
         )
+    made = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]
+    try:
+        return _fill_sweep(plan, sweep_dir)
+    except (OSError, HpcdlError) as err:
+        # Half a sweep (trials without a ledger) would block both a retry and a rerun.
+        for entry in (sweep_dir.iterdir() if sweep_dir.is_dir() else ()):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink()
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(err, OSError):
+            raise RunDirError(
+                f"hydra.sweep.dir={str(sweep_dir)!r}: cannot create the sweep: "
+                f"{os_error_reason(err)}; nothing was kept"
+            ) from None
+        raise
+
+
+def _fill_sweep(plan: SweepPlan, sweep_dir: Path) -> Ledger:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     first = plan.trials[0].config
     ledger = Ledger(

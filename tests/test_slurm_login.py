@@ -178,3 +178,33 @@ def test_unknown_requeue_mode_is_one_line(hpcdl) -> None:
     assert out.returncode == 2
     assert "cluster.requeue" in out.stderr and "chain" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_overrides_may_follow_flags_and_the_job_uses_this_interpreter(hpcdl, tmp_path) -> None:
+    out = hpcdl("train", "cluster=rivanna_a100", "--dry-run", "run_dir=r", "cluster.nodes=2")
+    assert out.returncode == 0, out.stderr
+    assert f"# run dir (not created): {tmp_path / 'r'}" in out.stdout
+    assert "#SBATCH --nodes=2" in out.stdout
+    # The interpreter that runs hpcdl, as submitit's real submission uses.
+    assert f"{sys.executable} -u -m submitit.core._submit" in out.stdout
+    bad = hpcdl("train", "--dry-run", "--nope", "run_dir=r")
+    assert bad.returncode == 2 and "unrecognized arguments: --nope" in bad.stderr
+
+
+def test_sweep_dry_run_prints_the_job_array_under_the_sweep_dir(hpcdl, tmp_path) -> None:
+    out = hpcdl(
+        "train",
+        "-m",
+        "cluster=devcluster",
+        "optim.lr=0.1,0.01",
+        "trainer.seed=1,2,3",
+        "hydra.sweep.dir=sw",
+        "cluster.array_parallelism=2",
+        "--dry-run",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "6 trials:" in out.stdout
+    assert f"# sweep dir (not created): {tmp_path / 'sw'}" in out.stdout
+    assert "#SBATCH --array=0-5%2" in out.stdout
+    assert f"#SBATCH --output={tmp_path / 'sw' / 'logs'}/%A_%a_0_log.out" in out.stdout
+    assert not (tmp_path / "sw").exists() and not (tmp_path / "outputs").exists()

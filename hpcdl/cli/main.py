@@ -142,7 +142,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if argv[:1] == ["run"] and "--" in argv:  # `hpcdl run [overrides] -- COMMAND...`
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
-    args = build_parser().parse_args(argv)
+    args = parse_anywhere(build_parser(), argv)
     args.program = command
     try:
         handler = {
@@ -160,6 +160,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     except HpcdlError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Overrides (key=value) anywhere among the flags, as Hydra takes them:
+    `hpcdl train cluster=x --dry-run run_dir=y`. argparse ends a positional list at the
+    first flag; the key=value words it leaves over join the command's overrides."""
+    args, extra = parser.parse_known_args(argv)
+    overrides = [w for w in extra if "=" in w and not w.startswith("-")]
+    if len(overrides) != len(extra) or not hasattr(args, "overrides"):
+        parser.parse_args(argv)  # the usual one-line usage error for anything else
+    args.overrides = [*args.overrides, *overrides]
+    return args
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -217,11 +229,9 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
         print(f"{len(plan.trials)} trials:")
         for t in plan.trials:
             print(f"  {t.index}: {' '.join(t.overrides)}")
-        return (
-            dry_run(plan.trials[0].config)
-            if plan.trials[0].config.cluster.launcher == Launcher.slurm
-            else 0
-        )
+        if plan.trials[0].config.cluster.launcher != Launcher.slurm:
+            return EXIT_OK
+        return dry_run_sweep(plan)
     checked: set[str] = set()
     for trial in plan.trials:
         if repr(trial.config.cluster) not in checked:
@@ -315,6 +325,24 @@ def dry_run(cfg: Config) -> int:
     print("# per-rank environment")
     for row in rank_environment(cfg):
         print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
+    print("# dry run: nothing submitted")
+    return EXIT_OK
+
+
+def dry_run_sweep(plan: SweepPlan) -> int:
+    """`train -m --dry-run`: the job array's sbatch script, one per distinct cluster config
+    (trials that differ in `cluster.*` cannot share an array's header)."""
+    from hpcdl.launch.slurm import sbatch_text
+    from hpcdl.rundir import SweepDir
+    from hpcdl.sweep.launch import default_sweep_dir
+
+    sweep_dir = SweepDir(Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve())
+    print(f"# sweep dir (not created): {sweep_dir.path}")
+    groups: dict[str, list[Config]] = {}
+    for trial in plan.trials:
+        groups.setdefault(repr(trial.config.cluster), []).append(trial.config)
+    for configs in groups.values():
+        print(sbatch_text(configs[0], sweep_dir, array_size=len(configs)))
     print("# dry run: nothing submitted")
     return EXIT_OK
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -98,16 +98,21 @@ def make_executor(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None)
     return executor
 
 
-def sbatch_text(cfg: Config, run_dir: JobDir) -> str:
-    """The exact sbatch script submitit writes for this run."""
+def sbatch_text(cfg: Config, run_dir: JobDir, array_size: Optional[int] = None) -> str:
+    """The exact sbatch script submitit writes for this run, or for a sweep's job array of
+    array_size tasks (its folder: the sweep dir)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     params = sbatch_parameters(cfg.cluster, f"hpcdl-{run_dir.path.name}", slurm_tasks_per_node(cfg))
     params["setup"] = setup_lines(cfg.cluster, run_dir.code_dir)
+    if array_size is not None:
+        params["map_count"] = array_size
+        if cfg.cluster.array_parallelism:  # else submitit's default, as when submitting
+            params["array_parallelism"] = cfg.cluster.array_parallelism
     logs = shlex.quote(str(run_dir.log_dir))
-    command = (
-        f"{shlex.quote(shutil.which('python3') or 'python3')} -u -m submitit.core._submit {logs}"
-    )
+    # The interpreter hpcdl runs in, as submitit's own submission uses (sys.executable):
+    # a venv's hpcdl called without activating the venv still gets that venv in the job.
+    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {logs}"
     return _make_sbatch_string(command=command, folder=str(run_dir.log_dir), **params)
 
 

@@ -51,24 +51,26 @@ def stop_after_step(event: Any) -> None:  # event: hpcdl.hooks.StepEvent
 
 @contextmanager
 def loop_starts() -> Iterator[None]:
-    """Also record `start` when hpcdl's trainer asks for an epoch's batches: after the
-    restore of a resumed run, and after the previous epoch's evaluation and checkpoint. A
-    step's time is measured from there. hpcdl has no hook at that point, so this wraps
-    Trainer.batches while the context lasts (in-process runs only)."""
+    """Also record `start` when hpcdl's trainer takes an epoch's batches: after the restore
+    of a resumed run, and after the previous epoch's evaluation and checkpoint. A step's
+    time is measured from there. (The loader behind them may have started earlier: before
+    the model was built, or before the previous epoch's validation; that is the point of
+    starting it early.) hpcdl has no hook at that point, so this wraps
+    Trainer._take_batches while the context lasts (in-process runs only)."""
     from hpcdl.trainer import Trainer
 
-    original = Trainer.batches
+    original = Trainer._take_batches
 
-    def batches(self: Trainer) -> Any:
+    def take(self: Trainer) -> Any:
         pr = self.progress
         write_record("start", pr.global_step, pr.epoch, pr.step_in_epoch, self.env.rank)
         return original(self)
 
-    Trainer.batches = batches  # type: ignore[method-assign]
+    Trainer._take_batches = take  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Trainer.batches = original  # type: ignore[method-assign]
+        Trainer._take_batches = original  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)

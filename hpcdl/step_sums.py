@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Union
@@ -18,18 +20,23 @@ class StepSums:
 
     loss_sum: float = 0.0  # sum (not mean) of per-sample losses
     num_samples: float = 0.0
-    num_nonfinite: float = 0.0  # ranks whose loss was NaN/inf: the step is skipped
     num_stop: float = 0.0  # ranks that got a stop signal: all stop at this step
     eval_due: float = 0.0  # rank 0's clock: evaluate now (trainer.eval_every_s)
     save_due: float = 0.0  # rank 0's clock: save now (trainer.checkpoint_every_s)
     stats: tuple[float, ...] = ()  # the task's statistics
 
+    @property
+    def nonfinite(self) -> bool:
+        """Some rank's loss was NaN or inf (a sum with one in it is not finite): every rank
+        skips the step."""
+        return not math.isfinite(self.loss_sum)
+
     @staticmethod
     def pack(device: torch.device, stats: Sequence[Value] = (), **values: Value) -> torch.Tensor:
         """This rank's values as one float64 tensor (fields in order, then stats); tensors
         (still on the device, not synced) are copied in by index."""
-        names = [f.name for f in fields(StepSums) if f.name != "stats"]
-        unknown = set(values) - set(names)
+        names = _field_names()
+        unknown = values.keys() - set(names)
         if unknown:
             raise TypeError(f"StepSums has no fields {sorted(unknown)}")
         ordered = [values.get(name, 0.0) for name in names] + list(stats)
@@ -47,6 +54,12 @@ class StepSums:
     def unpack(cls, reduced: torch.Tensor) -> StepSums:
         """The all-reduced tensor back to named values (one host sync)."""
         values = reduced.tolist()
-        names = [f.name for f in fields(cls) if f.name != "stats"]
+        names = _field_names()
         named = dict(zip(names, values[: len(names)], strict=True))
         return cls(**named, stats=tuple(values[len(names) :]))
+
+
+
+@functools.cache
+def _field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(StepSums) if f.name != "stats")

@@ -69,3 +69,16 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
         assert row["what"] and row["baseline"]
         assert row["details"]["measured_s"]["median"] > 0, row
         assert row["details"]["baseline_s"]["median"] > 0, row
+
+
+def test_bench_devices_prints_the_table_for_the_cpu_and_each_gpu(hpcdl) -> None:
+    import torch
+
+    out = hpcdl("bench", "devices", "--batch-sizes", "4,16", "--steps", "2")
+    assert out.returncode == 0, out.stderr
+    rows = [ln for ln in out.stdout.splitlines() if ln.startswith("| ") and "---" not in ln]
+    assert rows[0].startswith("| device | batch | step (ms) | samples/s | speedup vs CPU |")
+    assert len(rows) - 1 == 2 * (1 + torch.cuda.device_count())
+    assert rows[1].startswith("| cpu (") and rows[1].endswith("| 1.00x |")
+    bad = hpcdl("bench", "devices", "--batch-sizes", "4,x")
+    assert bad.returncode == 2 and "--batch-sizes" in bad.stderr

@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_rerun.add_argument("sweep_dir")
     sweep_rerun.add_argument("--failed", action="store_true", required=True)
 
+    from hpcdl.cli.bench import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
+
     cancel = sub.add_parser("cancel", help="scancel a run's job")
     cancel.add_argument("ref", metavar="RUN_DIR|JOB_ID")
 
@@ -155,11 +159,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             "logs": cmd_logs,
             "cancel": cmd_cancel,
             "sweep": cmd_sweep,
+            "bench": cmd_bench,
         }[args.command]
         return handler(args)
     except HpcdlError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from hpcdl.cli.bench import cmd_bench as run_bench
+
+    return run_bench(args)
 
 
 def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# bash benchmarks/gpu.sh      on a machine with NVIDIA GPUs, in one call (a GPU session):
+#   1. the gpu test tier: bf16, fp16 + GradScaler, compile, channels_last, NCCL with one
+#      rank and with all visible GPUs, CUDA RNG state in exact resume (pytest -m gpu);
+#   2. hpcdl bench devices for the MLP and the CNN (the course's CPU-vs-GPU table);
+#   3. every benchmark of the suite on the GPU (python -m benchmarks.run --all).
+# Writes everything under $OUT (default: benchmarks/results/gpu-<date>): nvidia-smi.txt,
+# versions.txt, gpu-tests.log, devices.md, and the suite's <date>-<host>-cuda.{json,md}.
+# Where the image lacks hydra/omegaconf/submitit, run benchmarks/gpu_wheels.sh first (with
+# a registry) and carry .whl: they are installed from there. Every step runs even if an
+# earlier one failed; the exit status is the first failure's.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-benchmarks/results/gpu-$(date +%F)}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/hpcdl-site .whl/*.whl || exit 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/hpcdl-site"
+fi
+status=0
+step() {  # step NAME COMMAND...: run it, log it, remember the first failure
+    local name=$1; shift
+    echo "== $name: $*"
+    "$@" || { local rc=$?; echo "== $name failed ($rc)"; [ $status -ne 0 ] || status=$rc; }
+}
+{ nvidia-smi; nvidia-smi topo -m; } > "$OUT/nvidia-smi.txt" 2>&1
+python3 - > "$OUT/versions.txt" 2>&1 <<'PY'
+import platform, subprocess, torch
+print("date", subprocess.run(["date", "-Is"], capture_output=True, text=True).stdout.strip())
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
+print("gpus", [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
+print("nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else None)
+print("git", subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+PY
+step "gpu tests" bash -c "python3 -m pytest -p no:cacheprovider -m gpu -v tests 2>&1 | tee '$OUT/gpu-tests.log'"
+step "bench devices" bash -c "{ python3 -m hpcdl.cli.main bench devices model=mlp data=breast_cancer; echo; \
+    python3 -m hpcdl.cli.main bench devices model=cnn data=digits; echo; \
+    python3 -m hpcdl.cli.main bench devices model=cnn data=digits trainer.precision=bf16; } | tee '$OUT/devices.md'"
+step "benchmarks" python3 -m benchmarks.run --all --out "$OUT"
+exit $status

@@ -1,10 +1,12 @@
 """probe_user_code: run the user's model, data and task once before the run dir exists.
 
-A broken model.target, data.target, collate_fn or task.target (one that cannot be imported,
-raises, returns the wrong thing, or gives samples the task cannot use) is then refused as
-one line, with nothing written, instead of inside the job. Only for launchers that train
-on this machine (debug, local): a Slurm login node never imports torch, so there the job
-finds such errors on its first batch.
+A broken model.target, data.target, collate_fn, task.target or task.predict (one that cannot
+be imported, raises, returns the wrong thing, or gives samples the task cannot use) is then
+refused as one line, with nothing written, instead of inside the job. The same goes for the
+content of the user's data files (data=files, mnist, cifar10): rows of different widths,
+labels that are not class labels, a missing label column. Only for launchers that train on
+this machine (debug, local): a Slurm login node never imports torch or reads the data, so
+there the job finds such errors on its first batch.
 """
 
 from __future__ import annotations
@@ -20,18 +22,24 @@ from hpcdl.config.schema import (
     RegressionTaskConfig,
 )
 
+# Built-in sources that read files the user points data.path at (the others are bundled).
+FILE_SOURCES = ("files", "mnist", "cifar10")
+
 
 def uses_user_code(cfg: Config) -> bool:
+    """User code, or user files, that only running them can check."""
     return (
         isinstance(cfg.model, CustomModelConfig)
         or isinstance(cfg.task, CustomTaskConfig)
         or cfg.data.name in DATASET_SOURCES
+        or cfg.data.name in FILE_SOURCES
     )
 
 
 def probe_user_code(cfg: Config) -> None:
     """Build the data and the model, and run the task's step on the first training batch
-    (no optimizer step, nothing written); raises the one-line errors the job would."""
+    (no optimizer step, nothing written), and task.predict on it when set; raises the
+    one-line errors the job (or `hpcdl predict`) would."""
     if cfg.cluster.launcher == Launcher.slurm or not uses_user_code(cfg):
         return
     import torch
@@ -39,7 +47,7 @@ def probe_user_code(cfg: Config) -> None:
     from hpcdl.data.feed import build_feed
     from hpcdl.data.sharding import EpochSharder
     from hpcdl.models import build_model
-    from hpcdl.tasks import build_task, check_monitor
+    from hpcdl.tasks import build_prediction, build_task, check_monitor
 
     device = torch.device("cpu")
     # One batch: no worker processes needed.
@@ -60,3 +68,7 @@ def probe_user_code(cfg: Config) -> None:
     out = task.batch_stats(model, batch)
     out.loss_sum.backward()
     check_monitor(cfg.trainer.early_stopping.monitor, task)
+    if isinstance(cfg.task, CustomTaskConfig) and cfg.task.predict is not None:
+        model.eval()
+        with torch.no_grad():
+            build_prediction(cfg.task).outputs(model, batch)

@@ -8,7 +8,8 @@ so every metric is exactly weighted by samples however the data is split over ra
 task=classification: cross-entropy on integer labels; metric accuracy.
 task=regression: MSE or L1 on one numeric target; metrics mae, rmse, r2.
 task=custom: the user's function(model, batch, **kwargs) -> (loss, {name: value}), both
-means over the batch; hpcdl multiplies them by the batch's samples to get sums.
+means over the batch; hpcdl multiplies them by the batch's samples to get sums. Its optional
+task.predict function(model, batch) gives `hpcdl predict` its per-sample outputs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -68,7 +70,8 @@ class ClassificationTask(Task):
     name = "classification"
 
     def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
-        x, y = input_and_target(batch)
+        x, labels = input_and_target(batch)
+        y = class_indices(labels)
         logits = model(x)
         if logits.dim() != 2:
             raise ConfigError(
@@ -113,6 +116,12 @@ class RegressionTask(Task):
 
     def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
         x, y = input_and_target(batch, task="regression")
+        if not isinstance(y, torch.Tensor):
+            raise DataError(
+                f"task=regression: the targets of a batch are a {type(y).__name__} (text?), not "
+                "a tensor of numbers; return one number per sample as the target (or use "
+                "task=classification for class labels)"
+            )
         out = model(x).float()
         if out.numel() != y.numel():
             raise ConfigError(
@@ -223,6 +232,100 @@ class CustomTask(Task):
     @property
     def metric_names(self) -> tuple[str, ...]:
         return self.stat_names
+
+
+def class_indices(labels: Any) -> torch.Tensor:
+    """A batch's labels as int64 class indices [batch]; refuses floats, text and several labels
+    per sample in one line (cross_entropy's own errors name none of the fixes)."""
+    where = "task=classification"
+    if not isinstance(labels, torch.Tensor):
+        raise DataError(
+            f"{where}: the labels of a batch are a {type(labels).__name__} (text?), not a tensor; "
+            "labels must be integer class indices: map class names to 0..num_classes-1 in your "
+            "dataset"
+        )
+    if labels.dtype.is_floating_point or labels.dtype.is_complex:
+        raise DataError(
+            f"{where}: the labels are {str(labels.dtype).replace('torch.', '')} numbers; labels "
+            "must be integer class indices (int, or a torch.long tensor, in each sample), or use "
+            "task=regression for a numeric target"
+        )
+    if labels.dim() == 2 and labels.shape[1] == 1:
+        labels = labels.reshape(-1)
+    if labels.dim() != 1:
+        raise DataError(
+            f"{where}: the labels of a batch have shape {tuple(labels.shape)}; give one class "
+            "index per sample (or use task=custom for several labels per sample)"
+        )
+    return labels.long()
+
+
+class CustomPrediction:
+    """task.predict: the user's function(model, batch) -> a tensor or {name: tensor}, each
+    with the batch's samples as its first dimension: the rows of `hpcdl predict` for a
+    custom task. Names and per-sample shapes are fixed by the first batch."""
+
+    def __init__(self, target: str, fn: Callable[..., Any]) -> None:
+        self.target = target
+        self.fn = fn
+        self._shapes: dict[str, tuple[int, ...]] | None = None
+
+    def outputs(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """name -> CPU tensor [samples, *per-sample shape]: float32/float64, or int64 for
+        integer and bool outputs. A bare tensor is named 'predicted'."""
+        where = f"task.predict={self.target!r}"
+        result = self.fn(model, batch)
+        named = result if isinstance(result, Mapping) else {"predicted": result}
+        if not named:
+            raise ConfigError(f"{where}: returned {{}}; return a tensor or {{name: tensor}}")
+        num_samples = _num_samples(batch)
+        columns: dict[str, torch.Tensor] = {}
+        for name, value in named.items():
+            if not isinstance(name, str) or not name or name == "row":
+                raise ConfigError(
+                    f"{where}: output name {name!r}: use non-empty strings other than 'row'"
+                )
+            if not isinstance(value, (torch.Tensor, np.ndarray)):
+                raise ConfigError(
+                    f"{where}: output {name!r} is a {type(value).__name__}; return tensors with "
+                    "one entry (or row) per sample of the batch"
+                )
+            value = torch.as_tensor(value)
+            if value.dim() == 0 or (num_samples and value.shape[0] != num_samples):
+                raise ConfigError(
+                    f"{where}: output {name!r} has shape {tuple(value.shape)} for a batch of "
+                    f"{num_samples} samples; return one entry (or row) per sample, the batch as "
+                    "the first dimension"
+                )
+            columns[name] = _plain_values(where, name, value)
+        if len({v.shape[0] for v in columns.values()}) > 1:
+            sizes = {name: v.shape[0] for name, v in columns.items()}
+            raise ConfigError(f"{where}: the outputs have different numbers of rows {sizes}")
+        shapes = {name: tuple(v.shape[1:]) for name, v in columns.items()}
+        if self._shapes is None:
+            self._shapes = shapes
+        elif shapes != self._shapes:
+            raise ConfigError(
+                f"{where}: returned per-sample shapes {shapes} after {self._shapes}; return the "
+                "same names and shapes for every batch"
+            )
+        return columns
+
+
+def _plain_values(where: str, name: str, value: torch.Tensor) -> torch.Tensor:
+    value = value.detach().cpu()
+    if value.dtype.is_complex:
+        raise ConfigError(f"{where}: output {name!r} is complex; return real numbers")
+    if value.dtype.is_floating_point:
+        return value if value.dtype == torch.float64 else value.float()
+    return value.long()
+
+
+def build_prediction(cfg: CustomTaskConfig) -> CustomPrediction:
+    """task.predict, imported (the caller refuses a config that has none)."""
+    if cfg.predict is None:
+        raise ConfigError("task.predict is not set; name a function(model, batch) -> tensor")
+    return CustomPrediction(cfg.predict, resolve_callable("task.predict", cfg.predict))
 
 
 def input_and_target(batch: Any, task: str = "classification") -> tuple[torch.Tensor, torch.Tensor]:

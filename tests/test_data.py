@@ -223,7 +223,7 @@ def test_csv_with_label_column(tmp_path):
         ("count_mismatch", "50 feature rows but 49 labels"),
         ("npz_missing_y", "no array 'y'"),
         ("csv_missing_column", "data.label_column='label': no such column"),
-        ("csv_non_numeric", "non-numeric feature value"),
+        ("csv_non_numeric", "d.csv' line 3, column 'a': 'abc' is not a number"),
         ("nan_features", "NaN or inf"),
         ("one_class", "need at least two classes"),
         ("unknown_suffix", "unknown file type '.txt'"),
@@ -262,6 +262,67 @@ def test_files_errors(tmp_path, setup, match):
     with pytest.raises(expected, match=match) as info:
         build_data(cfg)
     assert "\n" not in str(info.value)
+
+
+def write_bad_file(folder: Path, case: str) -> str:
+    """A small data file with one content mistake; returns its name."""
+    labels = [str(i % 2) for i in range(40)]
+    body = [f"{i},{i * 2},{y}" for i, y in enumerate(labels)]
+    csv_lines = {
+        "ragged_rows": ["a,b,label", "1,2,0", "3,4", *body],
+        "non_numeric_cell": ["a,b,label", "1,2,0", "3,x,1", *body],
+        "no_header": body,
+        "empty_label": ["a,b,label", "1,2,", *body],
+        "only_labels": ["label", *labels],
+        "fractional_labels": ["a,b,label", *(f"{i},{i * 2},{i % 2 + 0.5}" for i in range(40))],
+        "missing_label_column": ["a,b,label", *body],
+        "flat_rows_for_cnn": ["a,b,label", *body],
+    }
+    if case in csv_lines:
+        (folder / "d.csv").write_text("\n".join(csv_lines[case]) + "\n")
+        return "d.csv"
+    x = np.random.default_rng(0).normal(size=(40, 3))
+    y = {
+        "labels_2d": np.arange(80).reshape(40, 2) % 2,
+        "targets_2d": np.random.default_rng(1).normal(size=(40, 2)),
+        "labels_short": np.arange(39) % 2,
+    }[case]
+    np.savez(folder / "d.npz", x=x, y=y)
+    return "d.npz"
+
+
+@pytest.mark.parametrize(
+    ("case", "extra", "message"),
+    [
+        ("ragged_rows", [], "data.path: 'd.csv' line 3 has 2 columns, expected 3"),
+        ("non_numeric_cell", [], "'d.csv' line 3, column 'b': 'x' is not a number"),
+        ("no_header", [], "data.path='d.csv': the CSV has no header row"),
+        ("empty_label", [], "'d.csv' line 2 has an empty 'label' cell"),
+        ("only_labels", [], "data.path='d.csv': the rows hold no feature values"),
+        ("fractional_labels", [], "(e.g. 0.5); use task=regression"),
+        ("missing_label_column", ["data.label_column=price"], "data.label_column='price'"),
+        ("flat_rows_for_cnn", ["model=cnn"], "model=cnn needs image input"),
+        ("labels_2d", [], "data.path='d.npz': the labels have shape (40, 2)"),
+        ("targets_2d", ["task=regression"], "data.path='d.npz': the labels have shape (40, 2)"),
+        ("labels_short", ["cluster=local"], "data.path='d.npz': 40 feature rows but 39 labels"),
+    ],
+)
+def test_bad_data_files_are_refused_before_the_run_dir_exists(
+    case, extra, message, tmp_path, monkeypatch, capsys
+):
+    """`hpcdl train data=files ...` reads the file once before creating the run dir
+    (cluster=debug and local): one line naming the file or key, exit status 2, nothing made."""
+    from hpcdl.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    name = write_bad_file(tmp_path, case)
+    code = main(["train", "run_dir=run", "data=files", f"data.path={name}", *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message in lines[0], lines[0]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "outputs").exists()
 
 
 def test_missing_path_is_config_error():

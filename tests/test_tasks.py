@@ -14,7 +14,13 @@ from torch import nn
 
 from hpcdl.config.schema import RegressionLoss
 from hpcdl.errors import ConfigError, DataError
-from hpcdl.tasks import ClassificationTask, CustomTask, RegressionTask, check_monitor
+from hpcdl.tasks import (
+    ClassificationTask,
+    CustomPrediction,
+    CustomTask,
+    RegressionTask,
+    check_monitor,
+)
 
 
 def test_regression_metrics_are_exact_over_batches() -> None:
@@ -94,6 +100,135 @@ def test_custom_task_metrics_are_weighted_by_samples_and_names_are_fixed() -> No
     with pytest.raises(ConfigError, match="val_label_mean"):
         check_monitor("val_dice", task)
     check_monitor("train_label_mean", task)
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        (torch.tensor([0.0, 1.0, 1.0, 0.0]), "the labels are float32 numbers; .* task=regression"),
+        (torch.zeros(4, 2, dtype=torch.long), r"shape \(4, 2\); give one class index per sample"),
+        (["a", "b", "a", "b"], "the labels of a batch are a list"),
+    ],
+    ids=["float", "two-per-sample", "text"],
+)
+def test_classification_refuses_labels_that_are_not_class_indices(labels, message) -> None:
+    with pytest.raises(DataError, match=message) as err:
+        ClassificationTask().batch_stats(nn.Linear(3, 2), (torch.zeros(4, 3), labels))
+    assert "\n" not in str(err.value)
+    # One label per sample as [batch, 1] is fine.
+    labels = torch.ones(4, 1, dtype=torch.long)
+    out = ClassificationTask().batch_stats(nn.Linear(3, 2), (torch.zeros(4, 3), labels))
+    assert out.targets is not None and out.targets.tolist() == [1, 1, 1, 1]
+
+
+def predictor(fn):
+    return CustomPrediction("mylab.tasks:predict", fn)
+
+
+def test_custom_prediction_names_and_types_its_outputs() -> None:
+    batch = (torch.arange(6.0).reshape(3, 2), None)  # --input rows: no labels
+    bare = predictor(lambda m, b: m(b[0]).sum(1)).outputs(nn.Identity(), batch)
+    assert list(bare) == ["predicted"] and bare["predicted"].tolist() == [1.0, 5.0, 9.0]
+    named = predictor(
+        lambda m, b: {"scores": b[0].half(), "top": b[0].argmax(1) > 0, "n": np.arange(3)}
+    ).outputs(nn.Identity(), batch)
+    assert named["scores"].dtype == torch.float32 and named["scores"].shape == (3, 2)
+    assert named["top"].dtype == torch.int64 and named["n"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (lambda m, b: b[0].mean(), r"output 'predicted' has shape \(\) for a batch of 4"),
+        (lambda m, b: {"p": b[0][:2]}, r"output 'p' has shape \(2, 3\) for a batch of 4"),
+        (lambda m, b: {"p": b[0].tolist()}, "output 'p' is a list; return tensors"),
+        (lambda m, b: {}, "returned {}; return a tensor"),
+        (lambda m, b: {"row": b[0]}, "other than 'row'"),
+    ],
+)
+def test_custom_prediction_bad_returns_are_one_line_errors(returned, message) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        predictor(returned).outputs(nn.Identity(), (torch.zeros(4, 3), torch.zeros(4)))
+    assert "task.predict='mylab.tasks:predict'" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_custom_prediction_keeps_the_first_batchs_names() -> None:
+    calls = iter([{"a": torch.zeros(2)}, {"b": torch.zeros(2)}])
+    prediction = predictor(lambda m, b: next(calls))
+    prediction.outputs(nn.Identity(), (torch.zeros(2, 1), None))
+    with pytest.raises(ConfigError, match="same names and shapes for every batch"):
+        prediction.outputs(nn.Identity(), (torch.zeros(2, 1), None))
+
+
+STEPS = """
+import torch.nn.functional as F
+
+
+def step(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y), {}
+
+
+def logits(model, batch):
+    x, _ = batch  # (rows, None) for --input rows
+    out = model(x)
+    return {"logit": out, "margin": out[:, 1] - out[:, 0]}
+"""
+
+
+def test_custom_task_predicts_input_rows_and_never_overwrites_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """task=custom on feature rows, trained in this process: `hpcdl predict --input` gives
+    task.predict's columns for each row (training preprocessing applied); --output never
+    replaces the input or the run's own files, and a missing folder for it is made."""
+    from hpcdl.checkpoint import read_checkpoint
+    from hpcdl.cli.main import main
+    from hpcdl.config.convert import model_from_dict
+    from hpcdl.data import Preprocessing, load_feature_rows
+    from hpcdl.models import build_model
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "steps.py").write_text(STEPS)
+    x = np.random.default_rng(0).normal(3.0, 2.0, size=(60, 2))
+    lines = ["a,b,label", *(f"{u:.4f},{v:.4f},{int(u > 3)}" for u, v in x)]
+    (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
+    task = ["task=custom", "task.target=steps:step", "task.predict=steps:logits"]
+    code = main(["train", "run_dir=run", "data=files", "data.path=rows.csv", *task])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    before = (tmp_path / "rows.csv").read_bytes()
+
+    def refused(output: str) -> str:
+        code = main(["predict", "run", "--input", "rows.csv", "--output", output])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        return err
+
+    assert "--output 'rows.csv' is the --input file 'rows.csv'" in refused("rows.csv")
+    assert "is the --input file 'rows.csv'" in refused(str(tmp_path / "rows.csv"))
+    assert (tmp_path / "rows.csv").read_bytes() == before
+    assert "would overwrite the run's own config.yaml" in refused("run/config.yaml")
+    assert "is the checkpoint" in refused("run/checkpoints/best.pt")
+    assert "is a folder; give a file name" in refused("run")
+
+    code = main(["predict", "run", "--input", "rows.csv", "--output", "out/new/preds.csv"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out) == {"rows": 60, "output": "out/new/preds.csv"}
+    rows = list(csv.DictReader((tmp_path / "out" / "new" / "preds.csv").open()))
+    assert list(rows[0]) == ["row", "logit_0", "logit_1", "margin"] and len(rows) == 60
+    state = read_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
+    model = build_model(model_from_dict(state["model_config"]), (2,), 2)
+    model.load_state_dict(state["model"])
+    model.eval()
+    raw = load_feature_rows("rows.csv", (2,))
+    with torch.no_grad():
+        expected = model(Preprocessing.from_state_dict(state["preprocessing"]).apply(raw))
+    got = torch.tensor([[float(r["logit_0"]), float(r["logit_1"])] for r in rows])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    margin = torch.tensor([float(r["margin"]) for r in rows])
+    torch.testing.assert_close(margin, expected[:, 1] - expected[:, 0], rtol=1e-5, atol=1e-6)
 
 
 def write_houses(path: Path, n: int = 300) -> None:

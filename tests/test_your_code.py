@@ -184,6 +184,76 @@ def test_imagefolder_trains_on_a_folder_of_pngs(hpcdl, tmp_path) -> None:
     assert "dark" in shown.stdout and "light" in shown.stdout  # class names from the folders
 
 
+# ----------------------------------------------------------------------------- predict
+def train_in_process(run_dir: Path, cells: Path, extra: list[str], capsys) -> None:
+    """Two steps of the example in this process (no DataLoader workers: nothing forked)."""
+    from hpcdl.cli.main import main
+
+    changes = ["trainer.max_steps=2", "data.num_workers=0", *extra]
+    code = main(["train", f"run_dir={run_dir}", *replaced(example(cells), changes)])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+
+def model_outputs(mylab, run_dir: Path, cells: Path, split: str) -> dict:
+    """mylab.tasks.cell_fractions of the run's best checkpoint on a whole split, computed
+    here with the user's own code."""
+    import mylab.models
+    import mylab.tasks
+    import torch
+
+    from hpcdl.checkpoint import read_checkpoint
+
+    model = mylab.models.TinyUNet(base=4)
+    model.load_state_dict(read_checkpoint(run_dir / "checkpoints" / "best.pt")["model"])
+    model.eval()
+    samples = mylab.data.build_datasets(cells)[split]
+    batch = {k: torch.stack([samples[i][k] for i in range(len(samples))]) for k in samples[0]}
+    with torch.no_grad():
+        return {k: v.tolist() for k, v in mylab.tasks.cell_fractions(model, batch).items()}
+
+
+def test_predict_writes_what_task_predict_returns(mylab, cells, tmp_path, capsys) -> None:
+    from hpcdl.cli.main import main
+
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, cells, ["task.predict=mylab.tasks:cell_fractions"], capsys)
+    code = main(["predict", str(run_dir), "--split", "test"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    rows = list(csv.DictReader(out.out.splitlines()))
+    header = ["row", "cell_fraction", "mean_probability", "true_cell_fraction", "dice"]
+    assert list(rows[0]) == header
+    assert [int(r["row"]) for r in rows] == list(range(10))  # the 10 test images, in order
+    for name, values in model_outputs(mylab, run_dir, cells, "test").items():
+        assert [float(r[name]) for r in rows] == pytest.approx(values, rel=1e-5, abs=1e-6)
+
+
+def test_predict_without_task_predict_says_how_to_add_it(mylab, cells, tmp_path, capsys) -> None:
+    from hpcdl.cli.main import main
+
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, cells, [], capsys)
+    stored = (run_dir / "config.yaml").read_text()
+    code = main(["predict", str(run_dir), "--split", "test"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: task.predict is not set: {run_dir} was trained with task=custom")
+    fix = f"hpcdl predict {run_dir} task.predict=package.module:function --split test"
+    assert err.strip().endswith(fix), err
+    # Named on the command line as the message says: the rows, and config.yaml unchanged.
+    named = "task.predict=mylab.tasks:cell_fractions"
+    code = main(["predict", str(run_dir), named, "--split", "test"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    rows = list(csv.DictReader(out.out.splitlines()))
+    expected = model_outputs(mylab, run_dir, cells, "test")["dice"]
+    assert [float(r["dice"]) for r in rows] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert (run_dir / "config.yaml").read_text() == stored
+    code = main(["predict", str(run_dir), "task.target=mylab.tasks:x", "--split", "test"])
+    assert code == 2 and "takes only task.predict" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- exact resume
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, cells: Path) -> dict[int, Path]:
@@ -349,6 +419,10 @@ def per_sample_loss(model, batch):
 def metrics_as_list(model, batch):
     logits = model(batch["image"])
     return F.binary_cross_entropy_with_logits(logits, batch["mask"]), [0.5]
+
+
+def mean_over_batch(model, batch):
+    return {"probability": torch.sigmoid(model(batch["image"])).mean()}
 """
 
 
@@ -366,8 +440,16 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         (["task.target=badcode:metrics_as_list"], "task.target='badcode:metrics_as_list'"),
         (["trainer.early_stopping.monitor=val_nosuch"], "trainer.early_stopping.monitor"),
         (["data.target=badcode:missing", "data.kwargs.root=/nowhere"], "data.target"),
+        (["task.predict=badcode:mean_over_batch"], "task.predict='badcode:mean_over_batch'"),
     ],
-    ids=["ragged-samples", "non-scalar-loss", "non-dict-metrics", "monitor", "data-target-raises"],
+    ids=[
+        "ragged-samples",
+        "non-scalar-loss",
+        "non-dict-metrics",
+        "monitor",
+        "data-target-raises",
+        "predict-not-per-sample",
+    ],
 )
 def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, changes, key) -> None:
     (tmp_path / "badcode.py").write_text(BAD_CODE)

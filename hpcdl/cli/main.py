@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hpcdl",
         description="Train PyTorch models in-process, on local ranks, or on Slurm, from Hydra configs.",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser(
@@ -124,12 +125,26 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="scancel a run's job")
     cancel.add_argument("ref", metavar="RUN_DIR|JOB_ID")
 
+    completion = sub.add_parser(
+        "completion",
+        help='print a shell completion script: eval "$(hpcdl completion bash)"',
+    )
+    completion.add_argument("shell", choices=["bash"])
+    # What the script itself calls on TAB: the candidates for the line up to the cursor.
+    completion.add_argument("--line", help=argparse.SUPPRESS)
+    completion.add_argument("--wordbreaks", help=argparse.SUPPRESS)
+
     evaluate = sub.add_parser("evaluate", help="test metrics + confusion matrix of a checkpoint")
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--checkpoint", default="best", help="best | last | PATH (default best)")
 
     predict = sub.add_parser("predict", help="predictions for new rows or for a split")
     predict.add_argument("run_dir")
+    predict.add_argument(
+        "overrides",
+        nargs="*",
+        help="task=custom runs: task.predict=package.module:function",
+    )
     source = predict.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", help="rows as .csv, .npy or .npz")
     source.add_argument(
@@ -160,11 +175,31 @@ def main(argv: Optional[list[str]] = None) -> int:
             "cancel": cmd_cancel,
             "sweep": cmd_sweep,
             "bench": cmd_bench,
+            "completion": cmd_completion,
         }[args.command]
         return handler(args)
     except HpcdlError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def version_line() -> str:
+    """`hpcdl --version`: hpcdl's and Python's versions (torch's would cost its import)."""
+    import platform
+
+    from hpcdl import __version__
+
+    return f"hpcdl {__version__} (Python {platform.python_version()})"
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from hpcdl.cli.completion import bash_script, candidates
+
+    if args.line is None:
+        print(bash_script(), end="")
+    else:  # nothing at all when there is no candidate: bash then completes file names
+        print("".join(f"{c}\n" for c in candidates(args.line, args.wordbreaks)), end="")
+    return EXIT_OK
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -178,9 +213,11 @@ def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
     `hpcdl train cluster=x --dry-run run_dir=y`. argparse ends a positional list at the
     first flag; the key=value words it leaves over join the command's overrides."""
     args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
     overrides = [w for w in extra if "=" in w and not w.startswith("-")]
     if len(overrides) != len(extra) or not hasattr(args, "overrides"):
-        parser.parse_args(argv)  # the usual one-line usage error for anything else
+        return parser.parse_args(argv)  # the usual usage error for anything else
     args.overrides = [*args.overrides, *overrides]
     return args
 
@@ -188,8 +225,6 @@ def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
 def cmd_train(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import compose, compose_config, conf_dir, user_conf_dirs
     from hpcdl.config.schema import Launcher
-    from hpcdl.probe import probe_user_code
-    from hpcdl.rundir import create_run_dir
     from hpcdl.runlock import hold
 
     if args.multirun and not (args.cfg or args.info):
@@ -208,10 +243,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = compose_config(args.overrides, args.config_dir)
     if args.dry_run:
         return dry_run(cfg)
-    preflight(cfg, args.no_preflight)
-    probe_user_code(cfg)
-    cfg, run_dir = create_run_dir(cfg)
-    print(f"run dir: {run_dir.path}", flush=True)
+    cfg, run_dir = start_run(cfg, args.no_preflight)
     if args.no_launch:
         if cfg.cluster.launcher == Launcher.slurm:
             from hpcdl.launch.slurm import freeze_code
@@ -223,6 +255,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         return launch(cfg, run_dir)
 
 
+def start_run(cfg: Config, skip_preflight: bool) -> tuple[Config, RunDir]:
+    """A composed config up to its launch (`hpcdl train`, hpcdl.submit): preflight, the
+    user's code probed, the run dir created."""
+    from hpcdl.probe import probe_user_code
+    from hpcdl.rundir import create_run_dir
+
+    preflight(cfg, skip_preflight)
+    probe_user_code(cfg)
+    cfg, run_dir = create_run_dir(cfg)
+    print(f"run dir: {run_dir.path}", flush=True)
+    return cfg, run_dir
+
+
 def run_sweep(args: argparse.Namespace) -> int:
     from hpcdl.cli.expand import plan_sweep
 
@@ -230,11 +275,8 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
-    """A planned sweep (`train -m`, `run -m`): dry run, or preflight, the sweep dir with
-    one run dir per trial, and one job array (or a local pool)."""
+    """A planned sweep (`train -m`, `run -m`): dry run, or start_sweep."""
     from hpcdl.config.schema import Launcher
-    from hpcdl.sweep import ledger as ledger_mod
-    from hpcdl.sweep.launch import create_sweep, run_local_pool, submit_arrays
 
     if args.dry_run:
         print(f"{len(plan.trials)} trials:")
@@ -243,10 +285,20 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
         if plan.trials[0].config.cluster.launcher != Launcher.slurm:
             return EXIT_OK
         return dry_run_sweep(plan)
+    return start_sweep(plan, args.no_preflight)[1]
+
+
+def start_sweep(plan: SweepPlan, skip_preflight: bool) -> tuple[Path, int]:
+    """Preflight, the sweep dir with one run dir per trial, and one job array (or a local
+    pool, in the foreground): the sweep dir and the exit status (`train -m`, hpcdl.submit_sweep)."""
+    from hpcdl.config.schema import Launcher
+    from hpcdl.sweep import ledger as ledger_mod
+    from hpcdl.sweep.launch import create_sweep, run_local_pool, submit_arrays
+
     checked: set[str] = set()
     for trial in plan.trials:
         if repr(trial.config.cluster) not in checked:
-            preflight(trial.config, args.no_preflight)
+            preflight(trial.config, skip_preflight)
             checked.add(repr(trial.config.cluster))
     ledger = create_sweep(plan)
     sweep_dir = Path(ledger.sweep_dir)
@@ -258,8 +310,8 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
         print(f"submitted job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}")
         print(f"  status:  hpcdl sweep status {sweep_dir}")
         print(f"  summary: hpcdl sweep summary {sweep_dir}")
-        return EXIT_OK
-    return run_local_pool(ledger, indices)
+        return sweep_dir, EXIT_OK
+    return sweep_dir, run_local_pool(ledger, indices)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -275,11 +327,11 @@ METRIC_HELP = (
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from hpcdl.sweep import ledger as ledger_mod
-    from hpcdl.sweep.ledger import RERUNNABLE
     from hpcdl.sweep.report import refresh, status_table, write_summary
 
     sweep_dir = Path(args.sweep_dir).expanduser().resolve()
+    if args.sweep_command == "rerun":
+        return rerun_failed(sweep_dir)[1]
     ledger, metric = refresh(sweep_dir, getattr(args, "metric", None))
     if args.sweep_command == "status":
         print(status_table(ledger, metric), end="")
@@ -291,11 +343,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         else:
             print(table)
         print("written: " + ", ".join(str(f) for f in files))
-        return EXIT_OK
+    return EXIT_OK
+
+
+def rerun_failed(sweep_dir: Path) -> tuple[list[int], int]:
+    """`sweep rerun --failed` (and Sweep.rerun_failed): the failed trials, as states are
+    now, as a new job array, or a local pool in the foreground. The trials rerun and the
+    exit status."""
+    from hpcdl.sweep import ledger as ledger_mod
+    from hpcdl.sweep.ledger import RERUNNABLE
+    from hpcdl.sweep.report import refresh
+
+    ledger, _ = refresh(sweep_dir)
     failed = [t.index for t in ledger.trials if t.state in RERUNNABLE]
     if not failed:
         print("no failed trials to rerun")
-        return EXIT_OK
+        return failed, EXIT_OK
     print(f"rerunning trials {failed}", flush=True)
     if ledger.launcher == "slurm":
         from hpcdl.sweep.launch import submit_arrays
@@ -303,10 +366,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         with ledger_mod.locked(sweep_dir) as led:
             arrays = submit_arrays(led, failed)
         print(f"submitted job array {', '.join(arrays)}")
-        return EXIT_OK
+        return failed, EXIT_OK
     from hpcdl.sweep.launch import run_local_pool
 
-    return run_local_pool(ledger, failed)
+    return failed, run_local_pool(ledger, failed)
 
 
 def preflight(cfg: Config, skip: bool) -> None:
@@ -488,11 +551,37 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from hpcdl.inference import predict_rows
     from hpcdl.rundir import open_run_dir
 
-    _, run_dir = open_run_dir(args.run_dir)
-    count = predict_rows(run_dir, args.input, args.checkpoint, args.output, args.split)
+    cfg, run_dir = open_run_dir(args.run_dir)
+    cfg = with_predict_function(cfg, args.overrides)
+    count = predict_rows(cfg, run_dir, args.input, args.checkpoint, args.output, args.split)
     if args.output:
         print(json.dumps({"rows": count, "output": args.output}))
     return EXIT_OK
+
+
+def with_predict_function(cfg: Config, overrides: list[str]) -> Config:
+    """`hpcdl predict RUN_DIR task.predict=package.module:function`: the one key predict
+    takes, for a task=custom run trained without it (its config.yaml is left as it is)."""
+    from dataclasses import replace
+
+    from hpcdl.config.schema import CustomTaskConfig
+    from hpcdl.config.validate import check_target_form
+
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if key != "task.predict" or not sep:
+            raise HpcdlError(
+                f"{item}: hpcdl predict takes only task.predict=package.module:function; "
+                "change other keys with hpcdl resume or a new run"
+            )
+        if not isinstance(cfg.task, CustomTaskConfig):
+            raise HpcdlError(
+                f"{item}: this run has task={cfg.task.name}, whose predictions hpcdl writes "
+                "itself; task.predict is for task=custom"
+            )
+        check_target_form("task.predict", value)
+        cfg = replace(cfg, task=replace(cfg.task, predict=value))
+    return cfg
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -197,6 +197,10 @@ class CustomTaskConfig:
     # (loss, {metric_name: value}): the batch's mean loss (a scalar tensor) and mean metrics.
     target: str = MISSING
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # "package.module:function" for `hpcdl predict`, called as function(model, batch) (eval
+    # mode, no gradients) and returning a tensor or {name: tensor} with one entry or row per
+    # sample; null: predict refuses the run. Frozen with the code on Slurm like target.
+    predict: Optional[str] = None
 
 
 class RegressionLoss(str, Enum):
@@ -336,6 +340,10 @@ class TrainerConfig:
     checkpoint_every_steps: Optional[int] = None
     checkpoint_every_s: Optional[float] = None
     keep_last: int = 2
+    # Write checkpoints in a background thread from a copy in host memory: "auto" (on when
+    # training on CUDA), "true" or "false". A string, not an Enum: a bare true/false on the
+    # command line reaches the schema as a bool, which an Enum field refuses.
+    async_checkpoint: str = "auto"
     deterministic: bool = False
     seed: int = 0
     # Non-finite losses in a row before the run stops with an error.

@@ -15,6 +15,7 @@ from hpcdl.config import schema
 from hpcdl.errors import ConfigError
 
 TARGET_FORM = "expected 'package.module:factory', e.g. mypkg.models:build"
+ASYNC_CHECKPOINT_CHOICES = ("auto", "true", "false")
 
 
 def validate(cfg: schema.Config) -> None:
@@ -299,6 +300,11 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
     _positive("trainer.checkpoint_every_steps", t.checkpoint_every_steps, allow_none=True)
     _positive("trainer.checkpoint_every_s", t.checkpoint_every_s, allow_none=True)
     _positive("trainer.keep_last", t.keep_last)
+    if t.async_checkpoint.lower() not in ASYNC_CHECKPOINT_CHOICES:  # a CLI true arrives as "True"
+        raise ConfigError(
+            f"trainer.async_checkpoint={t.async_checkpoint!r}: choose auto (on when training "
+            "on CUDA), true or false"
+        )
     _positive("trainer.max_bad_steps", t.max_bad_steps)
     _positive("trainer.log_every_steps", t.log_every_steps)
     _non_negative("trainer.early_stopping.patience", t.early_stopping.patience)
@@ -314,6 +320,8 @@ TASK_METRICS = {"classification": ("accuracy",), "regression": ("mae", "rmse", "
 def check_task(task: object) -> None:
     if isinstance(task, schema.CustomTaskConfig):
         check_target_form("task.target", task.target)
+        if task.predict is not None:
+            check_target_form("task.predict", task.predict)
 
 
 def _check_task_fits_data(task: object, data: schema.DataCommon) -> None:
@@ -350,6 +358,11 @@ def _check_cluster(c: schema.ClusterConfig) -> None:
     _non_negative("cluster.signal_delay_s", c.signal_delay_s)
     _non_negative("cluster.max_requeues", c.max_requeues)
     _positive("cluster.rendezvous_timeout_s", c.rendezvous_timeout_s)
+    if c.container.image is not None and c.launcher != schema.Launcher.slurm:
+        raise ConfigError(
+            f"cluster.container.image: cluster={c.name} runs on this machine, outside any "
+            "container; containers are for Slurm profiles (or start hpcdl inside the image)"
+        )
     if c.launcher != schema.Launcher.slurm and c.nodes != 1:
         raise ConfigError(
             f"cluster.nodes={c.nodes}: cluster={c.name} runs on this machine only; use nodes=1 "

@@ -36,6 +36,11 @@ def read_files(
         x, labels = read_npy_pair(file, labels_path)
     else:
         x, labels = read_labelled_csv(file, label_column)
+    if labels.ndim > 1 and int(np.prod(labels.shape[1:])) != 1:
+        raise DataError(
+            f"data.path={path!r}: the labels have shape {labels.shape}; give one label per row "
+            "(an array of shape [N])"
+        )
     if x.shape[0] != labels.shape[0]:
         raise DataError(
             f"data.path={path!r}: {x.shape[0]} feature rows but {labels.shape[0]} labels; "
@@ -43,6 +48,13 @@ def read_files(
         )
     if x.ndim < 2:
         raise DataError(f"data.path={path!r}: features must be [N, ...], got shape {x.shape}")
+    if x.shape[0] == 0:
+        raise DataError(f"data.path={path!r}: no rows (features of shape {x.shape})")
+    if int(np.prod(x.shape[1:])) == 0:
+        raise DataError(
+            f"data.path={path!r}: the rows hold no feature values (shape {x.shape}); add the "
+            "feature columns (a CSV needs at least one besides data.label_column)"
+        )
     x = check_numeric(x, f"data.path={path!r}")
     if regression:
         return RawData(x=x, y=numeric_targets(labels, f"data.path={path!r}"), class_names=[])
@@ -89,17 +101,29 @@ def read_npy_pair(file: Path, labels_path: Optional[str]) -> tuple[np.ndarray, n
 
 def read_labelled_csv(file: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
     header, rows = read_csv(file, "data.path")
-    if header is None or label_column not in header:
+    if header is None:
+        raise DataError(
+            f"data.path='{file}': the CSV has no header row; add one naming the columns, with "
+            f"the labels' column named {label_column!r} (or set data.label_column to its name)"
+        )
+    if label_column not in header:
         raise DataError(
             f"data.label_column={label_column!r}: no such column in the header of '{file}' "
-            f"({header or 'no header'}); set data.label_column to the column holding the labels"
+            f"({header}); set data.label_column to the column holding the labels"
         )
     if not rows:
         raise DataError(f"data.path='{file}': the CSV has a header but no data rows")
     col = header.index(label_column)
     labels = np.array([row[col].strip() for row in rows], dtype=str)
+    empty = np.flatnonzero(labels == "")
+    if empty.size:
+        raise DataError(
+            f"data.path: '{file}' line {int(empty[0]) + 2} has an empty {label_column!r} cell "
+            f"({empty.size} row(s) without a label); fill them in or drop those rows"
+        )
     features = [row[:col] + row[col + 1 :] for row in rows]
-    return parse_numeric_rows(features, file, "data.path"), labels
+    names = header[:col] + header[col + 1 :]
+    return parse_numeric_rows(features, file, "data.path", first_line=2, names=names), labels
 
 
 def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]]:
@@ -110,13 +134,23 @@ def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]
         with contextlib.suppress(ValueError):  # genuine class names stay strings
             labels = np.array([float(v) for v in labels])
     if labels.dtype.kind == "f":
-        if not np.all(np.isfinite(labels)) or not np.all(labels == np.round(labels)):
+        if not np.all(np.isfinite(labels)):
             raise DataError(
-                f"{where}: labels must be integers or class names, got non-integer numbers"
+                f"{where}: some labels are NaN or inf (missing values?); give every row a class "
+                "label, or drop the rows without one"
+            )
+        fractional = labels[labels != np.round(labels)]
+        if fractional.size:
+            raise DataError(
+                f"{where}: labels must be integers or class names, got non-integer numbers "
+                f"(e.g. {fractional[0]:g}); use task=regression for a numeric target"
             )
         labels = labels.astype(np.int64)
     if labels.dtype.kind not in "iuUSb":
-        raise DataError(f"{where}: labels of dtype {labels.dtype} are not class labels")
+        raise DataError(
+            f"{where}: labels of dtype {labels.dtype} are not class labels; give integers or "
+            "class names"
+        )
     classes, y = np.unique(labels, return_inverse=True)
     if len(classes) < 2:
         raise DataError(f"{where}: all labels are {classes.tolist()}; need at least two classes")
@@ -125,7 +159,10 @@ def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]
 
 def check_numeric(x: np.ndarray, where: str) -> np.ndarray:
     if x.dtype.kind not in "iufb":
-        raise DataError(f"{where}: features of dtype {x.dtype} are not numeric")
+        raise DataError(
+            f"{where}: features of dtype {x.dtype} are not numeric; convert them to numbers "
+            "(one-hot encode categories) first"
+        )
     if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
         raise DataError(f"{where}: features hold NaN or inf; clean or impute them first")
     return x
@@ -162,15 +199,37 @@ def read_csv(file: Path, key: str) -> tuple[Optional[list[str]], list[list[str]]
     width = len(header) if header is not None else len(rows[0]) if rows else 0
     for line, row in enumerate(rows, start=2 if header is not None else 1):
         if len(row) != width:
-            raise DataError(f"{key}: '{file}' line {line} has {len(row)} columns, expected {width}")
+            raise DataError(
+                f"{key}: '{file}' line {line} has {len(row)} columns, expected {width}; give "
+                "every row the same number of cells"
+            )
     return header, rows
 
 
-def parse_numeric_rows(rows: Sequence[Sequence[str]], file: Path, key: str) -> np.ndarray:
+def parse_numeric_rows(
+    rows: Sequence[Sequence[str]],
+    file: Path,
+    key: str,
+    first_line: int = 1,
+    names: Optional[Sequence[str]] = None,
+) -> np.ndarray:
+    """float64 [N, columns]; a cell that is not a number is named by line and column
+    (first_line: the file's line of rows[0])."""
     try:
         return np.array([[float(cell) for cell in row] for row in rows], dtype=np.float64)
-    except ValueError as exc:
-        raise DataError(f"{key}: '{file}' has a non-numeric feature value ({exc})") from exc
+    except ValueError:
+        pass
+    line, col, cell = next(
+        (first_line + i, j, cell)
+        for i, row in enumerate(rows)
+        for j, cell in enumerate(row)
+        if not is_number(cell)
+    )
+    column = repr(names[col]) if names is not None and col < len(names) else str(col + 1)
+    raise DataError(
+        f"{key}: '{file}' line {line}, column {column}: {cell!r} is not a number; fill in "
+        "missing values and drop (or encode as numbers) non-numeric feature columns"
+    )
 
 
 def is_number(cell: str) -> bool:
@@ -202,7 +261,9 @@ def load_feature_rows(path: str, input_shape: Sequence[int]) -> np.ndarray:
         if header is not None and LABEL_COLUMN in header:
             col = header.index(LABEL_COLUMN)
             rows = [row[:col] + row[col + 1 :] for row in rows]
-        x = parse_numeric_rows(rows, file, "--input")
+            header = header[:col] + header[col + 1 :]
+        first_line = 1 if header is None else 2
+        x = parse_numeric_rows(rows, file, "--input", first_line=first_line, names=header)
     x = check_numeric(np.asarray(x), f"--input '{file}'")
     num_features = int(np.prod(input_shape))
     if x.ndim == 1 and x.size == num_features:

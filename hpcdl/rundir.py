@@ -74,6 +74,12 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
 EPOCHS_NEEDING_A_CHECKPOINT = 2
 
 
+def requeue_request_name(job_id: str) -> str:
+    """In a job dir's logs: made by a job that could not run `scontrol requeue` itself (in
+    a container); the batch script runs it after srun (hpcdl.launch.container)."""
+    return f"{job_id}.requeue"
+
+
 @dataclass(frozen=True)
 class JobDir:
     """A folder jobs are launched from: a frozen code copy and per-rank logs.
@@ -240,6 +246,13 @@ class RunDir(JobDir):
         if not self.code_dir.is_dir() and sweep.ledger_file.is_file():
             return sweep
         return self
+
+    def requeue_request(self, job_id: str) -> Path:
+        """Where this run's job asks its batch script for a requeue (see
+        requeue_request_name), in the log folder the submission recorded."""
+        record = self.read_submission() or {}
+        log_dir = Path(record["log_dir"]) if "log_dir" in record else self.log_dir
+        return log_dir / requeue_request_name(job_id)
 
     def rank_log(self, job_id: str, rank: int | str) -> Path:
         """A rank's log file as submitit names it, in the folder the submission recorded

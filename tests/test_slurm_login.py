@@ -208,3 +208,40 @@ def test_sweep_dry_run_prints_the_job_array_under_the_sweep_dir(hpcdl, tmp_path)
     assert "#SBATCH --array=0-5%2" in out.stdout
     assert f"#SBATCH --output={tmp_path / 'sw' / 'logs'}/%A_%a_0_log.out" in out.stdout
     assert not (tmp_path / "sw").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_containers_wrap_each_rank_and_preflight_checks_runtime_and_image(hpcdl, tmp_path) -> None:
+    (tmp_path / "img.sif").write_bytes(b"")
+    out = hpcdl(
+        "train",
+        "cluster=rivanna_a100",
+        "cluster.container.image=img.sif",
+        "cluster.container.binds=[/scratch]",
+        "run_dir=r",
+        "--dry-run",
+    )
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "r"
+    assert (
+        f"apptainer exec --nv --bind {run},/scratch {tmp_path / 'img.sif'} python3 -u -m "
+        "submitit.core._submit" in out.stdout
+    )
+    assert f"if [ -e {run}/logs/$SLURM_JOB_ID.requeue ]" in out.stdout  # after srun
+    pyxis = hpcdl(
+        "train",
+        "cluster=rivanna_a100",
+        "cluster.container.runtime=pyxis",
+        "cluster.container.image='nvcr.io#nvidia/pytorch:25.01-py3'",
+        "run_dir=r",
+        "--dry-run",
+    )
+    assert pyxis.returncode == 0, pyxis.stderr
+    assert "'--container-image=nvcr.io#nvidia/pytorch:25.01-py3'" in pyxis.stdout
+    assert f"--container-mounts={run}:{run}" in pyxis.stdout
+    # Preflight, before anything is created: the runtime, then the image.
+    env = {"PATH": "/usr/bin:/bin"}  # no apptainer here
+    missing = hpcdl("train", "cluster=devcluster", "cluster.container.image=img.sif", env=env)
+    assert missing.returncode == 2 and "'apptainer' is not on PATH" in missing.stderr
+    local = hpcdl("train", "cluster.container.image=img.sif")
+    assert local.returncode == 2 and "containers are for Slurm profiles" in local.stderr
+    assert not list(tmp_path.glob("outputs"))

@@ -368,6 +368,26 @@ class Requeue(str, Enum):
     chain = "chain"  # the job submits its continuation (`--dependency=afterany:<id>`)
 
 
+class ContainerRuntime(str, Enum):
+    apptainer = "apptainer"  # `apptainer exec --nv --bind ... IMAGE python3 ...` inside srun
+    singularity = "singularity"  # the same, for sites that still call it singularity
+    pyxis = "pyxis"  # `srun --container-image=IMAGE --container-mounts=...` (enroot)
+
+
+@dataclass
+class ContainerConfig:
+    """Run each rank inside a container image (Slurm profiles only). Off while image is
+    null. The image needs Python with torch and hpcdl's dependencies; hpcdl itself and
+    the user's modules come from the frozen code dir, which is mounted with the run dir."""
+
+    image: Optional[str] = None  # a .sif file or sandbox dir; pyxis: e.g. nvcr.io#nvidia/pytorch:25.01-py3
+    runtime: ContainerRuntime = ContainerRuntime.apptainer
+    # More host paths to mount (data, scratch): "/scratch" or "/host/path:/in/container".
+    binds: list[str] = field(default_factory=list)
+    # The interpreter inside the image.
+    python: str = "python3"
+
+
 @dataclass
 class ClusterConfig:
     name: str = "debug"
@@ -398,6 +418,7 @@ class ClusterConfig:
     rendezvous_timeout_s: int = 300
     # Job-array concurrency limit (%N) for sweeps; 0 = no limit.
     array_parallelism: int = 0
+    container: ContainerConfig = field(default_factory=ContainerConfig)
 
 
 # ----------------------------------------------------------------------------- scripts

@@ -82,6 +82,9 @@ def constraint_satisfied(constraint: str, features: set[str]) -> bool:
 
 def check(cluster: ClusterConfig) -> str:
     """Raise ConfigError if the request cannot run; return the partition name used."""
+    from hpcdl.launch import container
+
+    container.check(cluster)
     partitions = parse_partitions(_run(["scontrol", "show", "partition", "-o"]))
     name = cluster.partition or next(
         (n for n, f in partitions.items() if f.get("Default") == "YES"), None

@@ -87,15 +87,30 @@ def make_executor(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None)
     dir (a run dir, or a sweep dir whose trials share one snapshot)."""
     import submitit
 
+    from hpcdl.launch import container
+
     executor = submitit.SlurmExecutor(
-        folder=str(base_dir.log_dir), max_num_timeout=cfg.cluster.max_requeues
+        folder=str(base_dir.log_dir),
+        max_num_timeout=cfg.cluster.max_requeues,
+        python=container.interpreter(cfg.cluster, base_dir, sys.executable),
     )
+    executor.update_parameters(**job_parameters(cfg, base_dir, job_name))
+    return executor
+
+
+def job_parameters(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None) -> dict[str, Any]:
+    """Everything of the sbatch script but its interpreter: resources, setup lines before
+    srun, srun's own options (a pyxis container), teardown lines after it."""
+    from hpcdl.launch import container
+
     params = sbatch_parameters(
         cfg.cluster, job_name or f"hpcdl-{base_dir.path.name}", slurm_tasks_per_node(cfg)
     )
     params["setup"] = setup_lines(cfg.cluster, base_dir.code_dir)
-    executor.update_parameters(**params)
-    return executor
+    if container.active(cfg.cluster):
+        params["srun_args"] = container.srun_args(cfg.cluster, base_dir)
+        params["teardown"] = container.teardown_lines(cfg.cluster, base_dir)
+    return params
 
 
 def sbatch_text(cfg: Config, run_dir: JobDir, array_size: Optional[int] = None) -> str:
@@ -103,8 +118,9 @@ def sbatch_text(cfg: Config, run_dir: JobDir, array_size: Optional[int] = None) 
     array_size tasks (its folder: the sweep dir)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = sbatch_parameters(cfg.cluster, f"hpcdl-{run_dir.path.name}", slurm_tasks_per_node(cfg))
-    params["setup"] = setup_lines(cfg.cluster, run_dir.code_dir)
+    from hpcdl.launch import container
+
+    params = job_parameters(cfg, run_dir)
     if array_size is not None:
         params["map_count"] = array_size
         if cfg.cluster.array_parallelism:  # else submitit's default, as when submitting
@@ -112,7 +128,9 @@ def sbatch_text(cfg: Config, run_dir: JobDir, array_size: Optional[int] = None) 
     logs = shlex.quote(str(run_dir.log_dir))
     # The interpreter hpcdl runs in, as submitit's own submission uses (sys.executable):
     # a venv's hpcdl called without activating the venv still gets that venv in the job.
-    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {logs}"
+    # (Or the image's, through the container runtime.)
+    python = container.interpreter(cfg.cluster, run_dir, sys.executable)
+    command = f"{python} -u -m submitit.core._submit {logs}"
     return _make_sbatch_string(command=command, folder=str(run_dir.log_dir), **params)
 
 
@@ -151,10 +169,12 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
 
 def custom_targets(*configs: Config) -> list[str]:
     """The user code the configs name (model.target, data.target, data.collate_fn,
-    task.target, trainer.step_hooks): those modules are frozen with the code."""
+    task.target, task.predict, trainer.step_hooks): those modules are frozen with the
+    code."""
     targets: list[str] = []
     for c in configs:
         named = [getattr(c.model, "target", None), getattr(c.task, "target", None)]
+        named.append(getattr(c.task, "predict", None))
         if c.script is not None:
             named.append(c.script.entry)
             command = c.script.command

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -112,7 +113,14 @@ def should_requeue(reason: str, num_timeouts_before: int, max_requeues: int) -> 
 LIMITED_REASONS = ("timeout", "requested")
 
 
-def requeue(job_id: str) -> str:
+def requeue(job_id: str, path: RunDir) -> str:
+    """`scontrol requeue` this job; where there is no scontrol (inside a container), ask
+    the batch script, which runs it after srun, outside the container."""
+    if shutil.which("scontrol") is None:
+        request = path.requeue_request(job_id)
+        request.parent.mkdir(parents=True, exist_ok=True)
+        request.touch()
+        return "requeue requested from the batch script (no scontrol here)"
     out = subprocess.run(
         ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
     )
@@ -140,7 +148,7 @@ def come_back(cfg: Config, path: RunDir, env: RankEnv, job_id: str) -> str:
         from hpcdl.launch.chain import submit_continuation
 
         return submit_continuation(cfg, path, env, job_id)
-    return requeue(job_id)
+    return requeue(job_id, path)
 
 
 def main(run_dir: str) -> dict[str, Any]:

@@ -27,6 +27,74 @@ def test_lists_range_choice_and_glob_expand_like_hydra() -> None:
     assert [t.overrides for t in globbed.trials] == [["optim=adam"], ["optim=adamw"]]
 
 
+def test_each_trial_config_equals_composing_it_from_scratch(monkeypatch) -> None:
+    # The sweep composes once per distinct group choice (model x optim: 4 here), then
+    # applies the scalar keys; every trial must come out as compose_config makes it alone.
+    from hpcdl.cli import compose as compose_mod
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.cli.expand import expand_sweep
+    from hpcdl.config.convert import to_plain
+
+    overrides = [
+        "optim.lr=0.1,0.01",  # a value of a group given before the group's choice
+        "model=mlp,cnn",
+        "data=digits",
+        "optim=sgd,adam",
+        "model.dropout=0.25",
+        "trainer.early_stopping.patience=3",
+        "cluster.partition=gpu",  # not in cluster=debug's YAML: added (+) as compose does
+        "cluster.env.MY_FLAG=1",
+    ]
+    compositions = []
+    real_compose = compose_mod.compose
+    monkeypatch.setattr(
+        compose_mod,
+        "compose",
+        lambda ovs, dirs=None: compositions.append(ovs) or real_compose(ovs, dirs),
+    )
+    plan = plan_sweep(overrides)
+    assert len(compositions) == 4, compositions
+    combos = expand_sweep(overrides).combos
+    assert len(plan.trials) == len(combos) == 8
+    seen = set()
+    for trial, combo in zip(plan.trials, combos, strict=True):
+        alone = to_plain(compose_config(combo))
+        assert to_plain(trial.config) == alone, combo
+        seen.add((alone["model"]["name"], alone["optim"]["name"], alone["optim"]["lr"]))
+        assert alone["cluster"]["partition"] == "gpu"
+        assert alone["cluster"]["env"] == {"MY_FLAG": "1"}
+    assert len(seen) == 8
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["optim.lr=0.5", "optim=adam", "optim.lr=0.2"],  # the last value wins, as in Hydra
+        ["+optim.lr=0.5"],  # Hydra refuses + on a key that exists
+        ["++optim.lr=0.5", "~model.dropout"],
+        ["trainer.max_epoch=1"],  # unknown key: the same one-line error
+        ["optim=adam", "optim.momentum=0.9"],  # a key of another optim
+        ["model=cnn"],  # cnn on breast cancer's flat rows: refused by validate
+        ["model=zz"],
+        ["trainer.seed=[1"],  # bad override syntax
+        ["init_from=/nonexistent"],
+        ["hydra.job.name=x", "optim.lr=0.3"],  # composed from scratch
+    ],
+)
+def test_sweep_composer_gives_what_compose_config_gives(overrides) -> None:
+    from hpcdl.cli.compose import SweepComposer, compose_config
+
+    def outcome(make):
+        try:
+            return make(overrides)
+        except ConfigError as err:
+            return f"error: {err}"
+
+    composer = SweepComposer()
+    assert outcome(composer.config) == outcome(compose_config)
+    assert outcome(composer.config) == outcome(compose_config)  # a second time: reused
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

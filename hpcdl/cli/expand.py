@@ -3,13 +3,16 @@
 Lists (a=1,2), range(0,5), choice(...), glob(*) on config groups: expanded with Hydra's
 own parser, as Hydra's basic sweeper does. Every trial is composed and validated before
 anything is created or submitted; a bad trial is refused naming the trial and the key.
+Hydra composes once per distinct set of group choices (hpcdl.cli.compose.SweepComposer),
+not once per trial.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from hpcdl.cli.compose import compose_config, conf_dir, hydra_message, user_conf_dirs
+from hpcdl.cli.compose import SweepComposer, conf_dir, hydra_message, user_conf_dirs
 from hpcdl.config.convert import GROUPS
 from hpcdl.errors import ConfigError
 from hpcdl.sweep.plan import SweepPlan, Trial
@@ -22,7 +25,36 @@ def _group_options(group: str, config_dirs: Optional[list[str]]) -> list[str]:
     return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
 
 
+@dataclass
+class Expansion:
+    sweep_dir: Optional[str]
+    common: list[str]  # overrides shared by every trial
+    swept_keys: list[str]
+    combos: list[list[str]]  # per trial: every override, in the order given
+
+
 def plan_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) -> SweepPlan:
+    """One validated Config per trial, in the order of Hydra's basic sweeper."""
+    expansion = expand_sweep(overrides, config_dirs)
+    composer = SweepComposer(config_dirs)
+    trials = []
+    for index, combo in enumerate(expansion.combos):
+        swept_part = [c for c in combo if c.split("=", 1)[0].lstrip("+~") in expansion.swept_keys]
+        try:
+            config = composer.config(combo)
+        except ConfigError as err:
+            raise ConfigError(f"trial {index} ({' '.join(swept_part)}): {err}") from None
+        trials.append(Trial(index=index, overrides=swept_part, config=config))
+    return SweepPlan(
+        sweep_dir=expansion.sweep_dir,
+        common=expansion.common,
+        swept_keys=expansion.swept_keys,
+        trials=trials,
+    )
+
+
+def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) -> Expansion:
+    """The trials' override lists, before anything is composed."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import Glob
@@ -75,12 +107,4 @@ def plan_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) ->
         )
     batches = BasicSweeper.split_arguments(parser.parse_overrides(rewritten), None)
     combos = [c for batch in batches for c in batch]
-    trials = []
-    for index, combo in enumerate(combos):
-        swept_part = [c for c in combo if c.split("=", 1)[0].lstrip("+~") in swept]
-        try:
-            config = compose_config(combo, config_dirs)
-        except ConfigError as err:
-            raise ConfigError(f"trial {index} ({' '.join(swept_part)}): {err}") from None
-        trials.append(Trial(index=index, overrides=swept_part, config=config))
-    return SweepPlan(sweep_dir=sweep_dir, common=common, swept_keys=swept, trials=trials)
+    return Expansion(sweep_dir=sweep_dir, common=common, swept_keys=swept, combos=combos)

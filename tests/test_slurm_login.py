@@ -245,3 +245,13 @@ def test_containers_wrap_each_rank_and_preflight_checks_runtime_and_image(hpcdl,
     local = hpcdl("train", "cluster.container.image=img.sif")
     assert local.returncode == 2 and "containers are for Slurm profiles" in local.stderr
     assert not list(tmp_path.glob("outputs"))
+
+
+def test_a_value_hydra_cannot_read_unquoted_says_how_to_quote_it(hpcdl) -> None:
+    image = "nvcr.io#nvidia/pytorch:25.01-py3"
+    out = hpcdl("train", "cluster=devcluster", f"cluster.container.image={image}", "--dry-run")
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"error: cluster.container.image={image}: Hydra cannot read this value unquoted; "
+        f"quote it: \"cluster.container.image='{image}'\" (the double quotes are for the shell)"
+    )

@@ -134,6 +134,13 @@ def hydra_message(err: Exception) -> str:
         options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
         valid = f"; choose one of {', '.join(options)}" if options else ""
         return f"{group}={option}: unknown option{valid}"
+    match = re.search(r"LexerNoViableAltException: (\S+?)=(\S+)", text)
+    if match:  # a value with characters the override grammar keeps for itself (# : , ...)
+        key, value = match.groups()
+        return (
+            f"{key}={value}: Hydra cannot read this value unquoted; quote it: "
+            f"\"{key}='{value}'\" (the double quotes are for the shell)"
+        )
     match = re.search(r"mismatched input|no viable alternative|extraneous input", text)
     if match:
         return f"bad override syntax: {text.splitlines()[0]}; write key=value, e.g. trainer.max_epochs=5"

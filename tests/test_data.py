@@ -286,6 +286,7 @@ def write_bad_file(folder: Path, case: str) -> str:
         "labels_2d": np.arange(80).reshape(40, 2) % 2,
         "targets_2d": np.random.default_rng(1).normal(size=(40, 2)),
         "labels_short": np.arange(39) % 2,
+        "stray_label": np.where(np.arange(40) == 17, 5, np.arange(40) % 2),
     }[case]
     np.savez(folder / "d.npz", x=x, y=y)
     return "d.npz"
@@ -305,6 +306,8 @@ def write_bad_file(folder: Path, case: str) -> str:
         ("labels_2d", [], "data.path='d.npz': the labels have shape (40, 2)"),
         ("targets_2d", ["task=regression"], "data.path='d.npz': the labels have shape (40, 2)"),
         ("labels_short", ["cluster=local"], "data.path='d.npz': 40 feature rows but 39 labels"),
+        # A stray label would otherwise become a class of its own, and the split be blamed.
+        ("stray_label", [], "data.path='d.npz': label 5 (row 17) occurs in one sample only"),
     ],
 )
 def test_bad_data_files_are_refused_before_the_run_dir_exists(

@@ -151,9 +151,20 @@ def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]
             f"{where}: labels of dtype {labels.dtype} are not class labels; give integers or "
             "class names"
         )
-    classes, y = np.unique(labels, return_inverse=True)
+    classes, y, counts = np.unique(labels, return_inverse=True, return_counts=True)
     if len(classes) < 2:
         raise DataError(f"{where}: all labels are {classes.tolist()}; need at least two classes")
+    lone = [c for c, n in zip(classes.tolist(), counts.tolist(), strict=True) if n == 1]
+    if lone and len(lone) < len(classes):
+        # A class of one sample is most often a stray label (a typo, a code for "missing"),
+        # and no split can keep it in both training and test: name it instead of failing
+        # later in the split.
+        rows = [int(np.flatnonzero(labels.reshape(-1) == c)[0]) for c in lone[:3]]
+        found = ", ".join(f"{c!r} (row {r})" for c, r in zip(lone, rows))
+        raise DataError(
+            f"{where}: label {found} occurs in one sample only, the other classes in "
+            f"up to {int(counts.max())}; fix or drop that row (is it outside your classes?)"
+        )
     return y.astype(np.int64).reshape(-1), [str(c) for c in classes.tolist()]
 
 

@@ -7,11 +7,12 @@ ranks that did not arrive, instead of hanging.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -37,9 +38,12 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
 
 
 @contextmanager
-def process_group(env: RankEnv, device: torch.device, timeout_s: int) -> Iterator[None]:
+def process_group(
+    env: RankEnv, device: torch.device, timeout_s: int, collective_timeout_s: Optional[float] = None
+) -> Iterator[None]:
     """Form the process group (NCCL on CUDA, gloo on CPU) for any launched job; the in-process
-    debug rank runs without one."""
+    debug rank runs without one. timeout_s bounds the rendezvous; collective_timeout_s
+    (default: the same) every collective after it, so a hung one ends the job."""
     if env.world_size == 1 and env.launcher == "debug":
         yield
         return
@@ -48,12 +52,15 @@ def process_group(env: RankEnv, device: torch.device, timeout_s: int) -> Iterato
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         kwargs["device_id"] = device
+        # A collective past its timeout tears the process down (instead of hanging on):
+        # the job ends, as a stalled rank's does.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     dist.init_process_group(
         backend,
         store=dist.PrefixStore("pg", store),
         rank=env.rank,
         world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timedelta(seconds=collective_timeout_s or timeout_s),
         **kwargs,
     )
     try:

@@ -8,6 +8,7 @@ requeued or rerun job resumes from what is on disk, never from a pickled object.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -15,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_STALLED
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
+    from hpcdl.env import RankEnv
     from hpcdl.rundir import RunDir
     from hpcdl.signals import StopFlag
+    from hpcdl.watchdog import Stall, Watchdog
 
 
 @dataclass
@@ -77,9 +80,12 @@ def _train_model(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
     started = time.monotonic()
     env = rank_env_from(os.environ)
     device = pick_device(cfg.trainer.device.value, env.local_rank)
-    with process_group(env, device, cfg.cluster.rendezvous_timeout_s):
+    timeouts = (cfg.cluster.rendezvous_timeout_s, cfg.trainer.stall_timeout_s)
+    with process_group(env, device, *timeouts):
         trainer = build_trainer(cfg, env, path, device, stop)
-        result = trainer.fit()
+        with stall_watchdog(cfg, env, path) as watchdog:
+            trainer.watchdog = watchdog
+            result = trainer.fit()
         summary: Optional[dict[str, Any]] = None
         if result.outcome == Outcome.completed:
             summary, test = trainer.test_summary(result, time.monotonic() - started)
@@ -95,3 +101,30 @@ def _train_model(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
         summary=summary or {},
         global_step=result.progress.global_step,
     )
+
+
+def stall_watchdog(cfg: Config, env: RankEnv, path: RunDir) -> Watchdog:
+    """trainer.stall_timeout_s: a rank without progress dumps its stacks, records the
+    stall in the run dir, maybe requeues the job (cluster.requeue_on_stall), and exits
+    with EXIT_STALLED so that the job ends and frees its nodes."""
+    from hpcdl.watchdog import Watchdog, dump_stacks
+
+    def on_stall(stall: Stall) -> None:
+        dump_stacks(env.rank, stall)
+        record = {
+            "event": "stall",
+            "job_id": env.job_id,
+            "rank": env.rank,
+            "phase": stall.phase,
+            "seconds": round(stall.seconds, 1),
+        }
+        if cfg.cluster.requeue_on_stall and env.is_main and env.job_id:
+            from hpcdl.requeue import requeue
+
+            record["action"] = requeue(env.job_id, path)
+        with contextlib.suppress(OSError):  # the run dir's file system may be what hangs
+            path.append_attempt(record)
+        sys.stdout.flush()
+        os._exit(EXIT_STALLED)
+
+    return Watchdog(cfg.trainer.stall_timeout_s, on_stall)

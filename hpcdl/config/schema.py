@@ -351,6 +351,11 @@ class TrainerConfig:
     # Progress line interval (steps) when stdout is not a terminal.
     log_every_steps: int = 50
     device: Device = Device.auto
+    # A rank with no optimizer step for this long dumps its stacks and exits (the stall
+    # watchdog); the first step gets stall_first_step_s (null: twice this), an evaluation
+    # this much again from its start. Also the timeout of every collective.
+    stall_timeout_s: float = 1800.0
+    stall_first_step_s: Optional[float] = None
     # 'package.module:function' called after every optimizer step with a StepEvent
     # (hpcdl.hooks); frozen with the code on Slurm like model.target.
     step_hooks: list[str] = field(default_factory=list)
@@ -411,6 +416,8 @@ class ClusterConfig:
     # How a stopped job comes back: `scontrol requeue`, or a chain of jobs where requeue is
     # unavailable (inside containers, or JobRequeue disabled by the site).
     requeue: Requeue = Requeue.scontrol
+    # A stalled job (trainer.stall_timeout_s) requeues itself instead of only ending.
+    requeue_on_stall: bool = False
     # Shell lines run before the payload, e.g. "module load cuda".
     setup: list[str] = field(default_factory=list)
     sbatch_extra: dict[str, Any] = field(default_factory=dict)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from hpcdl.config.schema import Requeue
 from hpcdl.env import RankEnv, rank_env_from
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from hpcdl.requeue import requeue
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
@@ -111,20 +111,6 @@ def should_requeue(reason: str, num_timeouts_before: int, max_requeues: int) -> 
 
 # Stops that count against cluster.max_requeues.
 LIMITED_REASONS = ("timeout", "requested")
-
-
-def requeue(job_id: str, path: RunDir) -> str:
-    """`scontrol requeue` this job; where there is no scontrol (inside a container), ask
-    the batch script, which runs it after srun, outside the container."""
-    if shutil.which("scontrol") is None:
-        request = path.requeue_request(job_id)
-        request.parent.mkdir(parents=True, exist_ok=True)
-        request.touch()
-        return "requeue requested from the batch script (no scontrol here)"
-    out = subprocess.run(
-        ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
-    )
-    return "requeued" if out.returncode == 0 else f"requeue failed: {out.stderr.strip()}"
 
 
 @contextmanager

@@ -1,0 +1,82 @@
+"""The stall watchdog: a rank that makes no progress for too long dumps every thread's
+Python stack into its log, records the stall in the run dir and exits, so that Slurm frees
+the GPUs instead of holding them until the time limit.
+
+Progress is a beat from the trainer: after every optimizer step, and at the start of a
+phase that has its own allowance (the first step: imports, compilation, the first
+collective; an evaluation). A thread checks the deadline ten times per allowance; it never
+waits on the training thread, so a rank stuck in C code (a hung collective, a dead file
+system) is caught too. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Optional
+
+# How often the watchdog thread looks, as a fraction of the shortest allowance.
+CHECKS_PER_ALLOWANCE = 10
+
+
+@dataclass(frozen=True)
+class Stall:
+    phase: str  # what the rank was doing: "first step", "training", "evaluation", ...
+    seconds: float  # since its last beat
+    allowance_s: float
+
+
+class Watchdog:
+    def __init__(self, timeout_s: float, on_stall: Callable[[Stall], None]) -> None:
+        self.timeout_s = timeout_s
+        self._on_stall = on_stall
+        self._lock = threading.Lock()
+        self._phase = "start"
+        self._since = time.monotonic()
+        self._allowance = timeout_s
+        self._stopped = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def beat(self, phase: str = "training", allowance_s: Optional[float] = None) -> None:
+        """Progress: the next beat is due within allowance_s (default: the timeout)."""
+        with self._lock:
+            self._phase, self._since = phase, time.monotonic()
+            self._allowance = allowance_s if allowance_s is not None else self.timeout_s
+
+    def __enter__(self) -> Watchdog:
+        self.beat("start")
+        self._thread = threading.Thread(target=self._watch, name="hpcdl-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        poll = max(0.05, min(self.timeout_s / CHECKS_PER_ALLOWANCE, 30.0))
+        while not self._stopped.wait(poll):
+            with self._lock:
+                waited = time.monotonic() - self._since
+                stall = Stall(self._phase, waited, self._allowance)
+            if waited > stall.allowance_s:
+                self._on_stall(stall)
+                return
+
+
+def dump_stacks(rank: int, stall: Stall) -> None:
+    """Every thread's stack into this rank's log (stderr), then one line saying why."""
+    print(
+        f"hpcdl: rank {rank} made no progress for {stall.seconds:.0f}s in {stall.phase!r} "
+        f"(allowance {stall.allowance_s:.0f}s, trainer.stall_timeout_s); stacks of every "
+        "thread follow",
+        file=sys.stderr,
+        flush=True,
+    )
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()

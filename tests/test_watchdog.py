@@ -1,0 +1,102 @@
+"""The stall watchdog: a rank that hangs inside a step dumps its stacks, records the stall
+and ends the job with EXIT_STALLED, instead of holding its nodes until the time limit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from hpcdl.exit_codes import EXIT_STALLED
+from hpcdl.watchdog import Stall, Watchdog
+
+# A step hook that hangs (sleeps in a loop, as a rank stuck in a collective would) at one step.
+HANG = """\
+import os, time
+
+def after_step(event):
+    if event.global_step == int(os.environ["HANG_AT"]) and str(event.rank) in os.environ["HANG_RANKS"]:
+        while True:
+            time.sleep(1)
+"""
+
+
+def test_beats_keep_it_quiet_and_a_missing_beat_names_the_phase() -> None:
+    stalls: list[Stall] = []
+    fired = threading.Event()
+
+    def on_stall(stall: Stall) -> None:
+        stalls.append(stall)
+        fired.set()
+
+    with Watchdog(0.5, on_stall) as dog:
+        for _ in range(10):
+            time.sleep(0.1)
+            dog.beat()
+        assert not stalls
+        dog.beat("evaluation")
+        assert fired.wait(5)
+    assert stalls[0].phase == "evaluation" and stalls[0].seconds > 0.5
+
+
+def run_hanging(
+    tmp_path: Path, *extra: str, ranks: str = "0"
+) -> tuple[subprocess.CompletedProcess, float]:
+    (tmp_path / "hang.py").write_text(HANG)
+    started = time.monotonic()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcdl.cli.main",
+            "train",
+            "run_dir=run",
+            "trainer.max_epochs=3",
+            "trainer.stall_timeout_s=3",
+            "trainer.step_hooks=[hang:after_step]",
+            *extra,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **__import__("os").environ,
+            "PYTHONPATH": str(tmp_path),
+            "HANG_AT": "5",
+            "HANG_RANKS": ranks,
+        },
+    )
+    return out, time.monotonic() - started
+
+
+def stall_records(run: Path) -> list[dict]:
+    lines = (run / "attempts.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == "stall"]
+
+
+def test_a_rank_hanging_in_a_step_dumps_its_stacks_and_exits(tmp_path) -> None:
+    out, took = run_hanging(tmp_path)
+    assert out.returncode == EXIT_STALLED, out.stderr[-2000:]
+    assert took < 60
+    log = out.stderr
+    assert "rank 0 made no progress for" in log and "'training'" in log
+    assert "hang.py" in log and "after_step" in log  # the stack shows where it hangs
+    records = stall_records(tmp_path / "run")
+    assert [(r["rank"], r["phase"]) for r in records] == [(0, "training")]
+
+
+def test_one_hanging_rank_of_two_ends_the_whole_local_job(tmp_path) -> None:
+    # Rank 1 hangs inside its step; rank 0 waits in the next step's all-reduce. Rank 1's
+    # watchdog fires first and ends it; rank 0's collective then fails (or its own
+    # watchdog fires): the job ends non-zero, and no rank is left behind.
+    out, took = run_hanging(tmp_path, "cluster=local", "cluster.tasks_per_node=2", ranks="1")
+    assert out.returncode != 0
+    assert took < 120
+    records = stall_records(tmp_path / "run")
+    assert (1, "training") in {(r["rank"], r["phase"]) for r in records}
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "orphaned rank processes"

@@ -317,3 +317,67 @@ def test_slurm_profiles_leave_the_model_check_to_the_job(tmp_path: Path) -> None
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "no torch\n"
+
+
+def test_version_names_hpcdl_and_python_without_importing_torch(tmp_path: Path) -> None:
+    code = (
+        "import platform, sys\n"
+        "from hpcdl.cli.main import main\n"
+        "try:\n"
+        "    main(['--version'])\n"
+        "except SystemExit as done:\n"
+        "    assert done.code == 0\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    import platform
+
+    import hpcdl
+
+    assert out.stdout == f"hpcdl {hpcdl.__version__} (Python {platform.python_version()})\n"
+
+
+def test_completion_script_is_bash_that_completes_group_options(hpcdl, tmp_path: Path) -> None:
+    script = hpcdl("completion", "bash")
+    assert script.returncode == 0, script.stderr
+    assert 'eval "$(hpcdl completion bash)"' in script.stdout
+    (tmp_path / "hpcdl.bash").write_text(script.stdout)
+    syntax = subprocess.run(["bash", "-n", str(tmp_path / "hpcdl.bash")], capture_output=True)
+    assert syntax.returncode == 0, syntax.stderr
+    # What bash does on TAB after `hpcdl train model=` (`=` is a word break: the word is "").
+    session = (
+        f'hpcdl() {{ {sys.executable} -m hpcdl.cli.main "$@"; }}\n'
+        'eval "$(hpcdl completion bash)"\n'
+        'COMP_LINE="hpcdl train model="; COMP_POINT=${#COMP_LINE}\n'
+        "COMP_WORDS=(hpcdl train model =); COMP_CWORD=3\n"
+        '_hpcdl_complete hpcdl "" =\n'
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    out = subprocess.run(["bash", "-c", session], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert {"mlp", "cnn"} <= set(out.stdout.split()) and "model=mlp" not in out.stdout
+
+
+def test_completion_candidates(tmp_path: Path) -> None:
+    from hpcdl.cli.completion import candidates
+
+    assert {"train", "sweep", "completion"} <= set(candidates("hpcdl "))
+    assert candidates("hpcdl tr") == ["train"]
+    assert candidates("hpcdl train model=c") == ["cnn", "custom"]
+    assert "model=mlp" in candidates("hpcdl train model=", wordbreaks=" ")  # `=` no break
+    assert candidates("hpcdl train -m model=mlp,c") == ["mlp,cnn", "mlp,custom"]
+    assert candidates("hpcdl train tr") == ["trainer.", "trainer="]
+    assert "trainer.max_epochs=" in candidates("hpcdl train trainer.max")
+    assert "cluster.timeout_min=" in candidates("hpcdl resume runs/x cluster.")
+    assert candidates("hpcdl train cluster.launcher=") == ["debug", "local", "slurm"]
+    assert "--dry-run" in candidates("hpcdl train --d")
+    assert candidates("hpcdl sweep s") == ["status", "summary"]
+    assert candidates("hpcdl train --cfg ") == ["all", "job"]
+    assert candidates("hpcdl train run_dir=") == []  # a path: bash completes file names
+    assert candidates("hpcdl resume ") == []
+    mine = tmp_path / "conf" / "model"
+    mine.mkdir(parents=True)
+    (mine / "tinynet.yaml").write_text("# hpcdl train -cd conf model=tinynet\nname: mlp\n")
+    assert "tinynet" in candidates(f"hpcdl train --config-dir {tmp_path / 'conf'} model=")
+    assert "tinynet" not in candidates("hpcdl train model=")

@@ -1,0 +1,300 @@
+"""The Python API: `hpcdl train` and `hpcdl train -m` from a notebook or a script.
+
+    from hpcdl import Job, submit, submit_sweep
+    job = submit(["cluster=devcluster", "model=cnn", "data=digits"])  # returns once queued
+    job.status()                  # the report `hpcdl status` prints, as a dict
+    summary = job.wait()          # summary.json, or JobFailedError naming the state and log
+    job = Job.from_run_dir("outputs/2026-11-22/18-27-50")             # reattach later
+
+Each call runs the command line's own functions (hpcdl.cli.main): the same composition,
+validation, preflight, run dir and launch, and the same one-line HpcdlErrors. On a Slurm
+profile nothing here imports torch. cluster=debug and cluster=local train in the
+foreground, as the command does, and return once the run has ended.
+
+(`submit_sweep`, not `sweep`: `hpcdl.sweep` is the sweep package, and the import system
+sets that attribute whenever one of its modules is first imported.)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, TypeVar, Union
+
+from hpcdl.errors import ConfigError, HpcdlError
+from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.rundir import RunDir, open_run_dir
+
+PathLike = Union[str, "os.PathLike[str]"]
+T = TypeVar("T")
+
+# Seconds between scheduler queries while waiting: a busy scheduler should see at most one
+# query per 10 s from us (as `hpcdl status --watch`). Lower it on a dev cluster only.
+POLL_S = 10.0
+
+
+class JobFailedError(HpcdlError):
+    """A run ended without completing: failed, cancelled, timed out, interrupted."""
+
+    def __init__(self, message: str, state: str, log: Optional[Path]) -> None:
+        super().__init__(message)
+        self.state = state
+        self.log = log
+
+
+class WaitTimeoutError(HpcdlError, TimeoutError):
+    """wait(timeout=...) ran out while the job or a trial was still queued or running."""
+
+
+def submit(
+    overrides: Sequence[str],
+    *,
+    config_dir: Union[PathLike, Sequence[PathLike], None] = None,
+    preflight: bool = True,
+) -> Job:
+    """What `hpcdl train OVERRIDES` does: compose and validate, preflight (Slurm), probe
+    your code (debug, local), create the run dir, launch. On a Slurm profile it returns as
+    soon as the job is queued; on cluster=debug or cluster=local it trains first, in the
+    foreground. Bad input raises the command's one-line HpcdlError, with nothing created.
+    `config_dir`: one or more `--config-dir` folders; `preflight=False`: `--no-preflight`."""
+    from hpcdl.cli import main as cli
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.config.schema import Launcher
+    from hpcdl.runlock import hold
+
+    cfg = compose_config(_overrides(overrides), _config_dirs(config_dir))
+    cfg, run_dir = cli.start_run(cfg, skip_preflight=not preflight)
+    with hold(run_dir):
+        code = cli.launch(cfg, run_dir)
+    return Job(run_dir.path, None if cfg.cluster.launcher == Launcher.slurm else code)
+
+
+def submit_sweep(
+    overrides: Sequence[str],
+    *,
+    config_dir: Union[PathLike, Sequence[PathLike], None] = None,
+    preflight: bool = True,
+) -> Sweep:
+    """What `hpcdl train -m OVERRIDES` does: every trial composed and validated first, then
+    the sweep dir and one job array (Slurm: returns once queued), or the trials run here in
+    parallel processes (debug, local: returns once they have ended)."""
+    from hpcdl.cli import main as cli
+    from hpcdl.cli.expand import plan_sweep
+
+    plan = plan_sweep(_overrides(overrides), _config_dirs(config_dir))
+    sweep_dir, _ = cli.start_sweep(plan, skip_preflight=not preflight)
+    return Sweep(sweep_dir)
+
+
+def _overrides(overrides: Sequence[str]) -> list[str]:
+    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(
+            f"overrides={overrides!r}: give a list of strings, e.g. "
+            "['model=cnn', 'trainer.max_epochs=5']"
+        )
+    return list(overrides)
+
+
+def _config_dirs(config_dir: Union[PathLike, Sequence[PathLike], None]) -> list[str]:
+    if config_dir is None:
+        return []
+    if isinstance(config_dir, (str, os.PathLike)):
+        return [os.fspath(config_dir)]
+    return [os.fspath(d) for d in config_dir]
+
+
+def _poll(
+    refresh: Callable[[], T],
+    done: Callable[[T], bool],
+    timeout: Optional[float],
+    poll_s: float,
+    what: str,
+) -> T:
+    """refresh() every poll_s seconds until done(its result); WaitTimeoutError at timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        result = refresh()
+        if done(result):
+            return result
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeoutError(f"{what} still running after {timeout:g} s; wait again later")
+        left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+        time.sleep(max(0.0, left))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run: its run dir, and the Slurm job now training it (none for a run trained in
+    the foreground). Every method reads the run dir and asks the scheduler afresh, so a
+    Job made in another session, by from_run_dir, sees the same."""
+
+    run_dir: Path
+    # How the foreground command ended (debug, local), when this process ran it.
+    exit_code: Optional[int] = field(default=None, compare=False)
+
+    @classmethod
+    def from_run_dir(cls, path: PathLike) -> Job:
+        """Reattach to a run (a run dir `hpcdl train` or submit() made, or a sweep's trial)."""
+        _, run_dir = open_run_dir(os.fspath(path))
+        return cls(run_dir.path)
+
+    @property
+    def job_id(self) -> Optional[str]:
+        """The Slurm job id (`ARRAY_TASK` for a sweep trial; the newest link of a chain)."""
+        record = RunDir(self.run_dir).read_submission()
+        return str(record["job_id"]) if record else None
+
+    def __repr__(self) -> str:
+        return f"Job({str(self.run_dir)!r}, job_id={self.job_id!r})"
+
+    def status(self) -> dict[str, Any]:
+        """What `hpcdl status RUN_DIR` prints, as a dict: job_id, state, elapsed, source,
+        attempts, requeues, last_end, last_epoch, last_metrics, test_accuracy, ..."""
+        from hpcdl.launch.monitor import NO_ACCOUNTING, job_state, run_status, state_from_run_dir
+
+        run_dir = RunDir(self.run_dir)
+        job_id = self.job_id
+        if job_id is None:
+            source = "run dir (trained in the foreground, not on Slurm)"
+            return {
+                "job_id": None,
+                "state": self._foreground_state(),
+                "source": source,
+                **run_status(run_dir),
+            }
+        # As hpcdl.launch.monitor.status builds its report.
+        report = {**job_state(job_id), **run_status(run_dir)}
+        if report["source"] == NO_ACCOUNTING:
+            report["state"] = state_from_run_dir(run_dir)
+            report["source"] = "run dir (not queued; no accounting)"
+        return report
+
+    def _foreground_state(self) -> str:
+        run_dir = RunDir(self.run_dir)
+        if run_dir.is_complete():
+            return "COMPLETED"
+        if self.exit_code is None:
+            return "UNKNOWN"  # stopped, failed, or training in another process
+        return {EXIT_OK: "COMPLETED", EXIT_INTERRUPTED: "INTERRUPTED"}.get(self.exit_code, "FAILED")
+
+    def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> dict[str, Any]:
+        """Until the job has left the queue (requeues and chained jobs included), then its
+        summary.json. Raises JobFailedError naming the state and the log when it ended
+        without completing, WaitTimeoutError after `timeout` seconds."""
+        from hpcdl.launch.monitor import is_active
+
+        what = f"job {self.job_id} ({self.run_dir})"
+        report = _poll(self.status, lambda r: not is_active(r["state"]), timeout, poll_s, what)
+        summary = RunDir(self.run_dir).read_summary()
+        if summary is not None:
+            return summary
+        log = self._log_file(0)
+        who = f"job {report['job_id']}" if report["job_id"] else "the run"
+        end = f" (last end: {report['last_end']})" if report.get("last_end") else ""
+        where = f"log: {log}" if log is not None else "its output is above (cluster=debug)"
+        raise JobFailedError(
+            f"{self.run_dir}: {who} ended {report['state']}{end} without a summary; "
+            f"{where}; continue it with `hpcdl resume {self.run_dir}`",
+            report["state"],
+            log,
+        )
+
+    def result(self) -> Optional[dict[str, Any]]:
+        """summary.json (test metrics, weights hash, ...), or None until the run completed."""
+        return RunDir(self.run_dir).read_summary()
+
+    def logs(self, rank: int = 0) -> str:
+        """A rank's log so far (`hpcdl logs RUN_DIR --rank N`)."""
+        path = self._log_file(rank)
+        if path is None:
+            raise HpcdlError(
+                f"{self.run_dir}: no log file for rank {rank}; a cluster=debug run prints "
+                "to the console only"
+            )
+        if not path.is_file():
+            raise HpcdlError(f"{path}: no log yet (job {self.job_id} may still be pending)")
+        return path.read_text(errors="replace")
+
+    def _log_file(self, rank: int) -> Optional[Path]:
+        run_dir = RunDir(self.run_dir)
+        job_id = self.job_id
+        if job_id is not None:
+            return run_dir.rank_log(job_id, rank)
+        # cluster=local: <pid>_<rank>_log.out, newest first; a local sweep's trial.log.
+        found = sorted(run_dir.log_dir.glob(f"*_{rank}_log.out"), key=lambda p: p.stat().st_mtime)
+        if found:
+            return found[-1]
+        return run_dir.trial_log if rank == 0 and run_dir.trial_log.is_file() else None
+
+    def cancel(self) -> None:
+        """`hpcdl cancel RUN_DIR`: scancel the run's job."""
+        from hpcdl.launch.monitor import cancel
+
+        cancel(str(self.run_dir))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A `train -m` sweep: its sweep dir, whose ledger (sweep.json) every method reads."""
+
+    sweep_dir: Path
+
+    def __repr__(self) -> str:
+        return f"Sweep({str(self.sweep_dir)!r})"
+
+    @classmethod
+    def from_sweep_dir(cls, path: PathLike) -> Sweep:
+        """Reattach to a sweep dir printed by `hpcdl train -m` or made by submit_sweep()."""
+        from hpcdl.sweep.ledger import check_sweep_dir
+
+        sweep_dir = Path(path).expanduser().resolve()
+        check_sweep_dir(sweep_dir)
+        return cls(sweep_dir)
+
+    def status(self, metric: Optional[str] = None) -> list[dict[str, Any]]:
+        """`hpcdl sweep status` as data: per trial its index, overrides, run_dir, job_id,
+        state, attempts, requeues and metric (val_accuracy unless `metric` says)."""
+        from hpcdl.sweep.report import refresh
+
+        ledger, _ = refresh(self.sweep_dir, metric)
+        return [asdict(t) for t in ledger.trials]
+
+    def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> list[dict[str, Any]]:
+        """Until no trial is queued or running; then status(). Failed trials do not raise:
+        their state says so, and rerun_failed() resubmits them."""
+        from hpcdl.launch.monitor import is_active
+
+        return _poll(
+            self.status,
+            lambda trials: not any(is_active(t["state"]) for t in trials),
+            timeout,
+            poll_s,
+            f"sweep {self.sweep_dir}",
+        )
+
+    def summary(self, metric: Optional[str] = None) -> list[dict[str, Any]]:
+        """`hpcdl sweep summary` as data, best first: rank, overrides, trials, n, mean, std
+        (across the folds of a k-fold sweep) and the metric's name. Also writes summary.md,
+        summary.csv and summary_<metric>.png into the sweep dir, as the command does."""
+        from hpcdl.sweep.report import refresh, summarize, write_summary
+
+        ledger, metric = refresh(self.sweep_dir, metric)
+        write_summary(ledger, metric)
+        return [
+            {"rank": rank, **entry, "metric": metric}
+            for rank, entry in enumerate(summarize(ledger, metric), 1)
+        ]
+
+    def rerun_failed(self) -> list[int]:
+        """`hpcdl sweep rerun --failed`: the failed, cancelled, timed-out and interrupted
+        trials again, each from its newest checkpoint. The indices of the trials rerun."""
+        from hpcdl.cli.main import rerun_failed
+
+        return rerun_failed(self.sweep_dir)[0]
+
+    def trial(self, index: int) -> Job:
+        """One trial's run, as a Job (logs, result, status of that trial alone)."""
+        return Job.from_run_dir(self.sweep_dir / str(index))

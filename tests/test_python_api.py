@@ -1,0 +1,178 @@
+"""The Python API (hpcdl.client) without a cluster: lazy import, a debug run, reattaching,
+the command's errors, wait() against a scripted scheduler, a local sweep."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcdl import Job, JobFailedError, Sweep, WaitTimeoutError, submit, submit_sweep
+from hpcdl.cli.compose import compose_config
+from hpcdl.errors import HpcdlError
+from hpcdl.rundir import RunDir, create_run_dir
+
+
+def test_import_hpcdl_imports_nothing_and_the_api_imports_no_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "import hpcdl\n"
+        "assert [m for m in sys.modules if m.startswith('hpcdl')] == ['hpcdl'], sys.modules\n"
+        "from hpcdl import Job, Sweep, submit, submit_sweep\n"
+        "from hpcdl.errors import HpcdlError\n"
+        "try:\n"
+        "    submit(['cluster=rivanna_a100', 'trainer.batch_size=-1'])\n"
+        "except HpcdlError as err:\n"
+        "    print('refused:', err)\n"
+        "import hpcdl.sweep.report  # the sweep package: submit_sweep keeps its own name\n"
+        "assert hpcdl.submit_sweep is submit_sweep and callable(hpcdl.submit_sweep)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "refused: trainer.batch_size=-1: must be > 0" in out.stdout
+    with pytest.raises(AttributeError, match="no attribute 'sweep_now'"):
+        import hpcdl
+
+        hpcdl.sweep_now  # noqa: B018
+
+
+def test_submit_trains_a_debug_run_and_from_run_dir_reattaches(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = submit(["run_dir=run", "trainer.max_epochs=2"])
+    assert job.run_dir == tmp_path / "run" and job.job_id is None
+    summary = job.result()
+    assert summary is not None and summary["epochs"] == 2
+    assert 0.0 <= summary["test_accuracy"] <= 1.0 and "test_loss" in summary
+    assert job.wait() == summary  # trained in the foreground: returns at once
+    status = job.status()
+    assert status["state"] == "COMPLETED" and status["last_epoch"] == 2
+    assert status["test_accuracy"] == summary["test_accuracy"]
+
+    again = Job.from_run_dir("run")
+    assert again == job and again.result() == summary
+    assert again.status()["state"] == "COMPLETED"
+    with pytest.raises(HpcdlError, match="prints to the console only"):
+        again.logs()
+    with pytest.raises(HpcdlError, match="this run was not submitted to Slurm"):
+        again.cancel()
+    with pytest.raises(HpcdlError, match="not an hpcdl run dir"):
+        Job.from_run_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=nope"],
+        ["trainer.max_epoch=5"],
+        ["trainer.batch_size=-1"],
+        ["cluster=devcluster", "cluster.nodes=0"],
+        ["-m", "optim.lr=0.1,-1"],
+    ],
+)
+def test_bad_input_raises_the_commands_line_and_creates_nothing(
+    hpcdl, tmp_path, monkeypatch, overrides
+) -> None:
+    cli = hpcdl("train", *overrides)
+    assert cli.returncode == 2, cli.stdout + cli.stderr
+    line = cli.stderr.strip()
+    assert line.startswith("error: ") and "\n" not in line
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HpcdlError) as refused:
+        if overrides[0] == "-m":
+            submit_sweep(overrides[1:])
+        else:
+            submit(overrides)
+    assert f"error: {refused.value}" == line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overrides_must_be_a_list_of_strings() -> None:
+    with pytest.raises(HpcdlError, match=r"give a list of strings, e\.g\. \['model=cnn'"):
+        submit("model=cnn data=digits")  # type: ignore[arg-type]
+
+
+def _submitted_run(tmp_path: Path, job_id: str) -> Job:
+    _, run_dir = create_run_dir(compose_config([f"run_dir={tmp_path / 'run'}"]))
+    run_dir.record_submission(job_id, "devcluster", run_dir.log_dir)
+    run_dir.log_dir.mkdir()
+    run_dir.rank_log(job_id, 0).write_text("epoch 1/30: ...\n")
+    return Job.from_run_dir(run_dir.path)
+
+
+def _scheduler(monkeypatch, *states: str) -> list[str]:
+    """job_state() answers these states in turn (the last one for ever); the calls made."""
+    calls: list[str] = []
+
+    def job_state(job_id: str) -> dict[str, str]:
+        calls.append(job_id)
+        state = states[min(len(calls), len(states)) - 1]
+        return {"job_id": job_id, "state": state, "source": "sacct"}
+
+    monkeypatch.setattr("hpcdl.launch.monitor.job_state", job_state)
+    return calls
+
+
+def test_wait_polls_until_the_job_left_the_queue_and_names_state_and_log(
+    tmp_path, monkeypatch
+) -> None:
+    job = _submitted_run(tmp_path, "4242")
+    calls = _scheduler(monkeypatch, "PENDING", "RUNNING", "REQUEUED", "RUNNING", "TIMEOUT")
+    with pytest.raises(JobFailedError) as failed:
+        job.wait(poll_s=0)
+    assert len(calls) == 5  # stopped asking once the job had left the queue
+    assert failed.value.state == "TIMEOUT"
+    assert failed.value.log == tmp_path / "run" / "logs" / "4242_0_log.out"
+    message = str(failed.value)
+    assert "job 4242 ended TIMEOUT" in message and "4242_0_log.out" in message
+    assert f"hpcdl resume {tmp_path / 'run'}" in message
+    assert job.logs() == "epoch 1/30: ...\n"
+    assert job.status()["state"] == "TIMEOUT"
+
+
+def test_wait_returns_the_summary_once_completed_and_times_out_while_running(
+    tmp_path, monkeypatch
+) -> None:
+    job = _submitted_run(tmp_path, "77")
+    _scheduler(monkeypatch, "RUNNING")
+    with pytest.raises(WaitTimeoutError, match=r"job 77 .* still running after 0.05 s") as late:
+        job.wait(timeout=0.05, poll_s=0.01)
+    assert isinstance(late.value, TimeoutError)
+    RunDir(job.run_dir).write_summary({"outcome": "completed", "test_accuracy": 0.9})
+    _scheduler(monkeypatch, "RUNNING", "COMPLETED")
+    assert job.wait(poll_s=0) == {"outcome": "completed", "test_accuracy": 0.9}
+
+
+@pytest.mark.slow
+def test_local_sweep_status_summary_and_rerun_failed(tmp_path, monkeypatch) -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    monkeypatch.chdir(tmp_path)
+    x, y = load_breast_cancer(return_X_y=True)
+    np.savez("good.npz", x=x, y=y)
+    Path("broken.npz").write_bytes(b"not an npz file")  # exists: passes the login checks
+    sweep = submit_sweep(
+        [
+            "hydra.sweep.dir=sw",
+            "data=files",
+            "data.path=good.npz,broken.npz",
+            "trainer.max_epochs=2",
+        ]
+    )
+    assert sweep == Sweep.from_sweep_dir("sw")
+    assert [t["state"] for t in sweep.wait()] == ["COMPLETED", "FAILED"]  # ran in the foreground
+    assert "epoch 2/2" in sweep.trial(0).logs()
+
+    np.savez("broken.npz", x=x, y=y)
+    assert sweep.rerun_failed() == [1]
+    trials = sweep.status()
+    assert [(t["state"], t["attempts"]) for t in trials] == [("COMPLETED", 1), ("COMPLETED", 2)]
+    ranked = sweep.summary(metric="test_accuracy")
+    assert [e["rank"] for e in ranked] == [1, 2] and ranked[0]["mean"] >= ranked[1]["mean"]
+    assert {e["metric"] for e in ranked} == {"test_accuracy"}
+    assert (tmp_path / "sw" / "summary.csv").is_file()
+    with pytest.raises(HpcdlError, match=r"no sweep\.json"):
+        Sweep.from_sweep_dir(tmp_path)

@@ -160,7 +160,7 @@ def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]
         # and no split can keep it in both training and test: name it instead of failing
         # later in the split.
         rows = [int(np.flatnonzero(labels.reshape(-1) == c)[0]) for c in lone[:3]]
-        found = ", ".join(f"{c!r} (row {r})" for c, r in zip(lone, rows))
+        found = ", ".join(f"{c!r} (row {r})" for c, r in zip(lone[:3], rows, strict=True))
         raise DataError(
             f"{where}: label {found} occurs in one sample only, the other classes in "
             f"up to {int(counts.max())}; fix or drop that row (is it outside your classes?)"

@@ -4,7 +4,8 @@ A broken model.target, data.target, collate_fn, task.target or task.predict (one
 be imported, raises, returns the wrong thing, or gives samples the task cannot use) is then
 refused as one line, with nothing written, instead of inside the job. The same goes for the
 content of the user's data files (data=files, mnist, cifar10): rows of different widths,
-labels that are not class labels, a missing label column. Only for launchers that train on
+labels that are not class labels, a missing label column; and an init_from checkpoint
+that does not verify or does not fit the model. Only for launchers that train on
 this machine (debug, local): a Slurm login node never imports torch or reads the data, so
 there the job finds such errors on its first batch.
 """
@@ -33,6 +34,7 @@ def uses_user_code(cfg: Config) -> bool:
         or isinstance(cfg.task, CustomTaskConfig)
         or cfg.data.name in DATASET_SOURCES
         or cfg.data.name in FILE_SOURCES
+        or cfg.init_from is not None  # a checkpoint: verified, and fitted to the model
     )
 
 
@@ -55,6 +57,13 @@ def probe_user_code(cfg: Config) -> None:
     data = replace(cfg.data, num_workers=0)
     feed = build_feed(data, device, seed=cfg.trainer.seed, regression=regression)
     model = build_model(cfg.model, feed.input_shape, feed.num_classes)
+    if cfg.init_from is not None:  # as the job's warm start does (hpcdl.build)
+        from hpcdl.build import warm_start_checkpoint
+        from hpcdl.checkpoint import read_checkpoint
+        from hpcdl.evaluation import load_matching_weights
+
+        ckpt = warm_start_checkpoint(cfg.init_from)
+        load_matching_weights(model, read_checkpoint(ckpt)["model"], str(ckpt))
     task = build_task(cfg.task, feed.target_stats)
     sharder = EpochSharder(
         num_samples=feed.num_samples("train"),

@@ -88,9 +88,25 @@ def _with_additions(overrides: list[str], attempt: Callable[[list[str]], DictCon
                 raise ConfigError(yaml_message(cause)) from None
             retry = _as_addition(str(err), overrides)
             if retry is None:
-                raise ConfigError(hydra_message(err)) from None
+                raise ConfigError(_naming(hydra_message(err), overrides)) from None
             overrides = retry
     raise ConfigError("could not compose the config")  # unreachable: each retry fixes one key
+
+
+def _naming(message: str, overrides: list[str]) -> str:
+    """A syntax error from Hydra names no override: name the first one it cannot parse."""
+    if not message.startswith("bad override syntax"):
+        return message
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except HydraException:
+            return f"{override}: {message}"
+    return message
 
 
 def _yaml_cause(err: BaseException) -> Optional[yaml.YAMLError]:
@@ -143,7 +159,10 @@ def hydra_message(err: Exception) -> str:
         )
     match = re.search(r"mismatched input|no viable alternative|extraneous input", text)
     if match:
-        return f"bad override syntax: {text.splitlines()[0]}; write key=value, e.g. trainer.max_epochs=5"
+        return (
+            f"bad override syntax: {text.splitlines()[0]}; write key=value, e.g. "
+            "trainer.max_epochs=5 (quote values with special characters)"
+        )
     return text.splitlines()[0] if text else type(err).__name__
 
 

@@ -459,22 +459,22 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if (cfg.model, cfg.data, cfg.task) != (stored.model, stored.data, stored.task):
             probe_user_code(cfg)  # before the changed config is saved
     preflight(cfg, args.no_preflight)
+    if not args.from_scratch:
+        refuse_lost_checkpoints(run_dir)
     with hold(run_dir):  # before anything is written: a second resume changes nothing
-        refuse_lost_checkpoints(run_dir, args.from_scratch)
+        if args.from_scratch:
+            run_dir.clear_history()
         cfg = run_dir.save_config(cfg)
         run_dir.record_command("resume")
         print(f"resuming run dir: {run_dir.path}", flush=True)
         return launch(cfg, run_dir)
 
 
-def refuse_lost_checkpoints(run_dir: RunDir, from_scratch: bool) -> None:
+def refuse_lost_checkpoints(run_dir: RunDir) -> None:
     """A run with epochs on record but no checkpoint left would silently retrain from
     epoch 1 into the same history: only with --from-scratch, which clears that history."""
     from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT
 
-    if from_scratch:
-        run_dir.clear_history()
-        return
     epochs = len(run_dir.metrics.read())
     if epochs >= EPOCHS_NEEDING_A_CHECKPOINT and not any(run_dir.checkpoint_dir.glob("step_*")):
         raise HpcdlError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
@@ -184,7 +185,7 @@ def load_npz(file: Path, key: str) -> dict[str, np.ndarray]:
     try:
         with np.load(file, allow_pickle=False) as arrays:
             return {name: arrays[name] for name in arrays.files}
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # a cut or foreign file
         raise DataError(f"{key}: cannot read '{file}' as .npz: {exc}") from exc
 
 

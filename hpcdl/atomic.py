@@ -7,9 +7,11 @@ half-written one, and a rename survives a crash of the node. Stdlib only (login 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from enum import Enum
@@ -61,6 +63,28 @@ def write_atomic(path: PathLike, data: Union[str, Chunk, Iterable[Chunk]]) -> No
     with atomic_file(path) as f:
         for chunk in chunks:
             f.write(chunk)
+
+
+def copy_atomic(source: PathLike, path: PathLike) -> None:
+    """A second complete file with ``source``'s bytes at ``path``, atomically. The bytes are
+    copied inside the kernel (copy_file_range) where it can, else through a buffer."""
+    with open(source, "rb") as src, atomic_file(path) as dst:
+        dst.flush()  # nothing buffered, but the copy goes around the buffer
+        remaining = os.fstat(src.fileno()).st_size
+        try:
+            while remaining > 0:
+                copied = os.copy_file_range(src.fileno(), dst.fileno(), remaining)
+                if copied == 0:  # the source shrank under us: copy what is left below
+                    break
+                remaining -= copied
+        except (AttributeError, OSError) as err:  # no copy_file_range, or not across these
+            if isinstance(err, OSError) and err.errno not in _NO_KERNEL_COPY:
+                raise
+        shutil.copyfileobj(src, dst)  # the rest: nothing where the kernel copied it all
+
+
+# copy_file_range's "not here": another file system (older kernels), or not supported.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ETXTBSY}
 
 
 def write_json_atomic(path: PathLike, obj: Any, indent: int = 2) -> None:

@@ -25,6 +25,7 @@ from hpcdl.progress import ProgressReporter
 from hpcdl.rundir import RunDir
 from hpcdl.signals import StopFlag
 from hpcdl.tasks import build_task
+from hpcdl.trackers import build_logger
 from hpcdl.trainer import Parts, Start, Trainer, total_steps
 
 
@@ -106,7 +107,10 @@ def build_trainer(
         model_config=to_plain(cfg)["model"],
         task=build_task(cfg.task, feed.target_stats),
         step_hooks=load_step_hooks(t.step_hooks),
+        logger=build_logger(cfg, env),
     )
+    # Last: starting a tracker can take seconds (W&B's service), while the loader reads ahead.
+    parts.logger.start(cfg, run_dir, start.progress.global_step)
     return Trainer(cfg, env, parts, stop, start)
 
 

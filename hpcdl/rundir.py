@@ -58,6 +58,13 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
         "regression: test-set predictions of the final model against the truth",
     ),
     ("eval/<checkpoint>/", "`hpcdl evaluate` output: metrics.json and the test plot"),
+    (
+        "trackers.json",
+        "logger=tensorboard/wandb/mlflow: each tracker's run identity, made once, so every attempt continues it",
+    ),
+    ("tensorboard/", "logger=tensorboard: the event files of every attempt"),
+    ("wandb/", "logger=wandb: one offline-run-<time>-<id> folder per attempt (`wandb sync`)"),
+    ("mlruns/", "logger=mlflow without a tracking_uri: the MLflow file store"),
     ("attempts.jsonl", "Slurm: one start and one end record per run of the job"),
     ("slurm.json", "Slurm: the submitted job id, log folder and submission history"),
     ("code/", "Slurm: the frozen copy of hpcdl and the user's modules the job runs"),
@@ -118,6 +125,10 @@ class RunDir(JobDir):
     TRIAL_LOG: ClassVar[str] = "trial.log"
     STOP: ClassVar[str] = "stop"
     LOCK: ClassVar[str] = ".run.lock"
+    TRACKERS: ClassVar[str] = "trackers.json"
+    TENSORBOARD: ClassVar[str] = "tensorboard"
+    WANDB: ClassVar[str] = "wandb"  # W&B names it: the folder wandb.init(dir=RUN_DIR) writes
+    MLRUNS: ClassVar[str] = "mlruns"
 
     # ------------------------------------------------------------------ paths
     @property
@@ -152,12 +163,25 @@ class RunDir(JobDir):
     def lock_file(self) -> Path:
         return self.path / self.LOCK
 
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / self.TENSORBOARD
+
+    @property
+    def wandb_dir(self) -> Path:
+        return self.path / self.WANDB
+
+    @property
+    def mlflow_store(self) -> Path:
+        return self.path / self.MLRUNS
+
     def clear_history(self) -> None:
         """`hpcdl resume --from-scratch`: forget the epochs of a run whose checkpoints are
-        gone, so the retrained run's metrics and summary are its own."""
+        gone, so the retrained run's metrics and summary are its own (and its trackers'
+        runs: the next attempt starts new ones)."""
         for path in (self.path / self.METRICS, self.summary_file, self.curves_png):
             path.unlink(missing_ok=True)
-        for path in (self.confusion_png, self.scatter_png):
+        for path in (self.confusion_png, self.scatter_png, self.path / self.TRACKERS):
             path.unlink(missing_ok=True)
 
     def stop_file(self, job_id: Optional[str], restart_count: int) -> Path:
@@ -210,6 +234,13 @@ class RunDir(JobDir):
 
     def is_complete(self) -> bool:
         return self.summary_file.exists()
+
+    def read_trackers(self) -> dict[str, Any]:
+        """trackers.json: {tracker name: its run identity, ...}; {} before the first."""
+        return _read_json(self.path / self.TRACKERS) or {}
+
+    def write_trackers(self, record: Mapping[str, Any]) -> None:
+        write_json_atomic(self.path / self.TRACKERS, dict(record))
 
     def append_attempt(self, record: Mapping[str, Any]) -> None:
         append_line_durably(self.path / self.ATTEMPTS, json.dumps(dict(record)))

@@ -36,6 +36,8 @@ from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
 from hpcdl.step_sums import StepSums
 from hpcdl.tasks import ClassificationTask, RegressionTask, Task, check_monitor
+from hpcdl.trackers.base import Logger, NullLogger
+from hpcdl.watchdog import Watchdog
 
 FORMAT_VERSION = 1
 
@@ -72,6 +74,7 @@ class Parts:
     model_config: dict[str, Any]
     task: Task = field(default_factory=ClassificationTask)
     step_hooks: list[StepHook] = field(default_factory=list)  # trainer.step_hooks
+    logger: Logger = field(default_factory=NullLogger)  # logger=tensorboard/wandb/mlflow
 
 
 class NonFiniteLossError(HpcdlError):
@@ -95,6 +98,10 @@ class Start:
 
 
 class Trainer:
+    # Set by the job payload (hpcdl.job): told of every step and of each phase with its
+    # own allowance. None: no stall watchdog (tests, benchmarks driving the trainer).
+    watchdog: Optional[Watchdog] = None
+
     def __init__(
         self, cfg: Config, env: RankEnv, parts: Parts, stop: StopFlag, start: Optional[Start] = None
     ) -> None:
@@ -119,13 +126,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> FitResult:
+        try:
+            return self._fit()
+        except BaseException:
+            self._wait_for_checkpoint_after_error()
+            self.p.logger.close(failed=True)
+            raise
+
+    def _fit(self) -> FitResult:
         self.restore(self._start.checkpoint)
+        first = self.t.stall_first_step_s or 2 * self.t.stall_timeout_s
+        self._beat("first step", first)  # imports, compilation, the first collective
         while not self.finished():
             self.p.reporter.start_epoch(
                 self.progress.epoch, self.progress.step_in_epoch, self.p.sharder.num_steps_per_epoch
             )
             for step_in_epoch, batch, global_count in self._take_batches():
                 flags = self.train_step(batch, global_count)
+                self._beat()
                 self.run_step_hooks()
                 self.log_step(step_in_epoch, flags)
                 if flags["eval_due"]:
@@ -145,6 +163,10 @@ class Trainer:
     def batches(self) -> Iterator[TrainBatch]:
         pr = self.progress
         return self.p.feed.train_batches(self.p.sharder, pr.epoch, pr.step_in_epoch, self.p.device)
+
+    def _beat(self, phase: str = "training", allowance_s: Optional[float] = None) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat(phase, allowance_s)
 
     def _take_batches(self) -> Iterator[TrainBatch]:
         pending, self._pending = self._pending, None
@@ -298,6 +320,7 @@ class Trainer:
             self._last_loss,
             lr,
         )
+        self.p.logger.log_step(self.progress.global_step, {"train_loss": self._last_loss, "lr": lr})
 
     # ------------------------------------------------------------------ evaluation
     def evaluate_split(self, split: str, keep_predictions: bool = False) -> EvalResult:
@@ -316,6 +339,7 @@ class Trainer:
 
     def evaluate_and_track(self) -> tuple[Optional[EvalResult], bool]:
         """Validate and update the best metric / early stopping; returns (result, improved)."""
+        self._beat("evaluation")  # its own allowance, from its start
         self._last_eval = time.monotonic()
         if self.p.feed.num_samples("val") == 0:
             return None, False
@@ -363,6 +387,7 @@ class Trainer:
         }
         if self.env.is_main:
             self.p.metrics.append(row)
+        self.p.logger.log_epoch(pr.global_step, row)
         self.p.reporter.epoch_row(row)
         if epoch_done:
             pr.epoch += 1
@@ -388,7 +413,9 @@ class Trainer:
         }
 
     def save(self, *, is_best: bool = False) -> Optional[Path]:
-        """Every rank calls this (the RNG states are gathered); rank 0 writes."""
+        """Every rank calls this (the RNG states are gathered); rank 0 writes, in a
+        background thread from a host copy with trainer.async_checkpoint (the path returned
+        is then the file's once the store's wait() returns)."""
         rng_states = all_gather_objects(capture_rng_state())
         self._last_save = time.monotonic()
         step = self.progress.global_step
@@ -397,10 +424,21 @@ class Trainer:
         if step == self._last_saved_step and not is_best:
             return self._last_saved_path
         self._last_saved_step = step
-        self._last_saved_path = self.p.store.save(
-            self.state_dict(rng_states), step, is_best=is_best
-        )
+        write = self.p.store.save_async if self._async_checkpoint() else self.p.store.save
+        self._last_saved_path = write(self.state_dict(rng_states), step, is_best=is_best)
         return self._last_saved_path
+
+    def _async_checkpoint(self) -> bool:
+        choice = self.t.async_checkpoint.lower()  # validated: auto, true or false
+        return self.p.device.type == "cuda" if choice == "auto" else choice == "true"
+
+    def _wait_for_checkpoint_after_error(self) -> None:
+        """A save in flight completes before an error leaves fit(). The error that got us
+        here is the one raised; a failed background write is only reported."""
+        try:
+            self.p.store.wait()
+        except Exception as err:
+            self.p.reporter.message(f"the checkpoint being written failed too: {err}")
 
     def restore(self, found: Optional[tuple[Path, dict[str, Any]]]) -> None:
         if found is None:
@@ -486,11 +524,14 @@ class Trainer:
             "checkpoint": str(result.checkpoint) if result.checkpoint else None,
             "versions": collect_versions(),
         }
+        self.p.logger.finish(summary)
         return summary, test
 
     # ------------------------------------------------------------------ endings
     def interrupt(self) -> FitResult:
         path = self.save()
+        self.p.store.wait()  # the run stops only once its checkpoint is on disk
+        self.p.logger.close()  # buffered tracker events to disk; the next attempt continues
         self.p.reporter.close(
             f"stopped by {self.stop.signal_name} at global step {self.progress.global_step}; "
             "checkpoint saved"
@@ -499,6 +540,7 @@ class Trainer:
 
     def complete(self) -> FitResult:
         path = self.save()
+        self.p.store.wait()
         self.p.reporter.close()
         return FitResult(Outcome.completed, self.progress, None, path)
 

@@ -37,7 +37,7 @@ def test_interleaved_runs_rounds_in_turn_and_drops_the_warmup() -> None:
     assert median_ratio([2.0, 3.0, 9.0], [1.0, 3.0, 1.0]) == 2.0
 
 
-@pytest.mark.slow  # DataLoader worker processes; about 10 s
+@pytest.mark.slow  # DataLoader worker processes, fresh interpreters; about 20 s
 def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path) -> None:
     from benchmarks.registry import BENCHMARKS
 
@@ -46,7 +46,7 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     [json_path] = tmp_path.glob("*-smoke.json")
@@ -63,12 +63,71 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
     ids = [row["id"] for row in record["rows"]]
     for name in BENCHMARKS:
         assert any(i.startswith(f"{name}.") for i in ids), f"no rows from {name}: {ids}"
-    assert {"lazy_epoch.loop", "resumed_step.vs_step", "resumed_step.vs_new_run"} <= set(ids)
+    assert {
+        "lazy_epoch.loop",
+        "resumed_step.vs_step",
+        "resumed_step.vs_new_run",
+        "sweep_submit.command",
+        "sweep_submit.plan",
+        "dry_run.vs_import_torch",
+        "checkpoint.save",
+        "checkpoint.load_latest",
+        "checkpoint.stall",
+    } <= set(ids)
+    rows = {row["id"]: row for row in record["rows"]}
+    # The sweep went to the stub sbatch as one job array; the dry run left torch alone.
+    assert (
+        rows["sweep_submit.command"]["details"]["slurm_calls"].count("sbatch JOB_ARRAY_SCRIPT") == 1
+    )
+    assert rows["sweep_submit.plan"]["details"]["create_sweep_s"]["median"] > 0
+    assert rows["dry_run.vs_import_torch"]["details"]["imports_torch"] is False
     for row in record["rows"]:
         assert math.isfinite(row["ratio"]) and row["ratio"] > 0, row
         assert row["what"] and row["baseline"]
         assert row["details"]["measured_s"]["median"] > 0, row
         assert row["details"]["baseline_s"]["median"] > 0, row
+
+
+@pytest.mark.slow  # trains a tiny ResNet-18 twice in-process; about 10 s
+def test_checkpoint_smoke_saves_loads_and_times_the_stall(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "checkpoint", "--smoke", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [json_path] = tmp_path.glob("*-smoke.json")
+    rows = {row["id"]: row for row in json.loads(json_path.read_text())["rows"]}
+    assert list(rows) == ["checkpoint.save", "checkpoint.load_latest", "checkpoint.stall"]
+    save = rows["checkpoint.save"]["details"]
+    # hpcdl's file is torch.save's bytes plus the 48-byte header (torch skips no data).
+    assert save["file_bytes"] > save["state_bytes"] > 0
+    assert abs(save["file_bytes"] - 48 - save["torch_file_bytes"]) < 4096
+    stall = rows["checkpoint.stall"]["details"]
+    for key in ("saving_step_s", "normal_step_s", "after_save_s"):
+        assert stall[key]["async"]["median"] > 0 and stall[key]["sync"]["median"] > 0
+    assert "trainer.async_checkpoint=true" in stall["overrides"]
+
+
+def test_checkpoint_stall_is_the_saving_interval_minus_a_normal_one() -> None:
+    from benchmarks.checkpoint import SMOKE, step_intervals
+    from benchmarks.hooks import Record
+
+    # 16 steps 0.1 s apart; the save after step 8 (save_every 8) holds the loop 0.25 s,
+    # and the three steps after it run 0.02 s slower (a background write beside them).
+    t, records = 0.0, []
+    for step in range(1, SMOKE.num_steps + 1):
+        records.append(Record("step", step, 0, step, 0, t))
+        t += 0.1 + (0.25 if step == 8 else 0.0) + (0.02 if step in (9, 10, 11) else 0.0)
+    medians = step_intervals(records, SMOKE)
+    assert medians["saving_step"] == pytest.approx(0.35)
+    assert medians["normal_step"] == pytest.approx(0.1)
+    assert medians["after_save"] == pytest.approx(0.12)
+    assert medians["stall"] == pytest.approx(0.25)
+    with pytest.raises(RuntimeError, match="step records"):
+        step_intervals(records[:-1], SMOKE)
 
 
 def test_bench_devices_prints_the_table_for_the_cpu_and_each_gpu(hpcdl) -> None:

@@ -1,25 +1,39 @@
-"""Checkpoint store: atomic step files, checksums, weights_only loading, RNG round trips."""
+"""Checkpoint store: atomic step files, checksums, weights_only loading, RNG round trips,
+saves in a background thread."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
+import os
 import random
 import struct
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import hpcdl.checkpoint as checkpoint_module
 from hpcdl.checkpoint import (
     MAGIC,
+    MAGIC_V1,
+    PIECE_BYTES,
     CheckpointStore,
     CheckpointWarning,
     capture_rng_state,
+    host_copy,
+    payload_checksum,
     read_checkpoint,
     resolve_checkpoint,
     restore_rng_state,
+    verify_checkpoint,
 )
 from hpcdl.errors import CheckpointError, ConfigError
 
@@ -45,15 +59,194 @@ def test_round_trip_keeps_values_and_names_file_by_step(tmp_path: Path) -> None:
     assert loaded["shape"] == (3, 2)
 
 
+def big_state(step: int) -> dict:
+    """Several checksum pieces (1 MiB) of tensors, some spanning pieces, and small records."""
+    state = make_state(step)
+    state["model"]["big"] = torch.arange(700_000, dtype=torch.float32) * step  # 2.8 MB
+    state["model"]["mid"] = torch.full((100_000,), float(step))
+    return state
+
+
+def piece_checksum(payload: bytes) -> bytes:
+    """Format 2's checksum as docs/checkpoints.md defines it, written out independently."""
+    pieces = [payload[i : i + PIECE_BYTES] for i in range(0, len(payload), PIECE_BYTES)]
+    return hashlib.sha256(b"".join(struct.pack("<I", zlib.crc32(p)) for p in pieces)).digest()
+
+
 def test_file_is_header_then_torch_save_payload(tmp_path: Path) -> None:
-    path = CheckpointStore(tmp_path).save(make_state(1), 1)
+    path = CheckpointStore(tmp_path).save(big_state(1), 1)
     data = path.read_bytes()
     magic, digest, length = struct.unpack_from("<8s32sQ", data)
     payload = data[48:]
-    assert magic == MAGIC
-    assert length == len(payload)
-    assert digest == hashlib.sha256(payload).digest()
-    assert torch.load(io.BytesIO(payload), weights_only=True)["progress"]["global_step"] == 1
+    assert magic == MAGIC == b"HPCDLCK2"
+    assert length == len(payload) > 3 * PIECE_BYTES
+    assert digest == piece_checksum(payload) == payload_checksum(payload)
+    loaded = torch.load(io.BytesIO(payload), weights_only=True)
+    assert loaded["progress"]["global_step"] == 1
+    assert torch.equal(loaded["model"]["big"], big_state(1)["model"]["big"])
+
+
+class LateThreads(ThreadPoolExecutor):
+    """A pool whose tasks start late and finish in any order: what a busy machine does."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        delay = random.uniform(0, 0.004)
+
+        def late():
+            time.sleep(delay)
+            return fn(*args, **kwargs)
+
+        return super().submit(late)
+
+
+class DeferredFuture(Future):
+    def __init__(self, call) -> None:
+        super().__init__()
+        self.call = call
+
+    def result(self, timeout=None):
+        if not self.done():
+            self.set_result(self.call())
+        return super().result(timeout)
+
+
+class OutOfOrderPool:
+    """Runs every other task at once and the others only once someone waits for them: the
+    worst order a pool can take, every time."""
+
+    def __init__(self) -> None:
+        self.num_submitted = 0
+
+    def submit(self, fn, *args):
+        self.num_submitted += 1
+        if self.num_submitted % 2:
+            future: Future = Future()
+            future.set_result(fn(*args))
+            return future
+        return DeferredFuture(lambda: fn(*args))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+@pytest.mark.parametrize("pool", ["threads", "out-of-order"])
+@pytest.mark.parametrize("caller", ["writer", "reader"])
+def test_piece_checksum_is_the_same_however_the_pool_runs(caller: str, pool: str) -> None:
+    random.seed(1)
+    payload = memoryview(os.urandom(7 * PIECE_BYTES + 12345))
+    if caller == "writer":  # torch.save's chunks; the writer waits after each one
+        sizes = [7, 100_000, 3 * PIECE_BYTES // 2, 70_000, 2 * PIECE_BYTES, 1, 10**9]
+    else:  # one piece at a time, waited for only at the end, reads taking time between
+        sizes = [PIECE_BYTES // 3] + [PIECE_BYTES] * 8
+    with LateThreads(4) if pool == "threads" else OutOfOrderPool() as executor:
+        checksum = checkpoint_module._PieceChecksum(executor)
+        offset, futures = 0, []
+        for size in sizes:
+            futures += checksum.update(payload[offset : offset + size])
+            offset += size
+            if caller == "writer":
+                for future in futures:
+                    future.result()
+            else:
+                time.sleep(0.001)
+        for future in futures:
+            future.result()
+        assert checksum.length == len(payload)
+        assert checksum.digest() == piece_checksum(bytes(payload)) == payload_checksum(payload)
+
+
+def write_v1(path: Path, state: dict) -> None:
+    """A checkpoint as hpcdl wrote it before format 2: one SHA-256 of the payload."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    header = struct.pack("<8s32sQ", MAGIC_V1, hashlib.sha256(payload).digest(), len(payload))
+    path.write_bytes(header + payload)
+
+
+def test_format_1_files_still_load_and_are_verified(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep_last=3)
+    write_v1(tmp_path / "step_000000001.pt", big_state(1))
+    write_v1(tmp_path / "step_000000002.pt", big_state(2))
+    verify_checkpoint(tmp_path / "step_000000002.pt")
+    found = store.load_latest()
+    assert found is not None and found[1]["progress"]["global_step"] == 2
+    assert torch.equal(found[1]["model"]["big"], big_state(2)["model"]["big"])
+    flip_byte(tmp_path / "step_000000002.pt", 48 + 2 * PIECE_BYTES)
+    with pytest.warns(CheckpointWarning, match="step_000000002.pt: checksum mismatch"):
+        found = store.load_latest()
+    assert found is not None and found[1]["progress"]["global_step"] == 1
+    # The next save writes format 2 beside them.
+    assert store.save(big_state(3), 3).read_bytes()[:8] == MAGIC
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "where", ["tensor", "pickle", "zip_directory"], ids=["tensor", "pickle", "zip-directory"]
+)
+def test_corruption_anywhere_is_a_checksum_mismatch_and_the_previous_one_loads(
+    tmp_path: Path, where: str
+) -> None:
+    store = CheckpointStore(tmp_path, keep_last=3)
+    store.save(big_state(1), 1)
+    newest = store.save(big_state(2), 2)
+    size = newest.stat().st_size
+    # In a tensor torch.load parses fine (the hash refuses it after parsing); in the pickle
+    # or the zip directory torch.load fails, and the cause is still reported as corruption.
+    offset = {"tensor": 48 + 2 * PIECE_BYTES + 5, "pickle": 48 + 120, "zip_directory": size - 30}
+    flip_byte(newest, offset[where])
+    with pytest.raises(CheckpointError, match="checksum mismatch") as info:
+        read_checkpoint(newest)
+    assert str(info.value) == f"{newest}: checksum mismatch: the file is corrupt"
+    with pytest.warns(CheckpointWarning, match="step_000000002.pt: checksum mismatch"):
+        found = store.load_latest()
+    assert found is not None and found[0].name == "step_000000001.pt"
+    assert torch.equal(found[1]["model"]["big"], big_state(1)["model"]["big"])
+
+
+def test_loading_reads_the_payload_about_once(tmp_path: Path, monkeypatch) -> None:
+    path = CheckpointStore(tmp_path).save(big_state(1), 1)
+    payload_bytes = path.stat().st_size - 48
+    read = []
+    real_preadv, real_pread = os.preadv, os.pread
+
+    def preadv(fd, buffers, offset):
+        n = real_preadv(fd, buffers, offset)
+        read.append(n)
+        return n
+
+    def pread(fd, n, offset):
+        data = real_pread(fd, n, offset)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(os, "pread", pread)
+    read_checkpoint(path)
+    # The zip directory (read first, hashed at the end) and records' names are read twice.
+    assert payload_bytes <= sum(read) < payload_bytes + 64 * 1024
+
+
+def test_a_reader_in_any_order_still_checks_every_byte(tmp_path: Path) -> None:
+    path = CheckpointStore(tmp_path).save(big_state(1), 1)
+    length = path.stat().st_size - 48
+    offsets = list(range(0, length, 300_000))
+    with checkpoint_module._payload(path) as (fd, magic, digest, size):
+        reader = checkpoint_module._HashingReader(
+            fd, size, checkpoint_module._CHECKSUMS[magic](pool=None)
+        )
+        for offset in reversed(offsets):  # back to front, as no torch does
+            reader.seek(offset)
+            assert len(reader.read(300_000)) == min(300_000, length - offset)
+        assert reader.digest() == digest
 
 
 def test_list_steps_sorts_numerically_and_latest_is_newest(tmp_path: Path) -> None:
@@ -96,7 +289,7 @@ def test_all_corrupt_gives_none(tmp_path: Path) -> None:
         assert store.load_latest() is None
 
 
-def test_flipped_byte_is_a_checksum_mismatch(tmp_path: Path) -> None:
+def test_flipped_last_byte_is_a_checksum_mismatch(tmp_path: Path) -> None:
     path = CheckpointStore(tmp_path).save(make_state(5), 5)
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
@@ -126,13 +319,15 @@ class WriteMarker:
         return (Path.touch, (Path(self.target),))
 
 
-def test_malicious_pickle_with_valid_header_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("magic", [MAGIC, MAGIC_V1])
+def test_malicious_pickle_with_valid_header_is_refused(tmp_path: Path, magic: bytes) -> None:
     marker = tmp_path / "pwned"
     buffer = io.BytesIO()
     torch.save({"model": {}, "evil": WriteMarker(str(marker))}, buffer)
     payload = buffer.getvalue()
     path = tmp_path / "step_000000001.pt"
-    header = struct.pack("<8s32sQ", MAGIC, hashlib.sha256(payload).digest(), len(payload))
+    checksum = payload_checksum(payload) if magic == MAGIC else hashlib.sha256(payload).digest()
+    header = struct.pack("<8s32sQ", magic, checksum, len(payload))
     path.write_bytes(header + payload)
     with pytest.raises(CheckpointError, match="refused") as info:
         read_checkpoint(path)
@@ -233,6 +428,141 @@ def test_resolve_errors_name_the_reference(tmp_path: Path) -> None:
         resolve_checkpoint(empty, which="best")
     with pytest.raises(CheckpointError, match="which='first'"):
         resolve_checkpoint(empty, which="first")
+
+
+# ----------------------------------------------------------------------------- save_async
+@pytest.fixture
+def held_writes(monkeypatch: pytest.MonkeyPatch):
+    """Background writes wait until the test lets them go: what a slow disk looks like."""
+    go = threading.Event()
+    real_write = CheckpointStore._write
+
+    def write(self, state, step, is_best):
+        assert go.wait(timeout=30)
+        return real_write(self, state, step, is_best)
+
+    monkeypatch.setattr(CheckpointStore, "_write", write)
+    return go
+
+
+def test_save_async_writes_a_copy_taken_when_it_was_called(tmp_path: Path, held_writes) -> None:
+    store = CheckpointStore(tmp_path)
+    state = big_state(1)
+    path = store.save_async(state, 1)
+    assert path == tmp_path / "step_000000001.pt" and not path.exists()
+    state["model"]["weight"].add_(100)  # training goes on and changes the live tensors
+    state["model"]["big"].zero_()
+    state["progress"]["global_step"] = 99
+    held_writes.set()
+    store.wait()
+    loaded = read_checkpoint(path)
+    assert torch.equal(loaded["model"]["weight"], torch.full((3, 2), 1.0))
+    assert torch.equal(loaded["model"]["big"], big_state(1)["model"]["big"])
+    assert loaded["progress"]["global_step"] == 1
+    assert path.read_bytes()[:8] == MAGIC
+
+
+def test_save_async_keeps_one_save_in_flight(tmp_path: Path, held_writes) -> None:
+    store = CheckpointStore(tmp_path, keep_last=1)
+    store.save_async(make_state(1), 1)
+    second = threading.Thread(target=store.save_async, args=(make_state(2), 2))
+    second.start()
+    second.join(timeout=0.5)
+    assert second.is_alive(), "the second save must wait for the first to be written"
+    held_writes.set()
+    second.join(timeout=30)
+    store.wait()
+    # Both were written in order; the purge of keep_last=1 ran after the newer was complete.
+    assert [step for step, _ in store.list_steps()] == [2]
+    assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+def fail_fsync_of(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f".{name}.tmp-{os.getpid()}"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_failed_background_write_surfaces_at_the_next_save(tmp_path: Path, monkeypatch) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(make_state(1), 1)
+    fail_fsync_of(monkeypatch, "step_000000002.pt")
+    store.save_async(make_state(2), 2)  # returns at once: the failure is in the thread
+    with pytest.raises(CheckpointError) as caught:
+        store.save_async(make_state(3), 3)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{tmp_path / 'step_000000002.pt'}: checkpoint not saved: ")
+    assert "(EIO)" in message and "intact" in message
+    assert [step for step, _ in store.list_steps()] == [1]  # step 3 was not started
+    assert not list(tmp_path.glob(".*.tmp-*"))
+    store.wait()  # reported once
+
+
+def test_a_failed_background_write_surfaces_at_wait(tmp_path: Path, monkeypatch) -> None:
+    store = CheckpointStore(tmp_path)
+    fail_fsync_of(monkeypatch, "best.pt")
+    store.save_async(make_state(1), 1, is_best=True)
+    with pytest.raises(CheckpointError, match=r"best\.pt: checkpoint not saved: .*\(EIO\)"):
+        store.wait()
+    assert [step for step, _ in store.list_steps()] == [1]
+    assert store.best_path() is None
+
+
+def test_unsafe_state_is_refused_by_save_async_before_anything_starts(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(CheckpointError, match=r"state\['rng'\]\['gen'\]"):
+        store.save_async({"rng": {"gen": np.random.default_rng(0)}}, 1)
+    store.wait()
+    assert store.list_steps() == []
+
+
+def test_host_copy_is_independent_and_keeps_what_load_state_dict_needs() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    tied = torch.ones(4)
+    state = {
+        "model": model.state_dict(),
+        "tied": [tied, tied],
+        "param": torch.nn.Parameter(torch.zeros(2), requires_grad=False),
+        "plain": (1, "a", None, torch.Size([2, 3])),
+    }
+    copied = host_copy(state)
+    assert isinstance(copied["model"], OrderedDict)
+    assert copied["model"]._metadata == state["model"]._metadata  # module versions
+    for key, value in state["model"].items():
+        assert torch.equal(copied["model"][key], value)
+        assert copied["model"][key].data_ptr() != value.data_ptr()
+    assert copied["tied"][0] is copied["tied"][1]  # one copy, as torch.save keeps one
+    assert type(copied["param"]) is torch.nn.Parameter and not copied["param"].requires_grad
+    assert copied["plain"] == state["plain"]
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    assert not torch.equal(copied["model"]["0.weight"], model[0].weight)
+    model.load_state_dict(copied["model"])
+
+
+@pytest.mark.gpu
+def test_host_copy_of_cuda_tensors_is_pinned_host_memory() -> None:
+    state = {"w": torch.randn(1000, device="cuda"), "n": torch.arange(5, device="cuda")}
+    copied = host_copy(state)
+    for key, value in state.items():
+        assert copied[key].device.type == "cpu" and copied[key].is_pinned()
+        assert torch.equal(copied[key], value.cpu())
+
+
+def test_async_checkpoint_choices_are_checked() -> None:
+    from hpcdl.cli.compose import compose_config
+
+    # A bare true/false on the command line arrives as a bool: accepted as its text.
+    for value in ("auto", "true", "false", "True"):
+        assert compose_config([f"trainer.async_checkpoint={value}"]).trainer.async_checkpoint
+    with pytest.raises(ConfigError, match=r"trainer\.async_checkpoint='maybe': choose auto"):
+        compose_config(["trainer.async_checkpoint=maybe"])
 
 
 def draw_numbers() -> tuple[list[float], list[float], list[float], list[float]]:

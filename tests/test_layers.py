@@ -42,6 +42,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.data",
         "hpcdl.optim",
         "hpcdl.tasks",
+        "hpcdl.trackers",
     ],
     ["hpcdl.evaluation"],
     ["hpcdl.trainer"],

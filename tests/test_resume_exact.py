@@ -12,11 +12,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from hpcdl.checkpoint import CheckpointStore
 from tests import fault_hook
 
 pytestmark = pytest.mark.slow
@@ -82,6 +84,62 @@ def test_sigterm_and_resume_is_exact(hpcdl, tmp_path, reference, ranks, faults):
     assert "resumed from" in final.stdout
     assert sha(run_dir) == sha(reference[ranks])
     assert metrics_without_timing(run_dir) == metrics_without_timing(reference[ranks])
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_async_checkpoint_sigterm_and_resume_is_exact(hpcdl, tmp_path, reference, ranks):
+    """trainer.async_checkpoint=true on the CPU: every save is written by a background
+    thread from a copy in host memory, while the loop goes on."""
+    extra = [*(LOCAL2 if ranks == 2 else []), "trainer.async_checkpoint=true"]
+    run_dir = tmp_path / "run"
+    first = train(hpcdl, run_dir, extra, "SIGTERM@7")  # mid-epoch, after the save at step 5
+    assert first.returncode == 3, first.stderr + first.stdout
+    # The stop waited for its save: complete on disk, no temporary file left behind.
+    latest = CheckpointStore(run_dir / "checkpoints").load_latest()
+    assert latest is not None and latest[1]["progress"]["global_step"] == 8
+    assert not list((run_dir / "checkpoints").glob(".*.tmp-*"))
+    final = hpcdl("resume", str(run_dir), env=fault_hook.env(None))
+    assert final.returncode == 0, final.stderr + final.stdout
+    assert "step_000000008.pt" in final.stdout
+    assert sha(run_dir) == sha(reference[ranks])
+    assert metrics_without_timing(run_dir) == metrics_without_timing(reference[ranks])
+
+
+def fail_after_step_6(event) -> None:  # a step hook: event is hpcdl.hooks.StepEvent
+    if event.global_step == 6:
+        raise RuntimeError("injected failure after step 6")
+
+
+def test_an_error_waits_for_the_save_in_flight(tmp_path, monkeypatch):
+    """In-process, with a slow disk: the save of step 5 is still being written when step 6
+    fails; the error leaves fit() only once that checkpoint is complete."""
+    from dataclasses import replace
+
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.job import run_job
+    from hpcdl.rundir import create_run_dir
+
+    real_write = CheckpointStore._write
+
+    def slow_write(self, state, step, is_best):
+        time.sleep(0.5)
+        return real_write(self, state, step, is_best)
+
+    monkeypatch.setattr(CheckpointStore, "_write", slow_write)
+    cfg = compose_config(
+        [
+            "cluster=debug",
+            *BASE,
+            "trainer.async_checkpoint=true",
+            f"trainer.step_hooks=[{__name__}:fail_after_step_6]",
+        ]
+    )
+    _, run = create_run_dir(replace(cfg, run_dir=str(tmp_path / "run")))
+    with pytest.raises(RuntimeError, match="injected failure"):
+        run_job(str(run.path))
+    assert [step for step, _ in CheckpointStore(run.checkpoint_dir).list_steps()] == [5]
+    assert not list(run.checkpoint_dir.glob(".*.tmp-*"))
+    assert not [t for t in threading.enumerate() if t.name == "hpcdl-checkpoint"]
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

@@ -6,13 +6,16 @@ unknown option raises ConfigError with one line naming the key.
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import hashlib
 import json
+from collections.abc import Hashable
 from dataclasses import asdict, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -33,6 +36,7 @@ FIXED_GROUPS: dict[str, type] = {
     "schedule": schema.ScheduleConfig,
     "trainer": schema.TrainerConfig,
     "cluster": schema.ClusterConfig,
+    "logger": schema.LoggerConfig,
 }
 # Groups added after run dirs were first written: an old config.yaml gets this option.
 GROUP_DEFAULTS = {"task": "classification"}

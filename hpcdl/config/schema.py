@@ -428,6 +428,65 @@ class ClusterConfig:
     container: ContainerConfig = field(default_factory=ContainerConfig)
 
 
+# ----------------------------------------------------------------------------- logger
+class WandbMode(str, Enum):
+    offline = "offline"  # written under RUN_DIR/wandb; `wandb sync` uploads it afterwards
+    online = "online"  # streamed to the W&B server: needs internet on the compute nodes
+
+
+@dataclass
+class TensorBoardConfig:
+    """Event files in RUN_DIR/tensorboard, one log dir for every attempt of the run."""
+
+    enabled: bool = False  # set by conf/logger/tensorboard.yaml
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False  # set by conf/logger/wandb.yaml
+    project: str = "hpcdl"
+    entity: Optional[str] = None
+    # Display name; null: the run dir's name.
+    name: Optional[str] = None
+    # W&B group; null: a sweep's trials are grouped by their sweep dir's name.
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    mode: WandbMode = WandbMode.offline
+
+
+@dataclass
+class MlflowConfig:
+    enabled: bool = False  # set by conf/logger/mlflow.yaml
+    # null: a file store in RUN_DIR/mlruns (no server needed); or e.g. http://host:5000.
+    tracking_uri: Optional[str] = None
+    experiment: str = "hpcdl"
+    # Run name; null: the run dir's name.
+    run_name: Optional[str] = None
+
+
+@dataclass
+class LoggerConfig:
+    """Experiment trackers beside metrics.csv, which is always written. A tracker is on
+    when its YAML is chosen (logger=tensorboard, or several: logger=[tensorboard,wandb]),
+    which sets its `enabled`; the keys of a tracker that is off are kept but unused."""
+
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+    def chosen(self) -> list[str]:
+        """The trackers that are on, in a fixed order."""
+        return [name for name in TRACKER_PACKAGES if getattr(self, name).enabled]
+
+
+# The import name and the pip extra of each tracker (checked before the run dir exists).
+TRACKER_PACKAGES: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "hpcdl[tensorboard]"),
+    "wandb": ("wandb", "hpcdl[wandb]"),
+    "mlflow": ("mlflow", "hpcdl[mlflow]"),
+}
+
+
 # ----------------------------------------------------------------------------- scripts
 class ScriptLauncher(str, Enum):
     srun = "srun"  # one task per GPU (or cluster.tasks_per_node), the rank env exported
@@ -460,6 +519,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     # Decided once, at submit time; requeues and reruns reuse it.
     run_dir: Optional[str] = None
     # Warm start: a run dir or checkpoint file; weights only, fresh optimizer.

@@ -8,6 +8,7 @@ code gets the same one-line errors and no check is written twice.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -28,6 +29,7 @@ def validate(cfg: schema.Config) -> None:
     _check_trainer(cfg.trainer)
     _check_monitor(cfg.trainer.early_stopping.monitor, cfg.task)
     _check_cluster(cfg.cluster)
+    _check_logger(cfg.logger, cfg.cluster)
     _check_model_fits_data(cfg.model, cfg.data)
     if cfg.init_from is not None and not Path(cfg.init_from).expanduser().exists():
         raise ConfigError(
@@ -379,4 +381,30 @@ def _check_cluster(c: schema.ClusterConfig) -> None:
         raise ConfigError(
             f"cluster.signal_delay_s={c.signal_delay_s}: must be shorter than "
             f"cluster.timeout_min={c.timeout_min} minutes"
+        )
+
+
+def _check_logger(logger: schema.LoggerConfig, cluster: schema.ClusterConfig) -> None:
+    if logger.wandb.enabled and not logger.wandb.project:
+        raise ConfigError(
+            "logger.wandb.project='': name the W&B project, e.g. logger.wandb.project=myproject"
+        )
+    if logger.mlflow.enabled and not logger.mlflow.experiment:
+        raise ConfigError(
+            "logger.mlflow.experiment='': name the MLflow experiment, e.g. logger.mlflow.experiment=mnist"
+        )
+    if cluster.container.image is not None:
+        return  # the job runs the image's Python, whose packages this machine cannot see
+    for name in logger.chosen():
+        _check_tracker_installed(name)
+
+
+def _check_tracker_installed(name: str) -> None:
+    """A chosen tracker's package, looked for here (the login node) without importing it,
+    so a missing one is refused before the run dir exists or the job waits in the queue."""
+    module, extra = schema.TRACKER_PACKAGES[name]
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"logger={name}: the {module} package is not installed; "
+            f"pip install '{extra}' (in a checkout: pip install -e '.[{name}]')"
         )

@@ -416,6 +416,7 @@ class Trainer:
         """Every rank calls this (the RNG states are gathered); rank 0 writes, in a
         background thread from a host copy with trainer.async_checkpoint (the path returned
         is then the file's once the store's wait() returns)."""
+        self._beat("checkpoint")  # a large save gets its own allowance
         rng_states = all_gather_objects(capture_rng_state())
         self._last_save = time.monotonic()
         step = self.progress.global_step
@@ -530,6 +531,7 @@ class Trainer:
     # ------------------------------------------------------------------ endings
     def interrupt(self) -> FitResult:
         path = self.save()
+        self._beat("checkpoint")
         self.p.store.wait()  # the run stops only once its checkpoint is on disk
         self.p.logger.close()  # buffered tracker events to disk; the next attempt continues
         self.p.reporter.close(
@@ -540,6 +542,7 @@ class Trainer:
 
     def complete(self) -> FitResult:
         path = self.save()
+        self._beat("checkpoint")
         self.p.store.wait()
         self.p.reporter.close()
         return FitResult(Outcome.completed, self.progress, None, path)

@@ -25,6 +25,7 @@ from hpcdl.progress import ProgressReporter
 from hpcdl.rundir import RunDir
 from hpcdl.signals import StopFlag
 from hpcdl.tasks import build_task
+from hpcdl.telemetry import Telemetry
 from hpcdl.trackers import build_logger
 from hpcdl.trainer import Parts, Start, Trainer, total_steps
 
@@ -108,6 +109,12 @@ def build_trainer(
         task=build_task(cfg.task, feed.target_stats),
         step_hooks=load_step_hooks(t.step_hooks),
         logger=build_logger(cfg, env),
+        telemetry=Telemetry(
+            run_dir.telemetry_file(env.rank),
+            device,
+            low_util_pct=t.low_gpu_util_pct,
+            warn=print if env.is_main else lambda _: None,
+        ),
     )
     # Last: starting a tracker can take seconds (W&B's service), while the loader reads ahead.
     parts.logger.start(cfg, run_dir, start.progress.global_step)

@@ -72,6 +72,10 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("trial.log", "a trial of a local sweep: its console output"),
     ("stop/", "`hpcdl run`: one file per attempt, made when a stop is requested (HPCDL_STOP_FILE)"),
     (".run.lock", "locked by the process training the run: a second one is refused"),
+    (
+        "telemetry/",
+        "rank<N>.jsonl: step time, GPU utilisation, memory and power at the log interval",
+    ),
 )
 
 
@@ -125,6 +129,7 @@ class RunDir(JobDir):
     TRIAL_LOG: ClassVar[str] = "trial.log"
     STOP: ClassVar[str] = "stop"
     LOCK: ClassVar[str] = ".run.lock"
+    TELEMETRY: ClassVar[str] = "telemetry"
     TRACKERS: ClassVar[str] = "trackers.json"
     TENSORBOARD: ClassVar[str] = "tensorboard"
     WANDB: ClassVar[str] = "wandb"  # W&B names it: the folder wandb.init(dir=RUN_DIR) writes
@@ -158,6 +163,22 @@ class RunDir(JobDir):
     @property
     def trial_log(self) -> Path:
         return self.path / self.TRIAL_LOG
+
+    def telemetry_file(self, rank: int) -> Path:
+        return self.path / self.TELEMETRY / f"rank{rank}.jsonl"
+
+    def last_telemetry(self) -> dict[int, dict[str, Any]]:
+        """Each rank's last telemetry sample (hpcdl.telemetry), by rank."""
+        found: dict[int, dict[str, Any]] = {}
+        for path in sorted((self.path / self.TELEMETRY).glob("rank*.jsonl")):
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            for line in reversed(lines):  # the last whole line (a kill may cut the last)
+                try:
+                    found[int(path.stem.removeprefix("rank"))] = json.loads(line)
+                    break
+                except (json.JSONDecodeError, ValueError):
+                    continue
+        return found
 
     @property
     def lock_file(self) -> Path:

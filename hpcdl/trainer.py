@@ -36,6 +36,7 @@ from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
 from hpcdl.step_sums import StepSums
 from hpcdl.tasks import ClassificationTask, RegressionTask, Task, check_monitor
+from hpcdl.telemetry import Telemetry
 from hpcdl.trackers.base import Logger, NullLogger
 from hpcdl.watchdog import Watchdog
 
@@ -75,6 +76,7 @@ class Parts:
     task: Task = field(default_factory=ClassificationTask)
     step_hooks: list[StepHook] = field(default_factory=list)  # trainer.step_hooks
     logger: Logger = field(default_factory=NullLogger)  # logger=tensorboard/wandb/mlflow
+    telemetry: Optional[Telemetry] = None  # step time, GPU figures at the log interval
 
 
 class NonFiniteLossError(HpcdlError):
@@ -321,6 +323,9 @@ class Trainer:
             lr,
         )
         self.p.logger.log_step(self.progress.global_step, {"train_loss": self._last_loss, "lr": lr})
+        step = self.progress.global_step
+        if self.p.telemetry is not None and step % self.t.log_every_steps == 0:
+            self.p.telemetry.sample(step)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate_split(self, split: str, keep_predictions: bool = False) -> EvalResult:

@@ -37,6 +37,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.hooks",
         "hpcdl.step_sums",
         "hpcdl.progress",
+        "hpcdl.telemetry",
         "hpcdl.dist",
         "hpcdl.models",
         "hpcdl.data",

@@ -356,6 +356,8 @@ class TrainerConfig:
     # this much again from its start. Also the timeout of every collective.
     stall_timeout_s: float = 1800.0
     stall_first_step_s: Optional[float] = None
+    # Telemetry (RUN_DIR/telemetry, `hpcdl status`): warn when the GPU stays below this.
+    low_gpu_util_pct: float = 30.0
     # 'package.module:function' called after every optimizer step with a StepEvent
     # (hpcdl.hooks); frozen with the code on Slurm like model.target.
     step_hooks: list[str] = field(default_factory=list)

@@ -295,6 +295,7 @@ def check_schedule(schedule: schema.ScheduleConfig) -> None:
 def _check_trainer(t: schema.TrainerConfig) -> None:
     _positive("trainer.max_epochs", t.max_epochs)
     _positive("trainer.stall_timeout_s", t.stall_timeout_s)
+    _non_negative("trainer.low_gpu_util_pct", t.low_gpu_util_pct)
     _positive("trainer.stall_first_step_s", t.stall_first_step_s, allow_none=True)
     _positive("trainer.max_steps", t.max_steps, allow_none=True)
     _positive("trainer.batch_size", t.batch_size)

@@ -128,11 +128,31 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
         info["last_metrics"] = {
             k: last[k] for k in ("train_loss", "val_loss", "val_accuracy") if k in last
         }
+    for rank, record in sorted(run_dir.last_telemetry().items()):
+        info[f"rank {rank}"] = describe_sample(record)
     summary = run_dir.read_summary()
     if summary is not None:
         info["test_accuracy"] = summary.get("test_accuracy")
         info["weights_sha256"] = summary.get("weights_sha256")
     return info
+
+
+def describe_sample(record: dict[str, Any]) -> str:
+    """A rank's last telemetry sample (hpcdl.telemetry) in one line."""
+    parts = [f"step {record.get('global_step')}"]
+    if "step_s" in record:
+        parts.append(f"{record['step_s'] * 1e3:.1f} ms/step")
+    if "gpu_util_pct" in record:
+        parts.append(f"GPU {record['gpu_util_pct']:g}%")
+    if "gpu_mem_used_mib" in record:
+        parts.append(f"{record['gpu_mem_used_mib'] / 1024:.1f} GiB used")
+    if "gpu_mem_peak_mib" in record:
+        parts.append(f"peak {record['gpu_mem_peak_mib'] / 1024:.2f} GiB allocated")
+    if "gpu_power_w" in record:
+        parts.append(f"{record['gpu_power_w']:g} W")
+    if "time" in record:
+        parts.append(f"{max(0.0, time.time() - float(record['time'])):.0f}s ago")
+    return ", ".join(parts)
 
 
 def status(ref: str, watch_s: Optional[float] = None) -> int:

@@ -131,7 +131,11 @@ def tally_table(results: Sequence[Result]) -> str:
     for r in results:
         tried[r.case.scenario] += 1
         survived[r.case.scenario] += not r.problems
-        lost[r.case.scenario] += any("changed" in p or "ran code" in p for p in r.problems)
+        lost[r.case.scenario] += any(
+            word in p
+            for p in r.problems
+            for word in ("changed", "ran code", "no loadable", "MIXED", "holds tensors")
+        )
     rows = ["| scenario | tried | survived | data lost or code run |", "|---|---|---|---|"]
     for s in sorted(tried):
         rows.append(f"| {s} | {tried[s]} | {survived[s]} | {lost[s]} |")

@@ -204,8 +204,15 @@ def test_api_script_on_a_too_short_time_limit_completes_as_a_chain_of_jobs(
     assert ends[-1]["reason"] == "completed"
     history = json.loads((run_dir / "slurm.json").read_text())["history"]
     assert [h["job_id"] for h in history] == list(dict.fromkeys(jobs))  # status follows
+    # The last job leaves the queue a moment after its payload has written the end.
+    wait_until(
+        lambda: "COMPLETED" in run_hpcdl("status", str(run_dir), cwd=tmp_path).stdout,
+        60,
+        "the last job of the chain to be COMPLETED",
+        1.0,
+    )
     status = run_hpcdl("status", str(run_dir), cwd=tmp_path)
-    assert jobs[-1] in status.stdout and "COMPLETED" in status.stdout, status.stdout
+    assert f"job_id: {jobs[-1]}" in status.stdout, status.stdout
     logs = [(run_dir / "logs" / f"{j}_0_log.out").read_text() for j in dict.fromkeys(jobs)]
     assert "continuing at step" in logs[-1] and "(restart " in logs[-1]
     final = [ln for ln in logs[-1].splitlines() if ln.startswith("final")][-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,184 @@ def test_resume_overrides_change_values_and_groups() -> None:
     assert cfg.model == base.model
     with pytest.raises(ConfigError, match=r"trainer\.max_epoc"):
         apply_overrides(base, ["trainer.max_epoc=5"])
+
+
+# ------------------------------------------------- fast paths equal OmegaConf's own way
+def _custom_raw(kwargs: dict) -> dict:
+    raw = to_plain(compose_config([]))
+    raw["model"] = {"name": "custom", "target": "mypkg.mod:fn", "kwargs": kwargs}
+    return raw
+
+
+def test_typed_groups_are_cached_but_never_shared() -> None:
+    raw = to_plain(compose_config(["cluster=rivanna_a100", "model=cnn", "data=digits"]))
+    first = from_dict(raw)
+    first.model.channels.append(128)
+    first.trainer.step_hooks.append("mypkg.hooks:log")
+    first.trainer.early_stopping.patience = 99
+    first.cluster.env["MY_FLAG"] = "1"
+    first.optim.lr = 5.0
+    second = from_dict(raw)
+    assert to_plain(second) == raw
+    assert second.model.channels == [32, 64] and "MY_FLAG" not in second.cluster.env
+
+
+def test_typed_cache_tells_apart_what_omegaconf_does() -> None:
+    # 1, 1.0, True and "1" compare (and hash) alike in Python; key order is kept in YAML.
+    values = [1, 1.0, True, "1", 0.0, -0.0, None, "null", [1], {"b": 1, "a": 2}, {"a": 2, "b": 1}]
+    for value in values:
+        kwargs = from_dict(_custom_raw({"x": value})).model.kwargs
+        assert repr(kwargs) == repr({"x": value})
+    assert list(from_dict(_custom_raw({"b": 1, "a": 2})).model.kwargs) == ["b", "a"]
+    assert list(from_dict(_custom_raw({"a": 2, "b": 1})).model.kwargs) == ["a", "b"]
+
+
+def test_sweep_trials_do_not_share_config_objects() -> None:
+    from hpcdl.cli.expand import plan_sweep
+
+    plan = plan_sweep(["optim.lr=0.1,0.01", "cluster.env.A=1"])
+    plan.trials[0].config.cluster.env["B"] = "2"
+    plan.trials[0].config.model.hidden_sizes[0] = 7
+    assert plan.trials[1].config.cluster.env == {"A": "1"}
+    assert plan.trials[1].config.model.hidden_sizes == [30, 60]
+    again = plan_sweep(["optim.lr=0.1,0.01", "cluster.env.A=1"])
+    assert again.trials[0].config.cluster.env == {"A": "1"}
+
+
+# Strings YAML (or OmegaConf) would read as something else, or must quote or escape.
+# fmt: off
+TRICKY_STRINGS = [
+    "1", "1.0", "1e-4", "-1", "+1", "0x10", "0o17", "1_000", "1:30", ".inf", "-.inf", ".nan",
+    "true", "False", "yes", "no", "on", "OFF", "y", "n", "null", "Null", "~", "", " ",
+    " lead", "trail ", "a: b", "a #b", "#c", "- x", "-", "---", "...", "[1, 2]", "{a: 1}",
+    "'q'", '"dq"', "it's", "&anchor", "*alias", "!tag", "%d", "@x", "`x`", "|", ">",
+    "?", "2024-01-01", "2024-01-01 10:00:00", "a\nb", "a\n", "tab\there", "bell\x07",
+    "é ü 中 😀", "\u2028", "\ufeff", "\xa0", "gpu:a100:4", "module load cuda/12.1",
+    "x" * 100, "word " * 30, "/a/very/long/" + "path/" * 30, "$HOME",
+]
+TRICKY_VALUES = [
+    None, True, False, 0, -3, 10**20, 1e-4, 0.1, 1.0, -0.0, 1.5e300, float("inf"),
+    float("nan"), [], {}, [1, [2, [3]]], {"a": {"b": [1, {"c": None}]}, "d": []},
+]
+# fmt: on
+
+
+def _tricky_configs() -> list[schema.Config]:
+    cfgs = [
+        compose_config([]),
+        compose_config(["cluster=rivanna_a100", "model=cnn", "data=digits", "optim=adamw"]),
+        compose_config(["cluster=local", "optim=rmsprop", "trainer.precision=bf16"]),
+    ]
+    env = {f"K{i}": s for i, s in enumerate(TRICKY_STRINGS)}
+    values = [*TRICKY_VALUES, *TRICKY_STRINGS]
+    kwargs = {s: values[i % len(values)] for i, s in enumerate(TRICKY_STRINGS)}
+    base = cfgs[1]
+    cfgs.append(
+        from_dict(
+            {
+                **to_plain(base),
+                "model": {"name": "custom", "target": "mypkg.mod:fn", "kwargs": kwargs},
+                "cluster": {**to_plain(base)["cluster"], "env": env, "setup": TRICKY_STRINGS},
+                "run_dir": "/tmp/sweeps/2026-11-23/13-00-00/17",
+                "init_from": "1e-4",
+            }
+        )
+    )
+    return cfgs
+
+
+def test_to_yaml_is_byte_for_byte_omegaconfs() -> None:
+    from omegaconf import OmegaConf
+
+    from hpcdl.config import convert
+
+    for cfg in _tricky_configs():
+        plain = to_plain(cfg)
+        assert convert._is_yaml_data(plain)  # the fast path is what is compared
+        expected = OmegaConf.to_yaml(OmegaConf.create(plain))
+        assert convert.to_yaml(cfg) == convert.to_yaml(cfg) == expected  # made, then kept
+    # A missing value (???) as OmegaConf writes it; an interpolation goes OmegaConf's way.
+    unset = replace(compose_config([]), model=schema.CustomModelConfig())
+    assert convert.to_yaml(unset) == OmegaConf.to_yaml(OmegaConf.create(to_plain(unset)))
+    for text in ("${oc.env:HOME}", "\\${x}"):
+        cfg = replace(compose_config([]), init_from=text)
+        assert not convert._is_yaml_data(to_plain(cfg))
+        assert convert.to_yaml(cfg) == OmegaConf.to_yaml(OmegaConf.create(to_plain(cfg)))
+
+
+def _omegaconf_raw(path: Path) -> object:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def test_load_config_reads_what_omegaconf_reads(tmp_path: Path) -> None:
+    from hpcdl.config import convert
+
+    for i, cfg in enumerate(_tricky_configs()):
+        path = tmp_path / f"config{i}.yaml"
+        save_config(cfg, path)
+        fast = convert._read_plain_yaml(path)
+        assert fast is not None  # the fast path is what is compared
+        assert repr(fast) == repr(_omegaconf_raw(path))  # repr: 1, 1.0 and True differ
+        assert to_plain(load_config(path)) == to_plain(from_dict(_omegaconf_raw(path)))
+        assert repr(to_plain(load_config(path))) == repr(to_plain(cfg))
+
+
+# Hand-edited YAML: OmegaConf's scalar rules (its float pattern, no timestamps), anchors.
+PLAIN_DOCS = [
+    "a: 1e-4\nb: 1.5e3\nc: 1_000\nd: 0x10\ne: 0o17\nf: 1:30\ng: .inf\nh: .nan\ni: +1\nj: 1.\n",
+    "a: yes\nb: no\nc: on\nd: off\ne: True\nf: ~\ng: null\nh: ''\ni: '1'\nj: \"true\"\n",
+    "when: 2024-01-01\nstamp: 2024-01-01 10:00:00\noctal: 0777\nnot_octal: 09\n",
+    "base: &b {x: 1, y: [1, 2]}\nother: *b\nmerged:\n  <<: *b\n  y: 3\n",
+    'text: |\n  line one\n  line two\nfolded: >-\n  a\n\n  b\nuni: "\\u00e9 \\U0001F600"\n',
+    "'1': a\n'true': b\n\"a b\": {c: [], d: {}}\n",
+]
+# What the fast path leaves to OmegaConf (which then reads it or says what is wrong).
+FALLBACK_DOCS = [
+    "a: 1\na: 2\n",  # a key twice: OmegaConf refuses it
+    "a: ${b}\nb: 1\n",  # an interpolation: OmegaConf resolves it
+    "model:\n  1: a\n",  # a key that is not a string
+    "- a\n- b\n",  # not a mapping
+    "",
+    "just text\n",
+    "a: [1\n",  # invalid
+    "a:\t1\n",  # a tab: libyaml takes it, PyYAML does not
+    "a: !!binary aGk=\n",
+    "a: !!set {x}\n",
+]
+
+
+@pytest.mark.parametrize("text", PLAIN_DOCS)
+def test_yaml_read_without_omegaconf_equals_omegaconf(text: str, tmp_path: Path) -> None:
+    from hpcdl.config import convert
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    fast = convert._read_plain_yaml(path)
+    assert fast is not None
+    assert repr(fast) == repr(_omegaconf_raw(path))
+
+
+@pytest.mark.parametrize("text", FALLBACK_DOCS)
+def test_yaml_the_fast_path_cannot_take_is_left_to_omegaconf(text: str, tmp_path: Path) -> None:
+    from hpcdl.config import convert
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert convert._read_plain_yaml(path) is None
+    with pytest.raises(ConfigError):  # none of them is a config
+        load_config(path)
+
+
+def test_load_config_errors_are_omegaconfs(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {name: mlp\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml, line 2, column 1: invalid YAML"):
+        load_config(bad)
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("model: {name: mlp}\nmodel: {name: cnn}\n")
+    with pytest.raises(ConfigError, match="duplicate key model"):
+        load_config(twice)
+    with pytest.raises(ConfigError, match="cannot read the run's config"):
+        load_config(tmp_path / "missing.yaml")

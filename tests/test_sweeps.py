@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -114,6 +115,51 @@ def test_bad_sweeps_are_refused_naming_trial_and_key(overrides, expected) -> Non
     with pytest.raises(ConfigError) as info:
         plan_sweep(overrides)
     assert expected in str(info.value)
+
+
+def test_new_sweep_arrays_come_from_its_plan_and_a_rerun_reads_its_run_dirs(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from hpcdl.launch import slurm
+    from hpcdl.sweep import launch
+
+    overrides = ["cluster=rivanna_a100", "cluster.gpus_per_node=1,2", "optim.lr=0.1,0.01"]
+    plan = plan_sweep([*overrides, f"hydra.sweep.dir={tmp_path / 'sw'}"])
+    ledger = launch.create_sweep(plan)
+    arrays: list[tuple[int, list[str]]] = []
+
+    class Executor:  # submitit's SlurmExecutor, without sbatch
+        def __init__(self, cfg) -> None:
+            self.gpus = cfg.cluster.gpus_per_node
+
+        def update_parameters(self, **_) -> None:
+            pass
+
+        def map_array(self, _fn, run_dirs):
+            arrays.append((self.gpus, [Path(d).name for d in run_dirs]))
+            return [SimpleNamespace(job_id=f"{len(arrays)}_{k}") for k in range(len(run_dirs))]
+
+    monkeypatch.setattr(slurm, "make_executor", lambda cfg, _base, job_name=None: Executor(cfg))
+    monkeypatch.setattr(launch, "max_array_size", lambda: 1001)
+    reads: list[str] = []
+    real_open = launch.open_run_dir
+    monkeypatch.setattr(launch, "open_run_dir", lambda ref: reads.append(ref) or real_open(ref))
+
+    planned = {t.index: t.config for t in plan.trials}
+    assert launch.submit_arrays(ledger, [0, 1, 2, 3], planned) == ["1", "2"]
+    assert reads == []  # the configs just planned, none read back
+    assert arrays == [(1, ["0", "1"]), (2, ["2", "3"])]
+    assert [(t.job_id, t.attempts) for t in ledger.trials] == [
+        ("1_0", 1),
+        ("1_1", 1),
+        ("2_0", 1),
+        ("2_1", 1),
+    ]
+    from_plan = list(arrays)
+    arrays.clear()
+    assert launch.submit_arrays(ledger, [0, 1, 2, 3]) == ["1", "2"]  # as `sweep rerun` does
+    assert len(reads) == 4 and arrays == from_plan
+    assert [t.attempts for t in ledger.trials] == [2, 2, 2, 2]
 
 
 def test_bad_sweep_creates_and_runs_nothing(hpcdl, tmp_path: Path) -> None:

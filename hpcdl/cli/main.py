@@ -306,7 +306,8 @@ def start_sweep(plan: SweepPlan, skip_preflight: bool) -> tuple[Path, int]:
     indices = [t.index for t in ledger.trials]
     if ledger.launcher == Launcher.slurm.value:
         with ledger_mod.locked(sweep_dir) as led:
-            arrays = submit_arrays(led, indices)
+            # The configs just planned: not read back from the 100 run dirs just written.
+            arrays = submit_arrays(led, indices, {t.index: t.config for t in plan.trials})
         print(f"submitted job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}")
         print(f"  status:  hpcdl sweep status {sweep_dir}")
         print(f"  summary: hpcdl sweep summary {sweep_dir}")

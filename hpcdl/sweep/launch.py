@@ -16,9 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hpcdl.config.convert import to_plain
 from hpcdl.config.schema import Config, Launcher
@@ -99,16 +100,23 @@ def max_array_size() -> int:
     return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
 
 
-def submit_arrays(ledger: Ledger, indices: list[int]) -> list[str]:
+def submit_arrays(
+    ledger: Ledger, indices: list[int], configs: Optional[Mapping[int, Config]] = None
+) -> list[str]:
     """One job array per distinct cluster config (the sbatch header is shared by an array's
-    tasks), split so no array exceeds the cluster's MaxArraySize. Returns the array job ids."""
+    tasks), split so no array exceeds the cluster's MaxArraySize. Returns the array job ids.
+
+    `configs`: the trials' configs by index where the caller has them (a sweep just planned
+    and created); otherwise each is read from its run dir (`sweep rerun`: the stored config,
+    which may have been fixed by hand since). Only their cluster and script launcher shape
+    the arrays; each task reads its own run dir's config."""
     from hpcdl.launch.slurm import make_executor, outside_job_env
     from hpcdl.launch.slurm_job import main as job_main
 
     sweep_dir = SweepDir(Path(ledger.sweep_dir))
     groups: dict[str, list[tuple[int, Config]]] = {}
     for i in indices:
-        cfg, _ = open_run_dir(ledger.trial(i).run_dir)
+        cfg = configs[i] if configs is not None else open_run_dir(ledger.trial(i).run_dir)[0]
         groups.setdefault(json.dumps(to_plain(cfg)["cluster"], sort_keys=True), []).append((i, cfg))
     chunk = max_array_size() - 1  # task ids run 0..N-1 and must stay below MaxArraySize
     array_ids = []

@@ -322,10 +322,12 @@ class Trainer:
             self._last_loss,
             lr,
         )
-        self.p.logger.log_step(self.progress.global_step, {"train_loss": self._last_loss, "lr": lr})
         step = self.progress.global_step
+        values: dict[str, float] = {"train_loss": self._last_loss, "lr": lr}
         if self.p.telemetry is not None and step % self.t.log_every_steps == 0:
-            self.p.telemetry.sample(step)
+            sample = self.p.telemetry.sample(step)  # step time, GPU figures: to the tracker too
+            values.update({k: v for k, v in sample.items() if k not in ("time", "global_step")})
+        self.p.logger.log_step(step, values)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate_split(self, split: str, keep_predictions: bool = False) -> EvalResult:

@@ -30,7 +30,7 @@ from typing import Any
 from benchmarks import hooks
 from benchmarks.base import Row, Settings
 from benchmarks.inprocess import create_run, run_in_process
-from benchmarks.timing import interleaved, median_ratio, paired_ratios, summarize
+from benchmarks.timing import compared, interleaved, summarize
 
 # The first intervals of a run (first batches, allocator warm-up) are not normal steps.
 WARMUP_STEPS = 3
@@ -174,15 +174,6 @@ def tensors(value: Any) -> list[Any]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in tensors(v)]
     return []
-
-
-def compared(measured: list[float], baseline: list[float]) -> dict[str, Any]:
-    return {
-        "ratio": median_ratio(measured, baseline),
-        "measured_s": summarize(measured).as_dict(),
-        "baseline_s": summarize(baseline).as_dict(),
-        "round_ratios": [round(r, 4) for r in paired_ratios(measured, baseline)],
-    }
 
 
 # ----------------------------------------------------------------------------- stall

@@ -15,10 +15,10 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from benchmarks.base import Row, Settings
-from benchmarks.timing import interleaved, median_ratio, paired_ratios, summarize
+from benchmarks.timing import compared, interleaved
 
 PROFILE = "rivanna_a100"
 HPCDL = (sys.executable, "-m", "hpcdl.cli.main")
@@ -86,10 +86,3 @@ def imports_torch(argv: Sequence[str], cwd: Path) -> bool:
     return any(line.rsplit("|", 1)[-1].strip() == "torch" for line in done.stderr.splitlines())
 
 
-def compared(measured: list[float], baseline: list[float]) -> dict[str, Any]:
-    return {
-        "ratio": median_ratio(measured, baseline),
-        "measured_s": summarize(measured).as_dict(),
-        "baseline_s": summarize(baseline).as_dict(),
-        "round_ratios": [round(r, 4) for r in paired_ratios(measured, baseline)],
-    }

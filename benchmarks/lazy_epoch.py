@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import hooks, lazy
+from benchmarks import hooks, lazy, timing
 from benchmarks.base import Row, Settings
 from benchmarks.inprocess import create_run, environ, run_in_process
-from benchmarks.timing import interleaved, median_ratio, paired_ratios, summarize
+from benchmarks.timing import interleaved
 
 WARMUP_EPOCHS = 1
 
@@ -243,13 +243,8 @@ def epoch_times(records: list[hooks.Record], num_steps_per_epoch: int) -> dict[s
 def compared(
     measured: list[dict[str, float]], baseline: list[dict[str, float]], key: str
 ) -> dict[str, Any]:
-    mine, theirs = [r[key] for r in measured], [r[key] for r in baseline]
-    return {
-        "ratio": median_ratio(mine, theirs),
-        "measured_s": summarize(mine).as_dict(),
-        "baseline_s": summarize(theirs).as_dict(),
-        "round_ratios": [round(r, 4) for r in paired_ratios(mine, theirs)],
-    }
+    """timing.compared over one of the epoch_times values."""
+    return timing.compared([r[key] for r in measured], [r[key] for r in baseline])
 
 
 def rows_from(rounds: dict[str, list[dict[str, float]]], sizes: Sizes) -> list[Row]:

@@ -63,3 +63,14 @@ def median_ratio(measured: Sequence[float], baseline: Sequence[float]) -> float:
     values of a round ran back to back, so a drift between rounds cancels in their ratio,
     which a ratio of the two medians (taken from different rounds) would not do."""
     return statistics.median(paired_ratios(measured, baseline))
+
+
+def compared(measured: Sequence[float], baseline: Sequence[float]) -> dict[str, Any]:
+    """A row's figure and details: the median round ratio, both sides' seconds, and every
+    round's ratio (their spread shows how noisy the figure is)."""
+    return {
+        "ratio": median_ratio(measured, baseline),
+        "measured_s": summarize(measured).as_dict(),
+        "baseline_s": summarize(baseline).as_dict(),
+        "round_ratios": [round(r, 4) for r in paired_ratios(measured, baseline)],
+    }

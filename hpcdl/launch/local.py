@@ -14,10 +14,11 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hpcdl.config.schema import Config, tasks_per_node
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
+from hpcdl.launch.diagnose import ERROR_LINE, root_cause
 from hpcdl.launch.logtail import copy_new
 from hpcdl.rundir import RunDir
 
@@ -99,56 +100,11 @@ def _exit_code(job: Any, stopping: list[int]) -> int:
             print(f"error: {ours[-1]}", file=sys.stderr)
             return EXIT_BAD_INPUT
         logs = Path(job.paths.stdout).parent
-        rank, detail = _root_cause(logs, job.job_id) or (None, None)
+        rank, detail = root_cause(logs, job.job_id) or (None, None)
         if detail is None:
-            errors = re.findall(
-                r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*)$", text, flags=re.M
-            )
+            errors = ERROR_LINE.findall(text)
             detail = errors[-1] if errors else text.strip().splitlines()[0]
         who = f"rank {rank}" if rank is not None else "a rank"
         print(f"error: {who} failed: {detail} (logs: {logs})", file=sys.stderr)
         return EXIT_INTERRUPTED if stopping else EXIT_FAILED
     return max(o.exit_code for o in outcomes)
-
-
-# A rank whose peer died fails in the collective with one of these: a consequence, not the
-# cause, which is another rank's own error (or its death, or its stall).
-PEER_GONE = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Timed out waiting",
-    "NCCL",
-    "Broken pipe",
-)
-
-
-def _root_cause(logs: Path, job_id: str) -> Optional[tuple[int, str]]:
-    """The rank that caused the job's failure and why, from the ranks' logs: a stall the
-    watchdog reported, else an error that is not a peer's disappearance, else a rank that
-    ended without any error (killed), else the first error."""
-    errors: dict[int, str] = {}
-    silent: list[int] = []
-    for path in sorted(logs.glob(f"{job_id}_*_log.out")):
-        rank_text = path.name.split("_")[1]
-        if not rank_text.isdigit():
-            continue
-        rank, text = int(rank_text), path.read_text(errors="replace")
-        stalled = re.search(r"^hpcdl: (rank \d+ made no progress for .*?);", text, flags=re.M)
-        if stalled:
-            return rank, f"stalled: {stalled.group(1)} (its stacks are in its log)"
-        found = re.findall(
-            r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*)$", text, flags=re.M
-        )
-        if found:
-            errors[rank] = found[-1]
-        else:
-            silent.append(rank)
-    own = [(r, e) for r, e in errors.items() if not any(p in e for p in PEER_GONE)]
-    if own:
-        return own[0]
-    if silent and errors:
-        return silent[0], (
-            "ended without an error of its own (killed by a signal, or out of memory?); "
-            f"the other ranks then lost it: {next(iter(errors.values()))[:120]}"
-        )
-    return next(iter(errors.items()), None)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from hpcdl.errors import HpcdlError
 from hpcdl.exit_codes import EXIT_OK
+from hpcdl.launch.diagnose import describe, root_cause
 from hpcdl.launch.logtail import copy_new
 from hpcdl.rundir import RunDir
 
@@ -31,6 +32,10 @@ ACTIVE_STATES = (
     "RESIZING",
     "SUSPENDED",
 )
+
+
+# Ended states whose cause is in the ranks' logs (not the scheduler's doing).
+FAILED_STATES = ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
 
 
 def is_active(state: str) -> bool:
@@ -162,6 +167,11 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
         if report["source"] == NO_ACCOUNTING and run_dir is not None:
             report["state"] = state_from_run_dir(run_dir)
             report["source"] = "run dir (not queued; no accounting)"
+        if run_dir is not None and report["state"] in FAILED_STATES:
+            log_dir = run_dir.rank_log(job_id, 0).parent
+            report["cause"] = describe(root_cause(log_dir, job_id)) or (
+                f"no error in the ranks' logs ({log_dir})"
+            )
         for key, value in report.items():
             print(f"{key:>15}: {value}")
         if watch_s is None or not is_active(report["state"]):

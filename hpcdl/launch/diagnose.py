@@ -1,0 +1,81 @@
+"""Which rank made a job fail, and why, read from the ranks' logs. Stdlib only: the local
+launcher uses it when its job ends badly, `hpcdl status` for a Slurm job that failed.
+
+Log names are submitit's: `<job id>_<task>_log.out` (an array task's job id is
+`<array id>_<index>`), stderr merged into stdout.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+# A rank whose peer died fails in the collective with one of these: a consequence, not the
+# cause, which is another rank's own error (or its death, or its stall).
+PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Timed out waiting",
+    "NCCL",
+    "Broken pipe",
+)
+ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*)$", re.M)
+STALL_LINE = re.compile(r"^hpcdl: (rank \d+ made no progress for .*?);", re.M)
+# What a job script or srun says when it dies before Python starts (module load, a
+# missing interpreter, a bad bind path): the first such line names the cause.
+SHELL_ERROR = re.compile(r"^.*(?:error|not found|No such file|Permission denied).*$", re.M | re.I)
+
+
+def rank_logs(log_dir: Path, job_id: str) -> dict[int, str]:
+    """Each task's log text by task number (the rank, for one-node and multi-node jobs alike:
+    submitit numbers tasks across the job)."""
+    texts: dict[int, str] = {}
+    prefix = f"{job_id}_"
+    for path in sorted(log_dir.glob(f"{job_id}_*_log.out")):
+        task = path.name[len(prefix) : -len("_log.out")]
+        if task.isdigit():
+            texts[int(task)] = path.read_text(errors="replace")
+    return texts
+
+
+def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]]:
+    """(rank, what happened) for a failed job: a stall the watchdog reported, else an error
+    that is not a peer's disappearance, else a rank that ended without any error (killed),
+    else the first error, else the first line of a log that reads like an error (the job
+    died before Python started); None when the logs say nothing."""
+    logs = rank_logs(log_dir, job_id)
+    errors: dict[int, str] = {}
+    silent: list[int] = []
+    for rank, text in logs.items():
+        stalled = STALL_LINE.search(text)
+        if stalled:
+            return rank, f"stalled: {stalled.group(1)} (its stacks are in its log)"
+        found = ERROR_LINE.findall(text)
+        if found:
+            errors[rank] = found[-1]
+        else:
+            silent.append(rank)
+    own = [(r, e) for r, e in errors.items() if not any(p in e for p in PEER_GONE)]
+    if own:
+        return own[0]
+    if silent and errors:
+        return silent[0], (
+            "ended without an error of its own (killed by a signal, or out of memory?); "
+            f"the other ranks then lost it: {next(iter(errors.values()))[:120]}"
+        )
+    if errors:
+        return next(iter(errors.items()))
+    for rank, text in logs.items():
+        shell = SHELL_ERROR.search(text)
+        if shell:
+            return rank, shell.group(0).strip()[:200]
+    return None
+
+
+def describe(cause: Optional[tuple[Optional[int], str]]) -> Optional[str]:
+    """`rank 1: RuntimeError: ...` for status lines and error messages."""
+    if cause is None:
+        return None
+    rank, detail = cause
+    return f"rank {rank}: {detail}" if rank is not None else detail

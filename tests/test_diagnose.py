@@ -1,0 +1,52 @@
+"""hpcdl.launch.diagnose: the rank that made a job fail, read from logs like submitit's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcdl.launch.diagnose import describe, root_cause
+
+PEER = (
+    "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:4242\n"
+)
+
+
+def logs(tmp_path: Path, job_id: str, texts: dict[int, str]) -> Path:
+    for task, text in texts.items():
+        (tmp_path / f"{job_id}_{task}_log.out").write_text(text)
+    return tmp_path
+
+
+def test_the_rank_with_an_error_of_its_own_is_named_not_the_peers_that_lost_it(
+    tmp_path: Path,
+) -> None:
+    folder = logs(tmp_path, "77", {0: PEER, 1: "Traceback ...\nValueError: bad shape\n", 2: PEER})
+    assert root_cause(folder, "77") == (1, "ValueError: bad shape")
+    assert describe(root_cause(folder, "77")) == "rank 1: ValueError: bad shape"
+
+
+def test_a_stall_is_the_cause_even_when_peers_report_errors(tmp_path: Path) -> None:
+    stalled = "hpcdl: rank 3 made no progress for 31 s (phase step); dumping stacks\n"
+    folder = logs(tmp_path, "5", {0: "ValueError: later\n", 3: stalled})
+    rank, detail = root_cause(folder, "5") or (None, "")
+    assert rank == 3 and detail.startswith("stalled: rank 3 made no progress for 31 s")
+
+
+def test_a_rank_killed_without_a_word_is_named(tmp_path: Path) -> None:
+    folder = logs(tmp_path, "9", {0: PEER, 1: "epoch 1 step 5\n"})
+    rank, detail = root_cause(folder, "9") or (None, "")
+    assert rank == 1 and detail.startswith("ended without an error of its own")
+
+
+def test_a_job_that_died_before_python_names_the_first_error_line(tmp_path: Path) -> None:
+    folder = logs(tmp_path, "12", {0: "loading modules\n/bin/bash: pyth0n: command not found\n"})
+    assert root_cause(folder, "12") == (0, "/bin/bash: pyth0n: command not found")
+
+
+def test_array_tasks_and_other_jobs_logs_are_kept_apart(tmp_path: Path) -> None:
+    folder = logs(tmp_path, "40_3", {0: "KeyError: 'x'\n"})
+    logs(tmp_path, "40_31", {0: "OSError: other task\n"})
+    logs(tmp_path, "41", {0: "OSError: other job\n"})
+    assert root_cause(folder, "40_3") == (0, "KeyError: 'x'")
+    assert root_cause(folder, "42") is None

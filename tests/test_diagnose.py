@@ -50,3 +50,17 @@ def test_array_tasks_and_other_jobs_logs_are_kept_apart(tmp_path: Path) -> None:
     logs(tmp_path, "41", {0: "OSError: other job\n"})
     assert root_cause(folder, "40_3") == (0, "KeyError: 'x'")
     assert root_cause(folder, "42") is None
+
+
+def test_a_rank_that_timed_out_in_a_collective_is_named_before_those_that_lost_it(
+    tmp_path: Path,
+) -> None:
+    waited = "[rank{}]: RuntimeError: [../unbound_buffer.cc:78] Timed out waiting 10000ms for recv\n"
+    folder = logs(tmp_path, "3", {0: PEER, 1: waited.format(1)})
+    rank, detail = root_cause(folder, "3") or (None, "")
+    assert rank == 1 and detail.startswith("hung in a collective until its timeout")
+    # Both timed out: rank 0 in the step's own all-reduce, rank 1 in a barrier of its own.
+    in_step = 'Traceback (most recent call last):\n  File "trainer.py", line 207, in train_step\n'
+    in_hook = 'Traceback (most recent call last):\n  File "hook.py", line 4, in after_step\n'
+    folder = logs(tmp_path, "4", {0: in_step + waited.format(0), 1: in_hook + waited.format(1)})
+    assert (root_cause(folder, "4") or (None, ""))[0] == 1

@@ -20,6 +20,7 @@ PEER_GONE = (
     "NCCL",
     "Broken pipe",
 )
+COLLECTIVE_TIMEOUT = "Timed out waiting"
 ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*)$", re.M)
 STALL_LINE = re.compile(r"^hpcdl: (rank \d+ made no progress for .*?);", re.M)
 # What a job script or srun says when it dies before Python starts (module load, a
@@ -59,6 +60,16 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
     own = [(r, e) for r, e in errors.items() if not any(p in e for p in PEER_GONE)]
     if own:
         return own[0]
+    # A rank that waited in a collective until its timeout was stuck there (its peers, who
+    # then lost it, say "connection closed"): the likelier culprit, e.g. a collective the
+    # others never joined.
+    waited = [(r, e) for r, e in errors.items() if COLLECTIVE_TIMEOUT in e]
+    if waited:
+        # Ranks waiting in the training step's own collectives (DDP's gradient all-reduce,
+        # the step sums) waited for one that was elsewhere: name that one first.
+        waited.sort(key=lambda pair: in_training_step(logs[pair[0]]))
+        rank, error = waited[0]
+        return rank, f"hung in a collective until its timeout (trainer.stall_timeout_s): {error}"
     if silent and errors:
         return silent[0], (
             "ended without an error of its own (killed by a signal, or out of memory?); "
@@ -71,6 +82,12 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
         if shell:
             return rank, shell.group(0).strip()[:200]
     return None
+
+
+def in_training_step(text: str) -> bool:
+    """The log's last traceback passes through the trainer's step (its collectives)."""
+    last = text.rfind("Traceback (most recent call last)")
+    return last >= 0 and "in train_step" in text[last:]
 
 
 def describe(cause: Optional[tuple[Optional[int], str]]) -> Optional[str]:

@@ -110,10 +110,11 @@ def _orphans(marker: str) -> str:
     return out.stdout.strip()
 
 
-def r4_failing_rank(work: Path, how: str) -> Result:
-    """A 2-rank local job whose rank 1 raises, is SIGKILLed, or hangs: the job must end
-    non-zero, in time, saying which rank, with no process left behind."""
-    case = Case(f"rank1-{how}", "R4", (), "")
+def r4_failing_rank(work: Path, how: str, ranks: int = 2) -> Result:
+    """A 2- or 4-rank local job whose rank 1 raises, is SIGKILLed, hangs in a step, or
+    hangs in a collective the others never join: the job must end non-zero, in time,
+    saying which rank, with no process left behind."""
+    case = Case(f"rank1-{how}-{ranks}ranks", "R4", (), "")
     folder = work / case.id
     folder.mkdir()
     (folder / "raiser.py").write_text(RAISER)
@@ -121,10 +122,15 @@ def r4_failing_rank(work: Path, how: str) -> Result:
         "import time\n\ndef after_step(event):\n    while event.rank == 1 and event.global_step == 5:\n"
         "        time.sleep(1)\n"
     )
+    (folder / "collective.py").write_text(
+        "import torch.distributed as dist\n\ndef after_step(event):\n"
+        "    if event.global_step == 5 and event.rank == 1:\n        dist.barrier()\n"
+    )
     hooks = {
         "raises": "[raiser:after_step]",
         "sigkill": "[tests.fault_hook:after_step]",
         "hangs": "[hang:after_step]",
+        "collective": "[collective:after_step]",
     }[how]
     run = folder / "run"
     env_extra = {"HPCDL_TEST_FAULT": "SIGKILL@5:rank1"} if how == "sigkill" else {}
@@ -138,7 +144,7 @@ def r4_failing_rank(work: Path, how: str) -> Result:
                 "train",
                 f"run_dir={run}",
                 "cluster=local",
-                "cluster.tasks_per_node=2",
+                f"cluster.tasks_per_node={ranks}",
                 "trainer.max_epochs=3",
                 "trainer.stall_timeout_s=5",
                 "cluster.rendezvous_timeout_s=20",
@@ -166,6 +172,7 @@ def r4_failing_rank(work: Path, how: str) -> Result:
         "raises": "rank 1 failed: RuntimeError: rank 1 failed on purpose",
         "sigkill": "rank 1 failed: ended without an error of its own",
         "hangs": "rank 1 failed: stalled: rank 1 made no progress",
+        "collective": "rank 1 failed: hung in a collective until its timeout",
     }[how]
     if expected not in said:
         problems.append(f"the error does not say {expected!r}")
@@ -217,8 +224,11 @@ def process_scenarios(work: Path, quick: bool) -> list[tuple[str, object]]:
             runs.append(
                 (f"R2 {mode} {i}", lambda i=i, mode=mode: r2_kill_during_save(work, i, mode))
             )
-    for how in ("raises",) if quick else ("raises", "sigkill", "hangs"):
-        runs.append((f"R4 {how}", lambda how=how: r4_failing_rank(work, how)))
+    for how in ("raises",) if quick else ("raises", "sigkill", "hangs", "collective"):
+        for ranks in (2,) if quick else (2, 4):
+            runs.append(
+                (f"R4 {how} {ranks}", lambda how=how, r=ranks: r4_failing_rank(work, how, r))
+            )
     if not quick:
         runs.append(("R6", lambda: r6_two_jobs_at_once(work)))
     return runs

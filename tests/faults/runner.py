@@ -134,7 +134,15 @@ def tally_table(results: Sequence[Result]) -> str:
         lost[r.case.scenario] += any(
             word in p
             for p in r.problems
-            for word in ("changed", "ran code", "no loadable", "MIXED", "holds tensors")
+            for word in (
+                "changed",
+                "ran code",
+                "no loadable",
+                "MIXED",
+                "holds tensors",
+                "differ",
+                "repeats",
+            )
         )
     rows = ["| scenario | tried | survived | data lost or code run |", "|---|---|---|---|"]
     for s in sorted(tried):

@@ -9,6 +9,7 @@ starts with exactly the next batch without reading the consumed ones.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -295,9 +296,30 @@ def dataset_batches(
     loader = _dataset_loader_for(dataset, sharder, settings, pin_memory=device.type == "cuda")
     sampler = loader.batch_sampler
     assert isinstance(sampler, EpochBatchSampler)
-    sampler.epoch, sampler.start_step = epoch, start_step  # read when iteration starts
-    started = iter(loader)
-    return _on_device(started, sharder, range(start_step, sharder.num_steps_per_epoch), device)
+    steps = range(start_step, sharder.num_steps_per_epoch)
+    cold = settings.num_workers > 0 and loader not in _WARM_LOADERS
+    _WARM_LOADERS.add(loader)
+    if not cold or len(steps) < 2:
+        sampler.epoch, sampler.start_step = epoch, start_step  # read when iteration starts
+        return _on_device(iter(loader), sharder, steps, device)
+    # Workers that have yet to start (a new run, a resume) take ~10-50 ms per worker before
+    # their first batch: they start on the second batch, and this process reads the first
+    # meanwhile (the same samples and augmentation: SeededSamples seeds each one).
+    sampler.epoch, sampler.start_step = epoch, start_step + 1
+    rest = iter(loader)
+    first = read_batch(loader, sharder.local_indices(epoch, start_step).tolist(), epoch)
+    return _on_device(itertools.chain([first], rest), sharder, steps, device)
+
+
+# Loaders whose workers have started (persistent: they stay until the loader goes).
+_WARM_LOADERS: weakref.WeakSet[DataLoader[Any]] = weakref.WeakSet()
+
+
+def read_batch(loader: DataLoader[Any], indices: list[int], epoch: int) -> Any:
+    """One batch read in this process the way the loader's workers read it."""
+    samples = [loader.dataset[(epoch, i)] for i in indices]
+    collate = loader.collate_fn or torch.utils.data.default_collate
+    return collate(samples)
 
 
 def _on_device(

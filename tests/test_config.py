@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hpcdl.cli.compose import apply_overrides, compose_config, conf_dir
 from hpcdl.config import schema
@@ -20,13 +21,16 @@ NEEDS_PATH = {"mnist", "cifar10", "files", "imagefolder"}
 def all_options() -> list[tuple[str, str]]:
     out = []
     for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir()):
-        for yaml in sorted(group_dir.glob("*.yaml")):
-            out.append((group_dir.name, yaml.stem))
+        for path in sorted(group_dir.glob("*.yaml")):
+            out.append((group_dir.name, path.stem))
     return out
 
 
 @pytest.mark.parametrize(("group", "option"), all_options())
 def test_every_conf_file_composes(group: str, option: str, tmp_path: Path) -> None:
+    if group == "experiment":
+        check_experiment(option, tmp_path)
+        return
     overrides = [f"{group}={option}"]
     if option in NEEDS_PATH:
         overrides.append(f"data.path={tmp_path}")
@@ -42,10 +46,75 @@ def test_every_conf_file_composes(group: str, option: str, tmp_path: Path) -> No
         assert section.name == option
 
 
+def check_experiment(option: str, tmp_path: Path) -> None:
+    """An experiment (`# @package _global_`) composes, picks the options its defaults
+    override, and every value it sets reaches the typed config."""
+    text = yaml.safe_load((CONF / "experiment" / f"{option}.yaml").read_text())
+    choices = {}
+    for entry in text.pop("defaults", []):
+        ((key, value),) = entry.items()
+        assert key.startswith("override /"), f"experiment/{option}.yaml: {entry}"
+        choices[key.removeprefix("override /")] = value
+    overrides = [f"experiment={option}"]
+    if choices.get("data") in NEEDS_PATH:
+        overrides.append(f"data.path={tmp_path}")
+    plain = to_plain(compose_config(overrides))
+    for group, name in choices.items():
+        assert plain[group]["name"] == name, f"experiment={option}: {group}"
+    assert set(text) <= set(plain), f"experiment={option} sets unknown top-level keys"
+    assert_subset(text, plain, f"experiment={option}")
+
+
+def assert_subset(expected: dict, actual: dict, where: str) -> None:
+    for key, value in expected.items():
+        if isinstance(value, dict):
+            assert_subset(value, actual[key], f"{where} {key}.")
+        else:
+            assert actual[key] == value, f"{where} {key}: {actual[key]!r} != {value!r}"
+
+
 def test_every_yaml_starts_with_a_command_comment() -> None:
-    for yaml in CONF.rglob("*.yaml"):
-        first = yaml.read_text().splitlines()[0]
-        assert first.startswith("# hpcdl "), f"{yaml} must start with the command that uses it"
+    for path in CONF.rglob("*.yaml"):
+        lines = path.read_text().splitlines()
+        # Hydra reads a `# @package` directive only from the first lines (experiments).
+        first = lines[1] if lines[0].startswith("# @package ") else lines[0]
+        assert first.startswith("# hpcdl "), f"{path} must start with the command that uses it"
+
+
+def test_experiment_is_a_group_choice_with_overrides_on_top() -> None:
+    cfg = compose_config(["experiment=cancer_mlp", "optim.lr=0.02"])
+    assert cfg.optim.lr == 0.02 and cfg.optim.nesterov and cfg.data.split_seed == 7
+    assert compose_config(["experiment=cancer_mlp", "data.split_seed=3"]).data.split_seed == 3
+    # The command line's group choice wins over the experiment's; what it set for its own
+    # choice is named in one line, with the way to drop it.
+    with pytest.raises(ConfigError) as info:
+        compose_config(["experiment=cancer_mlp", "optim=adam"])
+    assert str(info.value) == (
+        "optim.momentum, optim.nesterov: not keys of optim=adam; experiment=cancer_mlp sets "
+        "them for its own optim choice: drop them with '~optim.momentum' '~optim.nesterov'"
+    )
+    cfg = compose_config(
+        ["experiment=cancer_mlp", "optim=adam", "~optim.momentum", "~optim.nesterov"]
+    )
+    assert isinstance(cfg.optim, schema.AdamConfig) and cfg.optim.lr == 0.01
+    # A typo of the user's own stays the usual message.
+    with pytest.raises(ConfigError, match=r"^trainer\.max_epoch: unknown key; did you mean"):
+        compose_config(["experiment=cancer_mlp", "trainer.max_epoch=3"])
+
+
+def test_experiment_in_sweeps_and_resume(tmp_path: Path) -> None:
+    from hpcdl.cli.expand import plan_sweep
+
+    plan = plan_sweep(["experiment=cancer_mlp", "optim.lr=0.01,0.02"])
+    assert [t.config for t in plan.trials] == [
+        compose_config(["experiment=cancer_mlp", f"optim.lr={lr}"]) for lr in (0.01, 0.02)
+    ]
+    plan = plan_sweep(["experiment=glob(cancer*)", "trainer.seed=1,2"])
+    assert [t.overrides for t in plan.trials][-1] == ["experiment=cancer_mlp", "trainer.seed=2"]
+    assert plan.trials[-1].config == compose_config(["experiment=cancer_mlp", "trainer.seed=2"])
+    base = compose_config(["experiment=cancer_mlp"])
+    with pytest.raises(ConfigError, match=r"^experiment=mnist_cnn: the run's config.yaml already"):
+        apply_overrides(base, ["experiment=mnist_cnn"])
 
 
 def test_default_is_the_workshop_mlp_on_breast_cancer_in_process() -> None:

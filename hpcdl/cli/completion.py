@@ -115,7 +115,7 @@ def _option(parser: argparse.ArgumentParser, name: str) -> Optional[argparse.Act
 
 def _overrides(current: str, command: str, config_dirs: list[str]) -> list[str]:
     """`group=option` (comma lists for sweeps), `group.key=`, enum values, top-level keys."""
-    from hpcdl.config.convert import GROUPS, TOP_LEVEL_KEYS, known_keys
+    from hpcdl.config.convert import GROUPS, PRESET_GROUPS, TOP_LEVEL_KEYS, known_keys
     from hpcdl.config.schema import ScriptLauncher
 
     if command in ONLY_KEYS:
@@ -126,13 +126,15 @@ def _overrides(current: str, command: str, config_dirs: list[str]) -> list[str]:
         head = value[: value.rfind(",") + 1]  # `model=mlp,c`: complete after the comma
         if command == "run" and bare == "launcher":
             return [f"launcher={head}{launcher.value}" for launcher in ScriptLauncher]
-        if bare in GROUPS:
+        if bare in GROUPS or bare in PRESET_GROUPS:
             return [f"{key}={head}{option}" for option in _group_options(bare, config_dirs)]
         return [f"{key}={head}{v}" for v in _key_values(bare)]
     group = bare.split(".", 1)[0]
     if "." in bare and group in GROUPS:
         return [f"{key[: len(key) - len(bare)]}{k}=" for k in known_keys(group)]
     keys = [f"{g}{end}" for g in GROUPS for end in ("=", ".")]
+    if command in ("train", "bench"):  # not resume: config.yaml holds the experiment's values
+        keys += [f"{g}=" for g in PRESET_GROUPS]
     return [*keys, *(f"{k}=" for k in TOP_LEVEL_KEYS), *EXTRA_KEYS.get(command, [])]
 
 

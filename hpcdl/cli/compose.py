@@ -10,6 +10,7 @@ import copy
 import os
 import re
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -20,6 +21,8 @@ from omegaconf.errors import OmegaConfBaseException
 from hpcdl.config import schema
 from hpcdl.config.convert import (
     GROUPS,
+    NAMED_GROUPS,
+    PRESET_GROUPS,
     TOP_LEVEL_KEYS,
     from_dict,
     known_keys,
@@ -167,9 +170,35 @@ def hydra_message(err: Exception) -> str:
 
 
 def compose_config(overrides: list[str], config_dirs: Optional[list[str]] = None) -> schema.Config:
-    config = to_config(compose(overrides, config_dirs))
+    config = _typed_config(compose(overrides, config_dirs), overrides)
     validate(config)
     return config
+
+
+def _typed_config(composed: DictConfig, overrides: list[str]) -> schema.Config:
+    """to_config; keys that an experiment set for its own option of a group the command
+    line switched (experiment=cancer_mlp optim=adam: its optim.momentum) are named at once."""
+    try:
+        return to_config(composed)
+    except ConfigError as err:
+        presets = [o for o in overrides if o.split("=", 1)[0] in PRESET_GROUPS]
+        group = str(err).split(".", 1)[0]
+        node = composed.get(group) if presets and group in NAMED_GROUPS else None
+        options = NAMED_GROUPS.get(group, {})
+        if not isinstance(node, DictConfig) or node.get("name") not in options:
+            raise
+        valid = {f.name for f in fields(options[node.name])}
+        given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+        keys = [f"{group}.{k!s}" for k in node if str(k) not in valid]
+        extra = [k for k in keys if k not in given]
+        if not extra:
+            raise
+        what, them = ("not keys", "them") if len(extra) > 1 else ("not a key", "it")
+        drops = " ".join(f"'~{k}'" for k in extra)
+        raise ConfigError(
+            f"{', '.join(extra)}: {what} of {group}={node.name}; {' '.join(presets)} sets "
+            f"{them} for its own {group} choice: drop {them} with {drops}"
+        ) from None
 
 
 class SweepComposer:
@@ -201,7 +230,8 @@ class SweepComposer:
         merged = self._merged.get(choices)
         if merged is None:
             merged = self._merged[choices] = compose(list(choices), self._config_dirs)
-        config = to_config(_with_additions(values, lambda vs: self._applied(merged, vs)))
+        composed = _with_additions(values, lambda vs: self._applied(merged, vs))
+        config = _typed_config(composed, overrides)
         validate(config)
         return config
 
@@ -221,7 +251,7 @@ class SweepComposer:
             key = override.key_or_group
             if override.package is not None or override.is_sweep_override():
                 return None
-            if key in GROUPS:  # as Hydra decides: a group, unless the value is a dict
+            if key in GROUPS or key in PRESET_GROUPS:  # a group, unless the value is a dict
                 if isinstance(override.value(), dict) or override.is_force_add():
                     return None
                 choices.append(text)
@@ -269,6 +299,12 @@ def apply_overrides(
         key = ov.key_or_group
         if ov.is_sweep_override():
             raise ConfigError(f"{ov.input_line}: sweeps are not allowed when resuming one run")
+        if key in PRESET_GROUPS:
+            raise ConfigError(
+                f"{ov.input_line}: the run's config.yaml already holds every value its "
+                f"{key} set; resume with single keys (trainer.max_epochs=50), or start a "
+                f"new run: hpcdl train {ov.input_line}"
+            )
         if key in GROUPS and "." not in key:
             group_cfg = compose([f"{key}={ov.value()}"], config_dirs)
             tree[key] = group_cfg[key]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hpcdl.cli.compose import SweepComposer, conf_dir, hydra_message, user_conf_dirs
-from hpcdl.config.convert import GROUPS
+from hpcdl.config.convert import GROUPS, PRESET_GROUPS
 from hpcdl.errors import ConfigError
 from hpcdl.sweep.plan import SweepPlan, Trial
 
@@ -89,8 +89,9 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
             continue
         value = ov.value()
         if isinstance(value, Glob):
-            if key not in GROUPS:
-                raise ConfigError(f"{text}: glob() works on config groups ({', '.join(GROUPS)})")
+            if key not in GROUPS and key not in PRESET_GROUPS:
+                groups = ", ".join((*GROUPS, *PRESET_GROUPS))
+                raise ConfigError(f"{text}: glob() works on config groups ({groups})")
             matched = value.filter(_group_options(key, config_dirs))
             if not matched:
                 raise ConfigError(f"{text}: the glob matches no {key} option")

@@ -24,11 +24,11 @@ if TYPE_CHECKING:
 
 def _group_listing(config_dirs: Optional[list[str]] = None) -> str:
     from hpcdl.cli.compose import conf_dir, user_conf_dirs
-    from hpcdl.config.convert import GROUPS
+    from hpcdl.config.convert import GROUPS, PRESET_GROUPS
 
     dirs = [conf_dir(), *user_conf_dirs(config_dirs)]
     lines = ["config groups (choose with group=option; see docs/configuration.md):"]
-    for group in GROUPS:
+    for group in (*GROUPS, *PRESET_GROUPS):
         options = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
         lines.append(f"  {group}: {', '.join(options)}")
     lines.append("override any key with key=value, e.g. trainer.max_epochs=5 optim.lr=0.03")

@@ -42,6 +42,10 @@ FIXED_GROUPS: dict[str, type] = {
 GROUP_DEFAULTS = {"task": "classification"}
 TOP_LEVEL_KEYS = ("run_dir", "init_from")
 GROUPS = (*NAMED_GROUPS, *FIXED_GROUPS)
+# Groups that only choose other groups' options and set their values: conf/experiment/*.yaml
+# (`# @package _global_`, a whole setup in one file). Hydra composes them away, so they
+# never reach the typed config or a run's config.yaml.
+PRESET_GROUPS = ("experiment",)
 
 
 def to_config(cfg: DictConfig) -> schema.Config:

@@ -1,32 +1,42 @@
-"""P1 per-step overhead: hpcdl's training loop vs a hand-written loop doing the same work.
+"""P1 and P2: hpcdl's training loop vs loops doing the same work without it.
 
-Same model (hpcdl builds it from the same config, for both), same optimizer (hpcdl's
-optim config), same training rows (hpcdl's own split of the bundled data, as one tensor on
-the device), same batch size and precision. The hand-written loop is the strict baseline
-a careful user writes:
+The same work for every loop (benchmarks.loops.Work): the model hpcdl builds from the
+case's config, its optimizer, its own split of the bundled data's training rows, the
+batch size and precision. hpcdl's rows stay resident on the device (data.in_memory=true,
+the default for the bundled sets). Per round, interleaved, one run each of:
 
-    perm = torch.randperm(n)
-    for each batch: idx = perm[i:i+b]; zero_grad; cross_entropy(model(x[idx]), y[idx]);
-                    backward; step; loss_sum += loss.detach()   (one host read per epoch)
+    hand        the hand-written loop, the strict baseline: randperm, x[idx] slicing of the
+                resident rows, one loss read per epoch
+    hpcdl       hpcdl's job payload, in this process, as `hpcdl train cluster=debug` runs it
+    dataloader  DataLoader(TensorDataset(x, y), batch_size, shuffle=True): rows on the
+                host, default collate, no workers
+    lightning   a Lightning Trainer(barebones=True) on the hand loop's batches
+                (benchmarks.lightning_loop; left out, with a note, when not installed)
 
-hpcdl adds its per-step work on top: the task's statistics, the all-reduced step sums
-(loss, samples, non-finite count, stop/eval/save flags), the progress line, the step
-hooks. A step hook (benchmarks.hooks.record_time) stamps the time after every step in both
-loops. Epoch 0 is warm-up and not counted.
+hpcdl adds its per-step work on top of the step: the task's statistics, the all-reduced
+step sums (loss, samples, non-finite count, stop/eval/save flags), the schedule step, the
+progress line, the step hooks. A step hook (benchmarks.hooks.record_time) stamps the time
+after every step, in every loop. Epoch 0 of each run is warm-up and not counted.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+import statistics
+from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
 
-from benchmarks import hooks
+from benchmarks import hooks, lightning_loop, loops
 from benchmarks.base import Row, Settings
 from benchmarks.inprocess import create_run, environ, run_in_process
 from benchmarks.lazy_epoch import compared, epoch_times
-from benchmarks.timing import interleaved
+from benchmarks.timing import interleaved, median_ratio
+
+# P2: on a GPU, hpcdl's resident-data epoch should take at most a third of the
+# DataLoader(TensorDataset) loop's, for small data. On a CPU the batch is copied either way.
+GPU_VS_DATALOADER_GOAL = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -46,11 +56,13 @@ SMOKE = (Case("mlp", ("model=mlp", "data=breast_cancer", "trainer.batch_size=128
 
 
 def run(settings: Settings) -> list[Row]:
-    work = settings.work_dir
-    work.mkdir(parents=True)
+    settings.work_dir.mkdir(parents=True)
+    with_lightning = lightning_loop.version() is not None
+    if not with_lightning:
+        print(f"  {lightning_loop.NOT_INSTALLED}", flush=True)
     rows: list[Row] = []
     for case in SMOKE if settings.smoke else FULL:
-        rows += measure(case, settings, work)
+        rows += rows_from(measure(case, settings, with_lightning))
     return rows
 
 
@@ -64,44 +76,80 @@ def overrides_for(case: Case) -> list[str]:
     ]
 
 
-def measure(case: Case, settings: Settings, work: Path) -> list[Row]:
+@dataclass
+class Measured:
+    case: Case
+    rounds: dict[str, list[dict[str, float]]]  # loop -> each round's epoch_times
+    num_steps_per_epoch: int
+    device: str  # "cpu", "cuda"
+    lightning: Optional[str] = None  # its version, when it ran
+    setup: dict[str, Any] = field(default_factory=dict)  # for the rows' details
+
+
+def measure(case: Case, settings: Settings, with_lightning: bool = True) -> Measured:
+    """Every loop's epoch times, `settings.repeats` rounds after the warm-up rounds."""
+    work_dir = settings.work_dir
     counter = itertools.count()
-    steps_per_epoch = {}
+    found: dict[str, Any] = {}
+
+    def baseline(name: str, loop: Callable[[loops.Work, int], None]) -> Callable[[], Any]:
+        def call() -> dict[str, float]:
+            times = work_dir / f"{case.name}-{name}-{next(counter)}.times"
+            work = loops.build_work(overrides_for(case))
+            found.update(steps=work.num_steps_per_epoch, device=work.device.type)
+            log = settings.log
+            with environ({hooks.TIMES_VAR: str(times)}), redirect_stdout(log), redirect_stderr(log):
+                loop(work, case.epochs)
+            return epoch_times(hooks.read_records(times), work.num_steps_per_epoch)
+
+        return call
 
     def hpcdl_run() -> dict[str, float]:
         index = next(counter)
-        times = work / f"{case.name}-hpcdl-{index}.times"
-        run_dir = create_run(overrides_for(case), work / f"{case.name}-run-{index}")
+        times = work_dir / f"{case.name}-hpcdl-{index}.times"
+        run_dir = create_run(overrides_for(case), work_dir / f"{case.name}-run-{index}")
         run_in_process(run_dir, settings.log, {hooks.TIMES_VAR: str(times)})
-        return epoch_times(hooks.read_records(times), steps_per_epoch["n"])
-
-    def hand_run() -> dict[str, float]:
-        times = work / f"{case.name}-hand-{next(counter)}.times"
-        with environ({hooks.TIMES_VAR: str(times)}):
-            steps_per_epoch["n"] = hand_written_loop(case)
-        return epoch_times(hooks.read_records(times), steps_per_epoch["n"])
+        return epoch_times(hooks.read_records(times), found["steps"])
 
     # The hand loop runs first in each round: it also tells how many steps an epoch has.
-    rounds = interleaved(
-        {"hand": hand_run, "hpcdl": hpcdl_run}, settings.repeats, settings.warmup_rounds
+    candidates = {
+        "hand": baseline("hand", loops.raw_slicing_loop),
+        "hpcdl": hpcdl_run,
+        "dataloader": baseline("dataloader", loops.dataloader_loop),
+    }
+    if with_lightning:
+        candidates["lightning"] = baseline("lightning", lightning_loop.lightning_loop)
+    rounds = interleaved(candidates, settings.repeats, settings.warmup_rounds)
+    return Measured(
+        case=case,
+        rounds=rounds,
+        num_steps_per_epoch=found["steps"],
+        device=found["device"],
+        lightning=lightning_loop.version() if with_lightning else None,
+        setup={"case": asdict(case), "num_steps_per_epoch": found["steps"]},
     )
-    hpcdl, hand = rounds["hpcdl"], rounds["hand"]
-    setup = {"case": asdict(case), "num_steps_per_epoch": steps_per_epoch["n"]}
+
+
+def rows_from(m: Measured) -> list[Row]:
+    name, setup = m.case.name, {**m.setup, "device": m.device}
+    hpcdl, hand = m.rounds["hpcdl"], m.rounds["hand"]
     loop, step = compared(hpcdl, hand, "loop"), compared(hpcdl, hand, "step")
     period = compared(hpcdl, hand, "period")
-    return [
+    dataloader = m.rounds["dataloader"]
+    vs_loader = compared(hpcdl, dataloader, "loop")
+    rows = [
         Row(
-            id=f"overhead.{case.name}.loop",
-            what=f"hpcdl's training loop over one epoch ({' '.join(case.overrides)}): first "
-            "to last step, no epoch boundary",
+            id=f"overhead.{name}.loop",
+            what=f"hpcdl's training loop over one epoch ({' '.join(m.case.overrides)}), rows "
+            "resident on the device: first to last step, no epoch boundary",
             baseline="a hand-written loop: same model, optimizer, rows (one tensor on the "
-            "device, randperm indexing), batch size; one loss read per epoch",
+            "device, randperm, x[idx] slicing), batch size; one loss read per epoch",
             ratio=loop.pop("ratio"),
             goal=1.05,
             details={**loop, "step": step, **setup},
         ),
         Row(
-            id=f"overhead.{case.name}.epoch",
+            id=f"overhead.{name}.epoch",
             what="a whole hpcdl epoch, last step to last step: the loop plus the epoch end "
             "(validation pass, checkpoint, metrics row)",
             baseline="a whole hand-written epoch (its loop and its epoch's loss read; no "
@@ -110,42 +158,71 @@ def measure(case: Case, settings: Settings, work: Path) -> list[Row]:
             goal=None,
             details={**period, **setup},
         ),
+        Row(
+            id=f"overhead.{name}.vs_dataloader",
+            what="hpcdl's training loop over one epoch, rows resident on the device (as in "
+            f"overhead.{name}.loop)",
+            baseline="a DataLoader(TensorDataset(x, y), batch_size, shuffle=True) loop: rows "
+            "on the host, default collate, no workers, each batch copied to the device; "
+            "same model, optimizer, batch size; one loss read per epoch",
+            ratio=vs_loader.pop("ratio"),
+            goal=GPU_VS_DATALOADER_GOAL if m.device == "cuda" else None,
+            details={
+                **vs_loader,
+                "step": compared(hpcdl, dataloader, "step"),
+                # The DataLoader's price by itself: the same loop with x[idx] batches.
+                "dataloader_vs_hand": compared(dataloader, hand, "loop")["ratio"],
+                **setup,
+            },
+        ),
     ]
+    if m.lightning is not None:
+        lightning = m.rounds["lightning"]
+        vs_lightning = compared(hpcdl, lightning, "loop")
+        rows.append(
+            Row(
+                id=f"overhead.{name}.lightning",
+                what=f"hpcdl's training loop over one epoch (as in overhead.{name}.loop)",
+                baseline=f"Lightning {m.lightning}, Trainer(barebones=True) on one device: "
+                "same model, optimizer, resident rows and batches (randperm, x[idx]), batch "
+                "size; timed the same way, from a callback after each optimizer step",
+                ratio=vs_lightning.pop("ratio"),
+                goal=1.0,  # faster than Lightning
+                details={
+                    **vs_lightning,
+                    "step": compared(hpcdl, lightning, "step"),
+                    # The issue's way round: how many times longer Lightning's epoch takes.
+                    "lightning_over_hpcdl": median_ratio(
+                        [r["loop"] for r in lightning], [r["loop"] for r in hpcdl]
+                    ),
+                    "lightning_version": m.lightning,
+                    **setup,
+                },
+            )
+        )
+    return rows
 
 
-def hand_written_loop(case: Case) -> int:
-    """The baseline; returns its steps per epoch."""
-    import torch
-    import torch.nn.functional as F
+LOOP_NAMES = {  # table order
+    "hpcdl": "hpcdl",
+    "hand": "hand-written: randperm, x[idx]",
+    "dataloader": "DataLoader(TensorDataset, shuffle=True)",
+    "lightning": "Lightning {version}, Trainer(barebones=True)",
+}
 
-    from hpcdl.cli.compose import compose_config
-    from hpcdl.data.feed import build_feed
-    from hpcdl.dist import pick_device
-    from hpcdl.models import build_model
-    from hpcdl.optim import build_optimizer
 
-    cfg = compose_config(["cluster=debug", *overrides_for(case)])
-    device = pick_device(cfg.trainer.device.value, 0)
-    torch.manual_seed(cfg.trainer.seed)
-    feed: Any = build_feed(cfg.data, device, seed=cfg.trainer.seed)
-    x, y = feed.data.x_train.to(device), feed.data.y_train.to(device)
-    model = build_model(cfg.model, feed.input_shape, feed.num_classes).to(device)
-    optimizer = build_optimizer(cfg.optim, model.parameters())
-    n, batch = x.shape[0], cfg.trainer.batch_size
-    steps = -(-n // batch)
-    global_step = 0
-    for epoch in range(case.epochs):
-        model.train()
-        perm = torch.randperm(n, device=device)
-        loss_sum = torch.zeros((), device=device)
-        for step in range(steps):
-            idx = perm[step * batch : (step + 1) * batch]
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.detach()
-            global_step += 1
-            hooks.write_record("step", global_step, epoch, step + 1, 0)
-        loss_sum.item()  # the epoch's one read of the loss
-    return steps
+def table(m: Measured) -> str:
+    """`hpcdl bench overhead`'s table: each loop's epoch and step (medians over rounds), and
+    its epoch / hpcdl's epoch (the median of the rounds' ratios)."""
+    hpcdl = [r["loop"] for r in m.rounds["hpcdl"]]
+    lines = ["| loop | epoch (ms) | step (ms) | time / hpcdl's |", "|---|---|---|---|"]
+    for key, name in LOOP_NAMES.items():
+        if key not in m.rounds:
+            continue
+        rounds = m.rounds[key]
+        epoch_ms = 1e3 * statistics.median(r["loop"] for r in rounds)
+        step_ms = 1e3 * statistics.median(r["step"] for r in rounds)
+        ratio = median_ratio([r["loop"] for r in rounds], hpcdl)
+        label = name.format(version=m.lightning)
+        lines.append(f"| {label} | {epoch_ms:.2f} | {step_ms:.3f} | {ratio:.2f}x |")
+    return "\n".join(lines)

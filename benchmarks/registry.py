@@ -13,7 +13,7 @@ from benchmarks.base import Benchmark
 BENCHMARKS: dict[str, Benchmark] = {
     "lazy_epoch": lazy_epoch.run,  # L1: epoch on a lazily read dataset vs a plain loop
     "resumed_step": resumed_step.run,  # L2: first step after a mid-epoch resume
-    "overhead": overhead.run,  # P1: hpcdl's loop vs a hand-written loop
+    "overhead": overhead.run,  # P1, P2: hpcdl's loop vs hand-written, DataLoader, Lightning
     "dry_run": dry_run.run,  # P3: `train --dry-run` vs `import torch`, fresh interpreters
     "sweep_submit": sweep_submit.run,  # P6: `train -m`, 100 trials, and its planning
     "checkpoint": checkpoint.run,  # P5: save/load vs torch.save/load, stall per save

@@ -64,6 +64,9 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
     for name in BENCHMARKS:
         assert any(i.startswith(f"{name}.") for i in ids), f"no rows from {name}: {ids}"
     assert {
+        "overhead.mlp.loop",
+        "overhead.mlp.vs_dataloader",
+        "overhead.mlp.lightning",  # Lightning is in the dev extra: its row must be there
         "lazy_epoch.loop",
         "resumed_step.vs_step",
         "resumed_step.vs_new_run",
@@ -81,6 +84,9 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
     )
     assert rows["sweep_submit.plan"]["details"]["create_sweep_s"]["median"] > 0
     assert rows["dry_run.vs_import_torch"]["details"]["imports_torch"] is False
+    lightning = rows["overhead.mlp.lightning"]["details"]
+    assert lightning["lightning_version"] and lightning["lightning_over_hpcdl"] > 0
+    assert rows["overhead.mlp.vs_dataloader"]["details"]["dataloader_vs_hand"] > 0
     for row in record["rows"]:
         assert math.isfinite(row["ratio"]) and row["ratio"] > 0, row
         assert row["what"] and row["baseline"]
@@ -128,6 +134,118 @@ def test_checkpoint_stall_is_the_saving_interval_minus_a_normal_one() -> None:
     assert medians["stall"] == pytest.approx(0.25)
     with pytest.raises(RuntimeError, match="step records"):
         step_intervals(records[:-1], SMOKE)
+
+
+def test_overhead_rows_and_table_from_measured_rounds() -> None:
+    from benchmarks.overhead import SMOKE, Measured, rows_from, table
+
+    def rounds(loop_s: float) -> list[dict[str, float]]:
+        # Two rounds; the second 10% slower for every loop (a busier minute).
+        return [
+            {"loop": loop_s * k, "step": loop_s * k / 4, "period": loop_s * k, "boundary": 0.0}
+            for k in (1.0, 1.1)
+        ]
+
+    loops = {"hand": rounds(0.8), "hpcdl": rounds(1.0), "dataloader": rounds(1.6)}
+    cpu = Measured(SMOKE[0], loops, num_steps_per_epoch=4, device="cpu")
+    ids = {row.id: row for row in rows_from(cpu)}
+    assert list(ids) == ["overhead.mlp.loop", "overhead.mlp.epoch", "overhead.mlp.vs_dataloader"]
+    assert ids["overhead.mlp.loop"].ratio == pytest.approx(1.25)
+    assert ids["overhead.mlp.vs_dataloader"].ratio == pytest.approx(0.625)
+    assert ids["overhead.mlp.vs_dataloader"].goal is None  # P2's goal is for a GPU
+    lines = table(cpu).splitlines()
+    assert lines[2] == "| hpcdl | 1050.00 | 262.500 | 1.00x |"  # medians, in ms
+    assert lines[3].startswith("| hand-written") and lines[3].endswith("| 0.80x |")
+    assert len(lines) == 5  # no Lightning row when it did not run
+
+    gpu = Measured(
+        SMOKE[0], {**loops, "lightning": rounds(2.5)}, 4, device="cuda", lightning="2.6.6"
+    )
+    ids = {row.id: row for row in rows_from(gpu)}
+    assert ids["overhead.mlp.vs_dataloader"].goal == pytest.approx(1 / 3)
+    lightning = ids["overhead.mlp.lightning"]
+    assert lightning.ratio == pytest.approx(0.4) and lightning.meets_goal
+    assert lightning.details["lightning_over_hpcdl"] == pytest.approx(2.5)
+    assert table(gpu).splitlines()[-1].startswith("| Lightning 2.6.6, Trainer(barebones=True) |")
+
+
+@pytest.mark.slow  # imports Lightning and trains the MLP three times in-process; about 5 s
+def test_lightning_and_hand_written_loops_do_the_same_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same seed, same permutations: Lightning's loop ends with the hand loop's weights, and
+    both stamp every step of every epoch; the DataLoader loop stamps them too."""
+    import torch
+
+    from benchmarks import hooks, lightning_loop, loops
+
+    overrides = ["model=mlp", "data=breast_cancer", "trainer.batch_size=128"]
+    trained, stamped = {}, {}
+    for name, loop in (
+        ("hand", loops.raw_slicing_loop),
+        ("lightning", lightning_loop.lightning_loop),
+        ("dataloader", loops.dataloader_loop),
+    ):
+        work = loops.build_work(overrides)
+        times = tmp_path / f"{name}.times"
+        monkeypatch.setenv(hooks.TIMES_VAR, str(times))
+        torch.manual_seed(1)
+        loop(work, 2)
+        trained[name] = work.model.state_dict()
+        stamped[name] = [(r.epoch, r.step_in_epoch) for r in hooks.read_records(times)]
+    steps = work.num_steps_per_epoch
+    assert stamped["hand"] == [(e, s) for e in range(2) for s in range(1, steps + 1)]
+    assert stamped["lightning"] == stamped["hand"] == stamped["dataloader"]
+    for key, value in trained["hand"].items():
+        assert torch.equal(value, trained["lightning"][key]), key
+    # The DataLoader draws its own order: its weights differ, so the check above can fail.
+    assert any(not torch.equal(v, trained["dataloader"][k]) for k, v in trained["hand"].items())
+
+
+@pytest.mark.slow  # a fresh interpreter trains four loops; about 10 s
+def test_bench_overhead_prints_every_loop_against_hpcdl(hpcdl) -> None:
+    from benchmarks.lightning_loop import PINNED
+
+    # From a folder outside the source tree: the command finds benchmarks/ itself.
+    out = hpcdl(
+        "bench", "overhead", "model=mlp", "data=breast_cancer", "trainer.batch_size=128",
+        "--epochs", "3", "--repeats", "1", "--warmup-rounds", "0",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("model=mlp data=breast_cancer precision=fp32 batch 128 (4 steps")
+    rows = [ln for ln in out.stdout.splitlines() if ln.startswith("| ") and "---" not in ln]
+    assert rows[0] == "| loop | epoch (ms) | step (ms) | time / hpcdl's |"
+    assert rows[1].startswith("| hpcdl |") and rows[1].endswith("| 1.00x |")
+    assert [r.split(" | ")[0] for r in rows[2:]] == [
+        "| hand-written: randperm, x[idx]",
+        "| DataLoader(TensorDataset, shuffle=True)",
+        f"| Lightning {PINNED.split('==')[1]}, Trainer(barebones=True)",
+    ]
+    bad = hpcdl("bench", "overhead", "--epochs", "2")
+    assert bad.returncode == 2 and "--epochs 2: at least 3" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data=custom", "data.target=benchmarks.lazy:build"], "data=custom is read lazily"),
+        (
+            ["task=custom", "task.target=mylab:step", "trainer.early_stopping.monitor=val_loss"],
+            "task=custom: the loops compared here train with cross-entropy",
+        ),
+        (["trainer.compile=true"], "trainer.compile=True: the hand-written and Lightning"),
+    ],
+)
+def test_overhead_refuses_what_its_other_loops_cannot_do_alike(
+    overrides: list[str], message: str
+) -> None:
+    from benchmarks.loops import check_comparable
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        check_comparable(compose_config(["cluster=debug", *overrides]))
+    check_comparable(compose_config(["cluster=debug", "model=cnn", "data=digits"]))
 
 
 def test_bench_devices_prints_the_table_for_the_cpu_and_each_gpu(hpcdl) -> None:

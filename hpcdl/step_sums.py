@@ -51,6 +51,16 @@ class StepSums:
         return packed
 
     @classmethod
+    def of_one_rank(cls, stats: Sequence[Value] = (), **values: Value) -> StepSums:
+        """The sums of a job with one rank: its own values, read directly (a tensor read is
+        ~2 us; packing and unpacking one tensor ~40 us, a tenth of a tiny model's step)."""
+        names = _field_names()
+        unknown = values.keys() - set(names)
+        if unknown:
+            raise TypeError(f"StepSums has no fields {sorted(unknown)}")
+        return cls(**{k: float(v) for k, v in values.items()}, stats=tuple(map(float, stats)))
+
+    @classmethod
     def unpack(cls, reduced: torch.Tensor) -> StepSums:
         """The all-reduced tensor back to named values (one host sync)."""
         values = reduced.tolist()

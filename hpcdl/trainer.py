@@ -34,7 +34,7 @@ from hpcdl.provenance import collect_versions, weights_sha256
 from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT, MetricsLog
 from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
-from hpcdl.step_sums import StepSums
+from hpcdl.step_sums import StepSums, Value
 from hpcdl.tasks import ClassificationTask, RegressionTask, Task, check_monitor
 from hpcdl.telemetry import Telemetry
 from hpcdl.trackers.base import Logger, NullLogger
@@ -209,16 +209,18 @@ class Trainer:
             self._check_monitor()
 
         stop_local, eval_local, save_local = self._local_flags()
-        local = StepSums.pack(
-            p.device,
-            stats=[out.stats[name] for name in p.task.stat_names],
-            loss_sum=out.loss_sum.detach(),  # copied into the float64 sums
-            num_samples=float(out.num_samples),
-            num_stop=stop_local,
-            eval_due=eval_local,
-            save_due=save_local,
-        )
-        sums = StepSums.unpack(all_reduce_sum(local))
+        stats = [out.stats[name] for name in p.task.stat_names]
+        mine: dict[str, Value] = {
+            "loss_sum": out.loss_sum.detach(),  # copied into the float64 sums
+            "num_samples": float(out.num_samples),
+            "num_stop": stop_local,
+            "eval_due": eval_local,
+            "save_due": save_local,
+        }
+        if self.env.world_size == 1:
+            sums = StepSums.of_one_rank(stats, **mine)
+        else:
+            sums = StepSums.unpack(all_reduce_sum(StepSums.pack(p.device, stats, **mine)))
         if sums.nonfinite:
             self._skip_step()
         else:

@@ -381,3 +381,25 @@ def test_completion_candidates(tmp_path: Path) -> None:
     (mine / "tinynet.yaml").write_text("# hpcdl train -cd conf model=tinynet\nname: mlp\n")
     assert "tinynet" in candidates(f"hpcdl train --config-dir {tmp_path / 'conf'} model=")
     assert "tinynet" not in candidates("hpcdl train model=")
+
+
+def test_train_into_a_closed_pipe_stops_quietly_and_resumes(tmp_path: Path) -> None:
+    # `hpcdl train | head -1`: the reader goes away; no traceback, the run continues later.
+    from tests.conftest import run_hpcdl
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcdl.cli.main", "train", f"run_dir={run_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # as `head -1` does once it has its line
+    assert proc.wait(timeout=300) == 141
+    assert "Traceback" not in proc.stderr.read()
+    out = run_hpcdl("resume", str(run_dir), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (run_dir / "summary.json").exists()

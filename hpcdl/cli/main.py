@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from hpcdl.errors import HpcdlError
-from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
@@ -181,6 +182,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except HpcdlError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # The reader went away (`hpcdl train | head`): stop quietly, as Unix tools do on
+        # SIGPIPE. A training run stops where it was and continues with `hpcdl resume`.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def version_line() -> str:

@@ -7,7 +7,15 @@ with benchmarks.timing.interleaved, and add a line here.
 
 from __future__ import annotations
 
-from benchmarks import checkpoint, dry_run, lazy_epoch, overhead, resumed_step, sweep_submit
+from benchmarks import (
+    checkpoint,
+    dry_run,
+    job_start,
+    lazy_epoch,
+    overhead,
+    resumed_step,
+    sweep_submit,
+)
 from benchmarks.base import Benchmark
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -18,3 +26,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "sweep_submit": sweep_submit.run,  # P6: `train -m`, 100 trials, and its planning
     "checkpoint": checkpoint.run,  # P5: save/load vs torch.save/load, stall per save
 }
+# On the dev cluster (slurm/devcluster up; SLURM_CONF set): by name, or with --cluster.
+CLUSTER_BENCHMARKS: dict[str, Benchmark] = {
+    "job_start": job_start.run,  # P4: batch script start -> first optimizer step vs sbatch+srun
+}
+ALL_BENCHMARKS = {**BENCHMARKS, **CLUSTER_BENCHMARKS}

@@ -1,4 +1,4 @@
-"""python -m benchmarks.run [--all | NAME ...] [--smoke] [--repeats N] [--threads N] [--out DIR]
+"""python -m benchmarks.run [--all [--cluster] | NAME ...] [--smoke] [--repeats N] [--threads N] [--out DIR]
 
 Runs the named benchmarks (--list shows them) and writes their rows, with the machine and
 versions, to DIR/<date>-<host>-<device>[-smoke].{json,md} (DIR: benchmarks/results).
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from benchmarks.base import Row, Settings
-from benchmarks.registry import BENCHMARKS
+from benchmarks.registry import ALL_BENCHMARKS, BENCHMARKS, CLUSTER_BENCHMARKS
 from benchmarks.report import (
     RESULTS_DIR,
     free_stem,
@@ -43,8 +43,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="python -m benchmarks.run",
         description="hpcdl's benchmarks: ratios against a baseline measured in the same run.",
     )
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(BENCHMARKS)}")
-    parser.add_argument("--all", action="store_true", help="run every benchmark")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"one of {', '.join(ALL_BENCHMARKS)}"
+    )
+    parser.add_argument("--all", action="store_true", help="every benchmark on this machine")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help=f"with --all, the dev-cluster ones too ({', '.join(CLUSTER_BENCHMARKS)})",
+    )
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes, one round: checks that they run (CI)"
@@ -66,9 +73,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--out", type=Path, default=RESULTS_DIR, help="folder for the results (default %(default)s)"
     )
     args = parser.parse_args(argv)
-    unknown = [n for n in args.names if n not in BENCHMARKS]
+    unknown = [n for n in args.names if n not in ALL_BENCHMARKS]
     if unknown:
-        parser.error(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+        choices = ", ".join(ALL_BENCHMARKS)
+        parser.error(f"unknown benchmark {', '.join(unknown)}; choose from {choices}")
     if not args.list and not args.all and not args.names:
         parser.error("name the benchmarks to run, or pass --all (--list shows them)")
     if args.repeats is not None and args.repeats < 1:
@@ -87,7 +95,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    names = list(BENCHMARKS) if args.all else list(dict.fromkeys(args.names))
+    everything = ALL_BENCHMARKS if args.cluster else BENCHMARKS
+    names = list(everything) if args.all else list(dict.fromkeys(args.names))
     repeats = args.repeats or (1 if args.smoke else DEFAULT_REPEATS)
     # A smoke run only checks that the code runs: no warm-up round to throw away.
     warmup_rounds = 0 if args.smoke else 1
@@ -118,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def list_benchmarks() -> None:
-    for name, fn in BENCHMARKS.items():
+    for name, fn in ALL_BENCHMARKS.items():
         doc = (sys.modules[fn.__module__].__doc__ or "").strip().splitlines()
         print(f"{name:14s} {doc[0] if doc else ''}")
 
@@ -134,7 +143,7 @@ def run_benchmarks(names: list[str], smoke: bool, repeats: int, warmup_rounds: i
                 print(f"{name}: {repeats} rounds after {warmup_rounds} warm-up", flush=True)
                 began = time.monotonic()
                 try:
-                    found = BENCHMARKS[name](settings)
+                    found = ALL_BENCHMARKS[name](settings)
                 except Exception as exc:
                     log.flush()
                     traceback.print_exc()

@@ -40,6 +40,23 @@ def run_hpcdl(
     )
 
 
+def smoke_benchmarks(out: Path, *names: str, timeout: float = 240) -> dict:
+    """`python -m benchmarks.run NAMES --smoke --out OUT` from the repo; its JSON record."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", *names, "--smoke", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [json_path] = out.glob("*-smoke.json")
+    assert json_path.with_suffix(".md").is_file()
+    return json.loads(json_path.read_text())
+
+
 @pytest.fixture
 def hpcdl(tmp_path: Path):
     def call(

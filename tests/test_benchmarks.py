@@ -7,15 +7,12 @@ benchmarks/results/, as ratios measured in one run (docs/performance.md).
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import smoke_benchmarks
 
 
 def test_interleaved_runs_rounds_in_turn_and_drops_the_warmup() -> None:
@@ -41,17 +38,7 @@ def test_interleaved_runs_rounds_in_turn_and_drops_the_warmup() -> None:
 def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path) -> None:
     from benchmarks.registry import BENCHMARKS
 
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--all", "--smoke", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    [json_path] = tmp_path.glob("*-smoke.json")
-    assert json_path.with_suffix(".md").is_file()
-    record = json.loads(json_path.read_text())
+    record = smoke_benchmarks(tmp_path, "--all")
 
     assert record["smoke"] is True
     assert record["benchmarks"] == list(BENCHMARKS)
@@ -96,16 +83,7 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
 
 @pytest.mark.slow  # trains a tiny ResNet-18 twice in-process; about 10 s
 def test_checkpoint_smoke_saves_loads_and_times_the_stall(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "checkpoint", "--smoke", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    [json_path] = tmp_path.glob("*-smoke.json")
-    rows = {row["id"]: row for row in json.loads(json_path.read_text())["rows"]}
+    rows = {row["id"]: row for row in smoke_benchmarks(tmp_path, "checkpoint")["rows"]}
     assert list(rows) == ["checkpoint.save", "checkpoint.load_latest", "checkpoint.stall"]
     save = rows["checkpoint.save"]["details"]
     # hpcdl's file is torch.save's bytes plus the 48-byte header (torch skips no data).

@@ -3,29 +3,15 @@ one hpcdl job and one hand-written sbatch job, each timed from its batch script'
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import smoke_benchmarks
 
 pytestmark = pytest.mark.slurm
 
 
 def test_job_start_smoke_times_both_jobs_from_their_scripts_start(devcluster, tmp_path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "job_start", "--smoke", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    [json_path] = Path(tmp_path).glob("*-smoke.json")
-    [row] = json.loads(json_path.read_text())["rows"]
+    [row] = smoke_benchmarks(tmp_path, "job_start", timeout=600)["rows"]
     assert row["id"] == "job_start.first_step" and row["goal"] == 1.2
     measured, baseline = row["details"]["measured_s"], row["details"]["baseline_s"]
     # Both spans are real: python, torch and a step take seconds, not nothing, on a node.

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.atomic import write_atomic
-from hpcdl.launch.monitor import query, state_from_run_dir
+from hpcdl.launch.diagnose import describe, root_cause
+from hpcdl.launch.monitor import FAILED_STATES, query, state_from_run_dir
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.ledger import COMPLETED, Ledger
@@ -139,7 +140,21 @@ def status_table(ledger: Ledger, metric: str) -> str:
     for t in ledger.trials:
         counts[t.state] += 1
     footer = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-    return _markdown(rows) + f"\n{len(ledger.trials)} trials: {footer}\n"
+    causes = "".join(f"trial {i} failed: {cause}\n" for i, cause in failure_causes(ledger))
+    return _markdown(rows) + f"\n{len(ledger.trials)} trials: {footer}\n" + causes
+
+
+def failure_causes(ledger: Ledger) -> list[tuple[int, str]]:
+    """(trial, the rank that made it fail and why) for each failed trial whose logs tell."""
+    found = []
+    for t in ledger.trials:
+        if t.state not in FAILED_STATES or not t.job_id:
+            continue
+        log_dir = RunDir(Path(t.run_dir)).rank_log(t.job_id, 0).parent
+        cause = describe(root_cause(log_dir, t.job_id))
+        if cause:
+            found.append((t.index, cause))
+    return found
 
 
 def _markdown(rows: list[list[str]]) -> str:

@@ -101,6 +101,9 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
     good_summary = (Path(first[0]["run_dir"]) / "summary.json").stat().st_mtime
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
     assert "1 COMPLETED, 1 FAILED" in status.stdout, status.stdout
+    # Why it failed, from the trial's own log: the rank and the file.
+    [why] = [ln for ln in status.stdout.splitlines() if ln.startswith("trial 1 failed: ")]
+    assert why.startswith("trial 1 failed: rank 0: ") and "broken.npz" in why, why
 
     fix_broken(tmp_path)
     rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", cwd=tmp_path)

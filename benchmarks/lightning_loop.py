@@ -11,8 +11,8 @@ logger, progress bar, model summary or sanity check (its defaults would add all 
 these, and a step time that includes writing TensorBoard logs). The LightningModule's
 training_step is the hand loop's: cross-entropy of the model's output, returned for
 Lightning's automatic optimization (zero_grad, backward, step). Its batches are the raw
-slicing loop's, a fresh randperm of the resident rows each epoch, handed over as a plain
-iterable (not a DataLoader), so that only the loop around the step differs. A callback's
+slicing loop's, each epoch's order of the resident rows (loops.epoch_order), handed over
+as a plain iterable (not a DataLoader), so that only the loop around the step differs. A callback's
 on_train_batch_end, which Lightning calls after the optimizer step, writes the step record.
 
 Lightning is optional (pyproject's `bench` extra pins the release measured): version()
@@ -60,18 +60,22 @@ def version() -> Optional[str]:
 
 
 class ResidentBatches:
-    """(x[idx], y[idx]) for each batch of a new permutation: the raw slicing loop's batches."""
+    """(x[idx], y[idx]) for each batch of the epoch's order: the raw slicing loop's batches.
+    Each iteration is the next epoch (Lightning iterates it once per training epoch)."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
-        self.x, self.y, self.batch_size = x, y, batch_size
+    def __init__(self, work: Work) -> None:
+        self.work = work
+        self.x, self.y, self.batch_size = work.x, work.y, work.batch_size
+        self.epoch = 0
 
     def __len__(self) -> int:
         return -(-self.x.shape[0] // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        import torch
+        from benchmarks.loops import epoch_order
 
-        perm = torch.randperm(self.x.shape[0], device=self.x.device)
+        perm = epoch_order(self.work, self.epoch)
+        self.epoch += 1
         for step in range(len(self)):
             idx = perm[step * self.batch_size : (step + 1) * self.batch_size]
             yield self.x[idx], self.y[idx]
@@ -97,7 +101,7 @@ def lightning_loop(work: Work, num_epochs: int) -> None:
             # Lightning would otherwise take its ranks from the SLURM_* variables.
             plugins=[LightningEnvironment()],
         )
-        batches = ResidentBatches(work.x, work.y, work.batch_size)
+        batches = ResidentBatches(work)
         trainer.fit(module_class(work), train_dataloaders=batches)
 
 

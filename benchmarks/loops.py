@@ -1,16 +1,19 @@
 """The overhead benchmark's work, and the loops that do it without hpcdl's trainer.
 
 `Work` is what every loop trains, built by hpcdl from the case's config so that they all
-train the same thing: the model (hpcdl's builder, after torch.manual_seed(trainer.seed)),
-the optimizer (hpcdl's optim config; these loops keep its rate constant, while hpcdl steps
+train the same thing: the model (hpcdl's builder, after torch.manual_seed(trainer.seed),
+which is drawn again after the build, as hpcdl's rank 0 does), the optimizer (hpcdl's optim config; these loops keep its rate constant, while hpcdl steps
 its schedule, schedule=none by default, every step), the training rows (hpcdl's own split of the bundled
 data, one tensor on the device), the batch size, and the precision (autocast in bf16/fp16,
 and a GradScaler in fp16, as hpcdl's trainer does).
 
 Two loops a careful user writes by hand, each reading its loss once per epoch:
 
-    raw slicing:  perm = torch.randperm(n); for each batch: idx = perm[i:i+b];
+    raw slicing:  perm = epoch_order(epoch); for each batch: idx = perm[i:i+b];
                   zero_grad; cross_entropy(model(x[idx]), y[idx]); backward; step
+                  (epoch_order: randperm(n) from a generator seeded by seed and epoch,
+                  as hpcdl draws it, so this loop does hpcdl's arithmetic exactly and
+                  ends with hpcdl's weights, bit for bit, on the CPU)
     DataLoader:   for xb, yb in DataLoader(TensorDataset(x, y), batch_size, shuffle=True):
                   the same step on xb.to(device), yb.to(device)   (rows on the host,
                   torch's default collate, no workers; pinned memory on a GPU)
@@ -47,6 +50,7 @@ class Work:
     y: torch.Tensor
     batch_size: int
     device: torch.device
+    seed: int  # trainer.seed: the epochs' orders (epoch_order)
 
     @property
     def num_steps_per_epoch(self) -> int:
@@ -57,6 +61,7 @@ def build_work(overrides: Sequence[str]) -> Work:
     """The work hpcdl does for `hpcdl train cluster=debug OVERRIDES`, for a loop of our own."""
     import torch
 
+    from hpcdl.build import seed_everything
     from hpcdl.cli.compose import compose_config
     from hpcdl.config.schema import Precision
     from hpcdl.data.feed import build_feed
@@ -68,9 +73,10 @@ def build_work(overrides: Sequence[str]) -> Work:
     check_comparable(cfg)
     t = cfg.trainer
     device = pick_device(t.device.value, 0)
-    torch.manual_seed(t.seed)
+    seed_everything(t.seed, t.deterministic)
     feed: Any = build_feed(cfg.data, device, seed=t.seed)  # a TensorFeed: checked above
     model = build_model(cfg.model, feed.input_shape, feed.num_classes).to(device)
+    torch.manual_seed(t.seed)  # dropout's draws start here, as in hpcdl's rank 0
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(t.precision)
     return Work(
         model=model,
@@ -82,7 +88,21 @@ def build_work(overrides: Sequence[str]) -> Work:
         y=feed.data.y_train.to(device),
         batch_size=t.batch_size,
         device=device,
+        seed=t.seed,
     )
+
+
+def epoch_order(work: Work, epoch: int) -> torch.Tensor:
+    """The epoch's order of the rows, drawn as hpcdl draws it: randperm from a generator
+    seeded by (seed, epoch), on the host, moved to the device once. The same order makes
+    the loops do exactly hpcdl's arithmetic: their final weights can be compared bit for bit."""
+    import torch
+
+    from hpcdl.data.sharding import EPOCH_SEED_STRIDE, GENERATOR_SEED_MODULUS
+
+    seed = (work.seed * EPOCH_SEED_STRIDE + epoch) % GENERATOR_SEED_MODULUS
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randperm(work.x.shape[0], generator=generator).to(work.device)
 
 
 def check_comparable(cfg: Config) -> None:
@@ -141,11 +161,11 @@ def raw_slicing_loop(work: Work, num_epochs: int) -> None:
     """The hand-written loop over resident rows: P1's strict baseline."""
     import torch
 
-    n, batch = work.x.shape[0], work.batch_size
+    batch = work.batch_size
     global_step = 0
     for epoch in range(num_epochs):
         work.model.train()
-        perm = torch.randperm(n, device=work.device)
+        perm = epoch_order(work, epoch)
         loss_sum = torch.zeros((), device=work.device)
         for step in range(work.num_steps_per_epoch):
             idx = perm[step * batch : (step + 1) * batch]

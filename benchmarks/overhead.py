@@ -21,6 +21,7 @@ after every step, in every loop. Epoch 0 of each run is warm-up and not counted.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import statistics
 from collections.abc import Callable
@@ -84,13 +85,26 @@ class Measured:
     device: str  # "cpu", "cuda"
     lightning: Optional[str] = None  # its version, when it ran
     setup: dict[str, Any] = field(default_factory=dict)  # for the rows' details
+    # loop -> weights_sha256 of its final weights, each run (warm-up rounds included)
+    weights: dict[str, list[str]] = field(default_factory=dict)
+
+    def same_weights(self, loop: str, baseline: str = "hand") -> Optional[bool]:
+        """Whether every run of `loop` ended with the baseline's final weights, bit for
+        bit (the loops draw hpcdl's epoch orders and seeds); None when not recorded."""
+        ours, theirs = self.weights.get(loop), self.weights.get(baseline)
+        if not ours or not theirs:
+            return None
+        return len(set(ours) | set(theirs)) == 1
 
 
 def measure(case: Case, settings: Settings, with_lightning: bool = True) -> Measured:
     """Every loop's epoch times, `settings.repeats` rounds after the warm-up rounds."""
+    from hpcdl.provenance import weights_sha256
+
     work_dir = settings.work_dir
     counter = itertools.count()
     found: dict[str, Any] = {}
+    weights: dict[str, list[str]] = collections.defaultdict(list)  # loop -> each run's
 
     def baseline(name: str, loop: Callable[[loops.Work, int], None]) -> Callable[[], Any]:
         def call() -> dict[str, float]:
@@ -100,6 +114,7 @@ def measure(case: Case, settings: Settings, with_lightning: bool = True) -> Meas
             log = settings.log
             with environ({hooks.TIMES_VAR: str(times)}), redirect_stdout(log), redirect_stderr(log):
                 loop(work, case.epochs)
+            weights[name].append(weights_sha256(work.model.state_dict()))
             return epoch_times(hooks.read_records(times), work.num_steps_per_epoch)
 
         return call
@@ -109,6 +124,10 @@ def measure(case: Case, settings: Settings, with_lightning: bool = True) -> Meas
         times = work_dir / f"{case.name}-hpcdl-{index}.times"
         run_dir = create_run(overrides_for(case), work_dir / f"{case.name}-run-{index}")
         run_in_process(run_dir, settings.log, {hooks.TIMES_VAR: str(times)})
+        summary = run_dir.read_summary()
+        if summary is None:
+            raise RuntimeError(f"{run_dir.path}: the run wrote no summary")
+        weights["hpcdl"].append(summary["weights_sha256"])
         return epoch_times(hooks.read_records(times), found["steps"])
 
     # The hand loop runs first in each round: it also tells how many steps an epoch has.
@@ -127,6 +146,7 @@ def measure(case: Case, settings: Settings, with_lightning: bool = True) -> Meas
         device=found["device"],
         lightning=lightning_loop.version() if with_lightning else None,
         setup={"case": asdict(case), "num_steps_per_epoch": found["steps"]},
+        weights=dict(weights),
     )
 
 
@@ -146,7 +166,13 @@ def rows_from(m: Measured) -> list[Row]:
             "device, randperm, x[idx] slicing), batch size; one loss read per epoch",
             ratio=loop.pop("ratio"),
             goal=1.05,
-            details={**loop, "step": step, **setup},
+            details={
+                **loop,
+                "step": step,
+                # Same seeds and orders: the same arithmetic, so the same final weights.
+                "final_weights_identical_to_hand": m.same_weights("hpcdl"),
+                **setup,
+            },
         ),
         Row(
             id=f"overhead.{name}.epoch",
@@ -196,6 +222,7 @@ def rows_from(m: Measured) -> list[Row]:
                         [r["loop"] for r in lightning], [r["loop"] for r in hpcdl]
                     ),
                     "lightning_version": m.lightning,
+                    "final_weights_identical_to_hand": m.same_weights("lightning"),
                     **setup,
                 },
             )
@@ -213,9 +240,13 @@ LOOP_NAMES = {  # table order
 
 def table(m: Measured) -> str:
     """`hpcdl bench overhead`'s table: each loop's epoch and step (medians over rounds), and
-    its epoch / hpcdl's epoch (the median of the rounds' ratios)."""
+    its epoch / hpcdl's epoch (the median of the rounds' ratios), and whether it ended with
+    hpcdl's final weights, bit for bit (the DataLoader draws its own order: it cannot)."""
     hpcdl = [r["loop"] for r in m.rounds["hpcdl"]]
-    lines = ["| loop | epoch (ms) | step (ms) | time / hpcdl's |", "|---|---|---|---|"]
+    lines = [
+        "| loop | epoch (ms) | step (ms) | time / hpcdl's | hpcdl's final weights |",
+        "|---|---|---|---|---|",
+    ]
     for key, name in LOOP_NAMES.items():
         if key not in m.rounds:
             continue
@@ -224,5 +255,7 @@ def table(m: Measured) -> str:
         step_ms = 1e3 * statistics.median(r["step"] for r in rounds)
         ratio = median_ratio([r["loop"] for r in rounds], hpcdl)
         label = name.format(version=m.lightning)
-        lines.append(f"| {label} | {epoch_ms:.2f} | {step_ms:.3f} | {ratio:.2f}x |")
+        same = None if key == "hpcdl" else m.same_weights(key, "hpcdl")
+        weights = {None: "-", True: "identical", False: "differ"}[same]
+        lines.append(f"| {label} | {epoch_ms:.2f} | {step_ms:.3f} | {ratio:.2f}x | {weights} |")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -125,16 +126,22 @@ def test_overhead_rows_and_table_from_measured_rounds() -> None:
         ]
 
     loops = {"hand": rounds(0.8), "hpcdl": rounds(1.0), "dataloader": rounds(1.6)}
-    cpu = Measured(SMOKE[0], loops, num_steps_per_epoch=4, device="cpu")
+    weights = {"hand": ["w", "w"], "hpcdl": ["w", "w"], "dataloader": ["d1", "d2"]}
+    cpu = Measured(SMOKE[0], loops, num_steps_per_epoch=4, device="cpu", weights=weights)
     ids = {row.id: row for row in rows_from(cpu)}
     assert list(ids) == ["overhead.mlp.loop", "overhead.mlp.epoch", "overhead.mlp.vs_dataloader"]
     assert ids["overhead.mlp.loop"].ratio == pytest.approx(1.25)
+    assert ids["overhead.mlp.loop"].details["final_weights_identical_to_hand"] is True
     assert ids["overhead.mlp.vs_dataloader"].ratio == pytest.approx(0.625)
     assert ids["overhead.mlp.vs_dataloader"].goal is None  # P2's goal is for a GPU
     lines = table(cpu).splitlines()
-    assert lines[2] == "| hpcdl | 1050.00 | 262.500 | 1.00x |"  # medians, in ms
-    assert lines[3].startswith("| hand-written") and lines[3].endswith("| 0.80x |")
+    assert lines[2] == "| hpcdl | 1050.00 | 262.500 | 1.00x | - |"  # medians, in ms
+    assert lines[3].startswith("| hand-written") and lines[3].endswith("| 0.80x | identical |")
+    assert lines[4].endswith("| differ |")
     assert len(lines) == 5  # no Lightning row when it did not run
+    # One run of hpcdl that ended elsewhere is enough to say so.
+    diverged = Measured(SMOKE[0], loops, 4, "cpu", weights={**weights, "hpcdl": ["w", "x"]})
+    assert rows_from(diverged)[0].details["final_weights_identical_to_hand"] is False
 
     gpu = Measured(
         SMOKE[0], {**loops, "lightning": rounds(2.5)}, 4, device="cuda", lightning="2.6.6"
@@ -145,13 +152,15 @@ def test_overhead_rows_and_table_from_measured_rounds() -> None:
     assert lightning.ratio == pytest.approx(0.4) and lightning.meets_goal
     assert lightning.details["lightning_over_hpcdl"] == pytest.approx(2.5)
     assert table(gpu).splitlines()[-1].startswith("| Lightning 2.6.6, Trainer(barebones=True) |")
+    assert table(gpu).splitlines()[-1].endswith("| - |")  # no weights recorded
+    assert lightning.details["final_weights_identical_to_hand"] is None
 
 
 @pytest.mark.slow  # imports Lightning and trains the MLP three times in-process; about 5 s
 def test_lightning_and_hand_written_loops_do_the_same_work(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Same seed, same permutations: Lightning's loop ends with the hand loop's weights, and
+    """Same seed, same orders: Lightning's loop ends with the hand loop's weights, and
     both stamp every step of every epoch; the DataLoader loop stamps them too."""
     import torch
 
@@ -167,7 +176,6 @@ def test_lightning_and_hand_written_loops_do_the_same_work(
         work = loops.build_work(overrides)
         times = tmp_path / f"{name}.times"
         monkeypatch.setenv(hooks.TIMES_VAR, str(times))
-        torch.manual_seed(1)
         loop(work, 2)
         trained[name] = work.model.state_dict()
         stamped[name] = [(r.epoch, r.step_in_epoch) for r in hooks.read_records(times)]
@@ -192,12 +200,12 @@ def test_bench_overhead_prints_every_loop_against_hpcdl(hpcdl) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("model=mlp data=breast_cancer precision=fp32 batch 128 (4 steps")
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("| ") and "---" not in ln]
-    assert rows[0] == "| loop | epoch (ms) | step (ms) | time / hpcdl's |"
-    assert rows[1].startswith("| hpcdl |") and rows[1].endswith("| 1.00x |")
-    assert [r.split(" | ")[0] for r in rows[2:]] == [
-        "| hand-written: randperm, x[idx]",
-        "| DataLoader(TensorDataset, shuffle=True)",
-        f"| Lightning {PINNED.split('==')[1]}, Trainer(barebones=True)",
+    assert rows[0] == "| loop | epoch (ms) | step (ms) | time / hpcdl's | hpcdl's final weights |"
+    assert rows[1].startswith("| hpcdl |") and rows[1].endswith("| 1.00x | - |")
+    assert [(r.split(" | ")[0], r.split(" | ")[-1]) for r in rows[2:]] == [
+        ("| hand-written: randperm, x[idx]", "identical |"),
+        ("| DataLoader(TensorDataset, shuffle=True)", "differ |"),
+        (f"| Lightning {PINNED.split('==')[1]}, Trainer(barebones=True)", "identical |"),
     ]
     bad = hpcdl("bench", "overhead", "--epochs", "2")
     assert bad.returncode == 2 and "--epochs 2: at least 3" in bad.stderr
@@ -237,3 +245,62 @@ def test_bench_devices_prints_the_table_for_the_cpu_and_each_gpu(hpcdl) -> None:
     assert rows[1].startswith("| cpu (") and rows[1].endswith("| 1.00x |")
     bad = hpcdl("bench", "devices", "--batch-sizes", "4,x")
     assert bad.returncode == 2 and "--batch-sizes" in bad.stderr
+
+
+def _hpcdl_and_hand_weights(
+    tmp_path: Path, overrides: list[str], epochs: int
+) -> tuple[str, str, Optional[str]]:
+    """weights_sha256 after `epochs` epochs: hpcdl's run (in this process, one rank), the
+    hand-written loop, and the hand loop with another seed's epoch orders (None for the GPU)."""
+    from dataclasses import replace
+
+    from benchmarks import loops
+    from benchmarks.inprocess import create_run, run_in_process
+    from hpcdl.provenance import weights_sha256
+
+    overrides = [*overrides, f"trainer.max_epochs={epochs}", "trainer.early_stopping.patience=99"]
+    run_dir = create_run(overrides, tmp_path / "run")
+    with open(tmp_path / "run.log", "w") as log:
+        assert run_in_process(run_dir, log, {}).completed
+    summary = run_dir.read_summary()
+    assert summary is not None
+    hashes = []
+    for seed_offset in (0, 1):
+        work = loops.build_work(overrides)
+        loops.raw_slicing_loop(replace(work, seed=work.seed + seed_offset), epochs)
+        hashes.append(weights_sha256(work.model.state_dict()))
+    return summary["weights_sha256"], hashes[0], hashes[1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "epochs"),
+    [
+        # dropout (the global RNG), a short last batch (398 rows, batch 30), 2 epochs
+        (["model=mlp", "data=breast_cancer", "trainer.batch_size=30"], 2),
+        (["model=mlp", "data=breast_cancer", "trainer.batch_size=7", "optim=adam"], 1),
+        (["model=cnn", "data=digits", "trainer.batch_size=64", "trainer.precision=bf16"], 1),
+    ],
+    ids=["mlp-sgd", "mlp-adam", "cnn-bf16"],
+)
+def test_hpcdl_ends_with_the_hand_written_loops_weights_bit_for_bit(
+    tmp_path: Path, overrides: list[str], epochs: int
+) -> None:
+    """P1's exactness: with the same seed and epoch orders, hpcdl's trainer (its loss scaling
+    for the global batch, its validation passes, checkpoints and metrics between epochs)
+    does exactly the hand loop's arithmetic. The hand loop with another seed's orders ends
+    elsewhere: the comparison can fail."""
+    hpcdl_weights, hand, other_orders = _hpcdl_and_hand_weights(tmp_path, overrides, epochs)
+    assert hpcdl_weights == hand
+    assert other_orders != hand
+
+
+@pytest.mark.gpu
+def test_hpcdl_ends_with_the_hand_written_loops_weights_on_the_gpu(tmp_path: Path) -> None:
+    """The same on a GPU in deterministic mode (trainer.deterministic=true: deterministic
+    kernels for both, the same CUDA seeds)."""
+    overrides = [
+        "model=cnn", "data=digits", "trainer.batch_size=64", "trainer.device=cuda",
+        "trainer.deterministic=true",
+    ]  # fmt: skip
+    hpcdl_weights, hand, _ = _hpcdl_and_hand_weights(tmp_path, overrides, 1)
+    assert hpcdl_weights == hand

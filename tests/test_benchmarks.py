@@ -58,6 +58,7 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
         "lazy_epoch.loop",
         "resumed_step.vs_step",
         "resumed_step.vs_new_run",
+        "resumed_step.vs_plain_resume",
         "sweep_submit.command",
         "sweep_submit.plan",
         "dry_run.vs_import_torch",
@@ -75,6 +76,11 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
     lightning = rows["overhead.mlp.lightning"]["details"]
     assert lightning["lightning_version"] and lightning["lightning_over_hpcdl"] > 0
     assert rows["overhead.mlp.vs_dataloader"]["details"]["dataloader_vs_hand"] > 0
+    assert rows["overhead.mlp.loop"]["details"]["final_weights_identical_to_hand"] is True
+    # The resumes ran as fresh processes, from the start of which their first step is timed.
+    plain = rows["resumed_step.vs_plain_resume"]["details"]
+    assert plain["plain_first_over_step"] > 0
+    assert plain["time_to_first_step_s"]["resumed"]["median"] > 0
     for row in record["rows"]:
         assert math.isfinite(row["ratio"]) and row["ratio"] > 0, row
         assert row["what"] and row["baseline"]

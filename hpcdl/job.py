@@ -79,6 +79,7 @@ def _train_model(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
 
     started = time.monotonic()
     env = rank_env_from(os.environ)
+    _share_cpus(cfg, env)
     device = pick_device(cfg.trainer.device.value, env.local_rank)
     timeouts = (cfg.cluster.rendezvous_timeout_s, cfg.trainer.stall_timeout_s)
     with process_group(env, device, *timeouts):
@@ -101,6 +102,19 @@ def _train_model(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
         summary=summary or {},
         global_step=result.progress.global_step,
     )
+
+
+def _share_cpus(cfg: Config, env: RankEnv) -> None:
+    """This rank's share of the node's CPUs as torch's intra-op threads (hpcdl.threads)."""
+    import torch
+
+    from hpcdl.config.schema import tasks_per_node
+    from hpcdl.threads import threads_per_rank, usable_cpus
+
+    per_node = tasks_per_node(cfg.cluster) if env.launcher != "debug" else 1
+    threads = threads_per_rank(os.environ, env.launcher, per_node, usable_cpus())
+    if threads is not None and threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
 
 
 def stall_watchdog(cfg: Config, env: RankEnv, path: RunDir) -> Watchdog:

@@ -115,6 +115,7 @@ def program_env(cfg: Config, env: RankEnv, run_dir: RunDir, stop_file: Any) -> d
     """The variables torch.distributed (env://) and torchrun-style scripts read, and
     hpcdl's own."""
     from hpcdl.config.schema import tasks_per_node
+    from hpcdl.threads import THREADS_VAR, threads_per_rank, usable_cpus
 
     per_node = tasks_per_node(cfg.cluster)
     gpus = cfg.cluster.gpus_per_node
@@ -140,6 +141,10 @@ def program_env(cfg: Config, env: RankEnv, run_dir: RunDir, stop_file: Any) -> d
             "HPCDL_DEVICE": f"cuda:{env.local_rank % gpus}" if gpus else "cpu",
         }
     )
+    # The node's CPUs shared among its ranks, as torchrun does (hpcdl.threads).
+    threads = threads_per_rank(os.environ, env.launcher, per_node, usable_cpus())
+    if threads is not None:
+        variables[THREADS_VAR] = str(threads)
     return variables
 
 

@@ -525,6 +525,7 @@ class Trainer:
             "epochs": pr.epoch,
             "num_skipped_steps": pr.num_skipped_steps,
             "world_size": self.env.world_size,
+            "cpu_threads": torch.get_num_threads(),  # this rank's (hpcdl.threads)
             "train_s": pr.train_s,
             "wall_s": wall_s,
             "samples_per_s": pr.num_samples_seen / pr.train_s if pr.train_s > 0 else 0.0,

@@ -28,8 +28,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def run_hpcdl(
     *args: str, cwd: Path, timeout: float = 300, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """The installed command line, as a user runs it (a fresh interpreter each time)."""
+    """The installed command line, as a user runs it (a fresh interpreter each time). A
+    variable given as None in `env` is removed from the command's environment."""
     full_env = {**os.environ, **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}
     return subprocess.run(
         [sys.executable, "-m", "hpcdl.cli.main", *args],
         cwd=cwd,

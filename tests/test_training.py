@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from hpcdl.threads import usable_cpus
+
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
@@ -31,10 +33,13 @@ def test_digits_cnn_two_rank_gloo_ddp_reaches_95_percent(hpcdl, tmp_path: Path) 
         "cluster=local",
         "cluster.tasks_per_node=2",
         "trainer.max_epochs=12",
+        env={"OMP_NUM_THREADS": None},
     )
     assert out.returncode == 0, out.stderr + out.stdout
     s = summary(tmp_path / "run")
     assert s["world_size"] == 2
+    # The two ranks split this machine's CPUs (torch's default would give each all of them).
+    assert s["cpu_threads"] == max(1, usable_cpus() // 2)
     assert s["test_accuracy"] >= 0.95, s
     logs = sorted((tmp_path / "run" / "logs").glob("*_log.out"))
     assert len(logs) == 2  # one log per rank

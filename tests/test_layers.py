@@ -26,6 +26,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.watchdog",
         "hpcdl.targets",
         "hpcdl.env",
+        "hpcdl.threads",
         "hpcdl.signals",
         "hpcdl.state",
         "hpcdl.samples",

@@ -125,7 +125,21 @@ def test_warning_signal_is_a_timeout_only_near_the_time_limit(monkeypatch) -> No
     assert slurm_job.classify("SIGUSR2", "SIGUSR2", "1", signal_delay_s=30) == "timeout"
     monkeypatch.setattr(slurm_job, "seconds_left", lambda job_id: 3000.0)
     assert slurm_job.classify("SIGUSR2", "SIGUSR2", "1", signal_delay_s=30) == "preempted"
-    assert slurm_job.classify("SIGTERM", "SIGUSR2", "1", signal_delay_s=30) == "cancelled"
+    monkeypatch.setattr(slurm_job, "restarts_now", lambda job_id: 2)
+    assert slurm_job.classify("SIGTERM", "SIGUSR2", "1", 30, started_restarts=2) == "cancelled"
+
+
+def test_sigterm_is_an_outside_requeue_when_slurm_already_counts_the_restart(monkeypatch) -> None:
+    """`scontrol requeue` ends the job with a plain SIGTERM, like scancel; Slurm's restart
+    count has already gone up by then (`scontrol show job`), a scancel's has not."""
+    from hpcdl.launch import slurm_job
+
+    monkeypatch.setattr(slurm_job, "restarts_now", lambda job_id: 3)
+    assert slurm_job.classify("SIGTERM", "SIGUSR2", "7", 30, started_restarts=2) == "requeued"
+    assert slurm_job.classify("SIGTERM", "SIGUSR2", "7", 30, started_restarts=3) == "cancelled"
+    monkeypatch.setattr(slurm_job, "restarts_now", lambda job_id: None)  # scontrol failed
+    assert slurm_job.classify("SIGTERM", "SIGUSR2", "7", 30, started_restarts=0) == "cancelled"
+    assert not slurm_job.should_requeue("requeued", num_timeouts_before=0, max_requeues=3)
 
 
 def test_snapshot_freezes_the_users_model_module_but_not_installed_ones(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -90,11 +91,41 @@ def seconds_left(job_id: str) -> float | None:
         return None
 
 
-def classify(signal_name: str | None, warning: str, job_id: str, signal_delay_s: int) -> str:
+def restarts_now(job_id: str) -> int | None:
+    """Slurm's count of the job's restarts as it stands now (`scontrol show job`); None when
+    unknown. While an outside `scontrol requeue` is ending the job, it is already one more
+    than the SLURM_RESTART_COUNT the job started with (measured on Slurm 22.05); after a
+    scancel it is unchanged."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "job", job_id],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\bRestarts=(\d+)", out)
+    return int(found.group(1)) if found else None
+
+
+def classify(
+    signal_name: str | None,
+    warning: str,
+    job_id: str,
+    signal_delay_s: int,
+    started_restarts: int = 0,
+) -> str:
+    """Why the job stopped. started_restarts: SLURM_RESTART_COUNT when the job started."""
     if signal_name is None:
         return "requested"  # `hpcdl run`: the program exited with EXIT_INTERRUPTED itself
     if signal_name != warning:
-        return "cancelled"  # SIGTERM/SIGINT: scancel, an outside requeue, or a kill
+        # SIGTERM/SIGINT: scancel, a kill, or an outside `scontrol requeue`, which Slurm
+        # counts as a restart before the job has ended.
+        restarts = restarts_now(job_id) if job_id else None
+        if restarts is not None and restarts > started_restarts:
+            return "requeued"
+        return "cancelled"
     left = seconds_left(job_id)
     if left is not None and left <= signal_delay_s + TIMEOUT_SLACK_S:
         return "timeout"
@@ -172,11 +203,16 @@ def main(run_dir: str) -> dict[str, Any]:
             )
         sys.exit(outcome.failed_exit_code)
     warning = stop_signal_names(cfg.cluster.signal)[-1]
-    reason = classify(outcome.signal_name, warning, env.job_id or "", cfg.cluster.signal_delay_s)
+    started_restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    reason = classify(
+        outcome.signal_name, warning, env.job_id or "", cfg.cluster.signal_delay_s, started_restarts
+    )
     if env.is_main:
         num_timeouts = sum(1 for a in path.read_attempts() if a.get("reason") in LIMITED_REASONS)
         if should_requeue(reason, num_timeouts, cfg.cluster.max_requeues) and env.job_id:
             action = come_back(cfg, path, env, env.job_id)
+        elif reason == "requeued":
+            action = "requeued by Slurm (an outside scontrol requeue)"
         elif reason in LIMITED_REASONS:
             action = (
                 f"not requeued: cluster.max_requeues={cfg.cluster.max_requeues} timeouts reached"

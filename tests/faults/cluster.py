@@ -251,9 +251,9 @@ def r1_finish(trial: Trial, job_id: str, run: Path, problems: list[str], referen
     ends = [a for a in _records(run) if a.get("event") == "end"]
     stops = [a["reason"] for a in ends if a["reason"] != "completed"]
     starts = [a for a in _records(run) if a.get("event") == "start"]
-    # An outside `scontrol requeue` reaches the job as a plain SIGTERM ("cancelled"); the
-    # restart shows it. A preemption and a time limit name themselves.
-    expected = {"preempt": "preempted", "timelimit": "timeout"}.get(trial.how)
+    # Each stop names itself: an outside `scontrol requeue` (a plain SIGTERM, told from a
+    # scancel by Slurm's restart count), a preemption, a time limit.
+    expected = {"requeue": "requeued", "preempt": "preempted", "timelimit": "timeout"}[trial.how]
     if len(starts) < 2 and not problems:
         problems.append("never interrupted: one attempt")
     elif expected and expected not in stops and not problems:

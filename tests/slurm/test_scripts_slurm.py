@@ -159,6 +159,9 @@ def test_api_script_survives_scontrol_requeue_with_the_same_weights(devcluster, 
     wait_done(run_dir)
     starts = [a for a in attempts(run_dir) if a["event"] == "start"]
     assert len(starts) >= 2
+    # Recorded as what it was, not as a cancel: Slurm had already counted the restart.
+    ends = [a for a in attempts(run_dir) if a["event"] == "end"]
+    assert ends[0]["reason"] == "requeued", ends
     log = (run_dir / "logs" / f"{job_id}_0_log.out").read_text()
     assert "continuing at step" in log
     final = [ln for ln in log.splitlines() if ln.startswith("final")][-1]

@@ -173,8 +173,27 @@ def _summary(cfg: Config, run_dir: RunDir, wall_s: float) -> dict[str, Any]:
     # The program's processes: torchrun's workers, not the one Slurm task per node.
     summary.update({"world_size": cfg.world_size, "wall_s": wall_s})
     if cfg.script.metrics_file:
-        summary.update(read_program_metrics(run_dir.path / cfg.script.metrics_file))
+        path = run_dir.path / cfg.script.metrics_file
+        metrics = read_program_metrics(path)
+        if not metrics:
+            print(f"hpcdl: warning: {missing_metrics(cfg.script.metrics_file, path)}", flush=True)
+        summary.update(metrics)
     return summary
+
+
+def missing_metrics(name: str, path: Any) -> str:
+    """One line on a metrics file that gave nothing, and where the program must write it."""
+    what = "holds no JSON object or CSV row" if os.path.exists(path) else "was not written"
+    line = (
+        f"metrics_file={name}: {path} {what}; a relative metrics_file is read from the run dir: "
+        f"write it to $HPCDL_RUN_DIR/{name} (hpcdl.api.run_dir() / {name!r})"
+    )
+    if not os.path.isabs(name) and os.path.exists(name):
+        line += (
+            f" ({os.path.abspath(name)} exists in the working directory, which trials running "
+            "at once share)"
+        )
+    return line
 
 
 def read_program_metrics(path: Any) -> dict[str, Any]:

@@ -319,3 +319,38 @@ def test_script_sweep_shows_and_ranks_by_the_programs_own_metric(hpcdl, tmp_path
     ranked = [ln for ln in summary.stdout.splitlines() if ln.startswith("| 1 ")]
     assert ranked and "--lr=0.3" in ranked[0]  # the highest val_score first
     assert (tmp_path / "sw" / "summary_val_score.png").exists()
+
+
+def test_a_metrics_file_written_outside_the_run_dir_is_named_with_the_fix(
+    hpcdl, tmp_path: Path
+) -> None:
+    """A program that writes its metrics file into its working directory (as most scripts
+    do) completes, but each trial says where the file must go, the sweep's output repeats
+    it, and a summary by that metric says no trial reported it. The trials running at once
+    share the CPUs: each gets its part as OMP_NUM_THREADS."""
+    from hpcdl.threads import usable_cpus
+
+    (tmp_path / "fit.py").write_text(
+        "import json, os, sys\n"
+        "json.dump({'score': 1.0, 'omp': os.environ.get('OMP_NUM_THREADS')}, open('m.json', 'w'))\n"
+        "print('omp', os.environ.get('OMP_NUM_THREADS'))\n"
+    )
+    out = hpcdl(
+        "run", "-m", "metrics_file=m.json", "hydra.sweep.dir=sw", "--", "python", "fit.py",
+        "--seed={1,2}",
+        env={"OMP_NUM_THREADS": None},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr + out.stdout
+    run_dir = tmp_path / "sw" / "0"
+    expected = f"metrics_file=m.json: {run_dir / 'm.json'} was not written"
+    assert f"trial 0: hpcdl: warning: {expected}" in out.stdout
+    assert "write it to $HPCDL_RUN_DIR/m.json" in out.stdout
+    assert f"{tmp_path / 'm.json'} exists in the working directory" in out.stdout
+    assert "score" not in json.loads((run_dir / "summary.json").read_text())
+    at_once = min(2, usable_cpus())  # two 1-rank trials
+    log = (run_dir / "trial.log").read_text()
+    assert f"omp {max(1, usable_cpus() // at_once)}" in log
+    summary = hpcdl("sweep", "summary", "sw", "--metric", "score")
+    assert summary.returncode == 0, summary.stderr
+    assert "hpcdl: warning: no trial reported score" in summary.stderr
+    assert "$HPCDL_RUN_DIR" in summary.stderr

@@ -335,7 +335,7 @@ METRIC_HELP = (
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from hpcdl.sweep.report import refresh, status_table, write_summary
+    from hpcdl.sweep.report import no_metric_hint, refresh, status_table, write_summary
 
     sweep_dir = Path(args.sweep_dir).expanduser().resolve()
     if args.sweep_command == "rerun":
@@ -351,6 +351,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         else:
             print(table)
         print("written: " + ", ".join(str(f) for f in files))
+        hint = no_metric_hint(ledger, metric)
+        if hint:
+            print(hint, file=sys.stderr)
     return EXIT_OK
 
 

@@ -145,9 +145,18 @@ def submit_arrays(
 
 def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
     """Local sweeps: trials in parallel processes, bounded by this machine's cores."""
+    from hpcdl.threads import THREADS_VAR, usable_cpus
+
     sweep_dir = Path(ledger.sweep_dir)
     widest = max(open_run_dir(ledger.trial(i).run_dir)[0].world_size for i in indices)
-    num_workers = max(1, (os.cpu_count() or 1) // widest)
+    cpus = usable_cpus()
+    num_workers = max(1, cpus // widest)
+    # The trials running at once share the CPUs: each rank gets its part as torch's
+    # threads, unless OMP_NUM_THREADS is set (hpcdl.threads).
+    env = dict(os.environ)
+    if not env.get(THREADS_VAR):
+        at_once = min(num_workers, len(indices))
+        env[THREADS_VAR] = str(max(1, cpus // (at_once * widest)))
     print(f"running {len(indices)} trials locally, {num_workers} at a time", flush=True)
     waiting = list(indices)
     running: dict[int, subprocess.Popen[Any]] = {}
@@ -163,7 +172,7 @@ def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
         while waiting or running:
             while waiting and len(running) < num_workers and not stopping:
                 i = waiting.pop(0)
-                running[i] = _start_trial(ledger, i, sweep_dir)
+                running[i] = _start_trial(ledger, i, sweep_dir, env)
             for i, proc in list(running.items()):
                 if proc.poll() is not None:
                     del running[i]
@@ -177,7 +186,9 @@ def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
     return EXIT_INTERRUPTED if stopping else EXIT_OK
 
 
-def _start_trial(ledger: Ledger, index: int, sweep_dir: Path) -> subprocess.Popen[Any]:
+def _start_trial(
+    ledger: Ledger, index: int, sweep_dir: Path, env: dict[str, str]
+) -> subprocess.Popen[Any]:
     record = ledger.trial(index)
     trial_log = RunDir(Path(record.run_dir)).trial_log
     log = open(trial_log, "a")  # noqa: SIM115 (the child holds it; closed below)
@@ -185,6 +196,7 @@ def _start_trial(ledger: Ledger, index: int, sweep_dir: Path) -> subprocess.Pope
         [sys.executable, "-m", "hpcdl.cli.main", "resume", record.run_dir],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env=env,
         start_new_session=True,  # our handler forwards Ctrl-C as one SIGTERM
     )
     log.close()
@@ -207,3 +219,15 @@ def _finish_trial(sweep_dir: Path, index: int, code: int) -> None:
         trial.state = {EXIT_OK: "COMPLETED", EXIT_INTERRUPTED: "INTERRUPTED"}.get(code, "FAILED")
         trial.metric = trial_metric(RunDir(Path(trial.run_dir)))
         print(f"trial {index}: {trial.state} (exit {code})", flush=True)
+        warning = _first_warning(RunDir(Path(trial.run_dir)).trial_log)
+        if warning:
+            print(f"trial {index}: {warning}", flush=True)
+
+
+def _first_warning(trial_log: Path) -> str:
+    """The first `hpcdl: warning:` line of a trial's log (e.g. its metrics file missing)."""
+    try:
+        with open(trial_log, errors="replace") as f:
+            return next((line.strip() for line in f if line.startswith("hpcdl: warning:")), "")
+    except OSError:
+        return ""

@@ -130,6 +130,22 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
     return ledger, metric
 
 
+def no_metric_hint(ledger: Ledger, metric: str) -> Optional[str]:
+    """One line on why no trial has a value of `metric`, once some trial has completed."""
+    done = [t for t in ledger.trials if t.state == COMPLETED]
+    if not done or any(t.metric is not None for t in ledger.trials):
+        return None
+    summary = Path(done[0].run_dir) / "summary.json"
+    if RunDir(Path(done[0].run_dir)).load_config().script is not None:
+        fix = (
+            "the program reports it in its metrics_file, which it writes into the run dir "
+            "($HPCDL_RUN_DIR); each trial's log says what was missing"
+        )
+    else:
+        fix = "choose a key of summary.json with --metric"
+    return f"hpcdl: warning: no trial reported {metric} (e.g. {summary}): {fix}"
+
+
 def status_table(ledger: Ledger, metric: str) -> str:
     rows = [["trial", "overrides", "job id", "state", "attempts", "requeues", metric]]
     for t in ledger.trials:

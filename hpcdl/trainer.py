@@ -139,6 +139,8 @@ class Trainer:
         self.restore(self._start.checkpoint)
         first = self.t.stall_first_step_s or 2 * self.t.stall_timeout_s
         self._beat("first step", first)  # imports, compilation, the first collective
+        if self._stop_before_first_step():
+            return self.interrupt()
         while not self.finished():
             self.p.reporter.start_epoch(
                 self.progress.epoch, self.progress.step_in_epoch, self.p.sharder.num_steps_per_epoch
@@ -161,6 +163,18 @@ class Trainer:
             self._read_ahead_next_epoch()
             self.end_epoch()
         return self.complete()
+
+    def _stop_before_first_step(self) -> bool:
+        """A stop asked for while the job was starting (imports, rendezvous, build, restore:
+        a requeue or preemption right after the start) ends it now, before any step, where
+        the checkpoint on disk already is, instead of after a first step that Slurm's
+        KillWait may not leave time for. The ranks agree first: a signal may have reached
+        some of them only."""
+        requested = float(self.stop.requested)
+        if self.env.world_size > 1:
+            flag = torch.tensor([requested], dtype=torch.float64, device=self.p.device)
+            requested = float(all_reduce_sum(flag).item())
+        return requested > 0
 
     def batches(self) -> Iterator[TrainBatch]:
         pr = self.progress

@@ -215,3 +215,26 @@ def test_signal_to_the_foreground_command_stops_every_rank_with_a_checkpoint(
     assert "Continue with: hpcdl resume" in output
     assert list((run_dir / "checkpoints").glob("step_*.pt"))
     assert not (run_dir / "summary.json").exists()
+
+
+def test_a_stop_during_start_up_ends_before_the_first_step_and_resumes_exactly(
+    hpcdl, tmp_path, reference
+):
+    """SIGTERM reaches rank 1 only, while the trainers are being built: both ranks agree
+    before any step, stop where the run starts (a step-0 checkpoint), and the resumed run
+    ends with the uninterrupted run's weights."""
+    from tests import startup_stop
+
+    run_dir = tmp_path / "run"
+    first = hpcdl(
+        "train", f"run_dir={run_dir}", *BASE, *LOCAL2, startup_stop.OVERRIDE,
+        env={**fault_hook.env(None), startup_stop.ENV_VAR: "SIGTERM:rank1"},
+    )  # fmt: skip
+    assert first.returncode == 3, first.stderr + first.stdout
+    assert "at global step 0; checkpoint saved" in first.stdout
+    assert [p.name for p in (run_dir / "checkpoints").glob("step_*.pt")] == ["step_000000000.pt"]
+    metrics = run_dir / "metrics.csv"
+    assert not metrics.exists() or len(metrics.read_text().splitlines()) <= 1  # no epoch ran
+    again = hpcdl("resume", str(run_dir), env=fault_hook.env(None))
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert sha(run_dir) == sha(reference[2])

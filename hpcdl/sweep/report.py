@@ -135,8 +135,9 @@ def no_metric_hint(ledger: Ledger, metric: str) -> Optional[str]:
     done = [t for t in ledger.trials if t.state == COMPLETED]
     if not done or any(t.metric is not None for t in ledger.trials):
         return None
-    summary = Path(done[0].run_dir) / "summary.json"
-    if RunDir(Path(done[0].run_dir)).load_config().script is not None:
+    run_dir = RunDir(Path(done[0].run_dir))
+    summary = run_dir.summary_file
+    if run_dir.load_config().script is not None:
         fix = (
             "the program reports it in its metrics_file, which it writes into the run dir "
             "($HPCDL_RUN_DIR); each trial's log says what was missing"

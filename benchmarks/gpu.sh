@@ -3,7 +3,9 @@
 #   1. the gpu test tier: bf16, fp16 + GradScaler, compile, channels_last, NCCL with one
 #      rank and with all visible GPUs, CUDA RNG state in exact resume (pytest -m gpu);
 #   2. hpcdl bench devices for the MLP and the CNN (the course's CPU-vs-GPU table);
-#   3. every benchmark of the suite on the GPU (python -m benchmarks.run --all).
+#   3. every benchmark of the suite on the GPU (python -m benchmarks.run --all);
+#   4. what lagged sync is worth: hpcdl bench overhead with trainer.lagged_sync on and off
+#      (the same fused kernel both times), MLP and CNN (lagged.md).
 # Writes everything under $OUT (default: benchmarks/results/gpu-<date>): nvidia-smi.txt,
 # versions.txt, gpu-tests.log, devices.md, and the suite's <date>-<host>-cuda.{json,md}.
 # Where the image lacks hydra/omegaconf/submitit, run benchmarks/gpu_wheels.sh first (with
@@ -39,4 +41,8 @@ step "bench devices" bash -c "{ python3 -m hpcdl.cli.main bench devices model=ml
     python3 -m hpcdl.cli.main bench devices model=cnn data=digits; echo; \
     python3 -m hpcdl.cli.main bench devices model=cnn data=digits trainer.precision=bf16; } | tee '$OUT/devices.md'"
 step "benchmarks" python3 -m benchmarks.run --all --out "$OUT"
+step "lagged sync" bash -c "for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16'; do \
+    for sync in true false; do echo \"### \$case trainer.lagged_sync=\$sync\"; \
+    python3 -m hpcdl.cli.main bench overhead --repeats 5 \$case optim.fused=true trainer.lagged_sync=\$sync; echo; \
+    done; done | tee '$OUT/lagged.md'"
 exit $status

@@ -67,7 +67,7 @@ def build_work(overrides: Sequence[str]) -> Work:
     from hpcdl.data.feed import build_feed
     from hpcdl.dist import pick_device
     from hpcdl.models import build_model
-    from hpcdl.optim import build_optimizer
+    from hpcdl.optim import build_optimizer, use_fused
 
     cfg = compose_config(["cluster=debug", *overrides])
     check_comparable(cfg)
@@ -80,7 +80,8 @@ def build_work(overrides: Sequence[str]) -> Work:
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(t.precision)
     return Work(
         model=model,
-        optimizer=build_optimizer(cfg.optim, model.parameters()),
+        # The same kernel as hpcdl's (optim.fused): fused and foreach steps round differently.
+        optimizer=build_optimizer(cfg.optim, model.parameters(), use_fused(cfg.optim, t.lagged_sync, device)),
         scaler=torch.amp.GradScaler(device.type) if t.precision == Precision.fp16 else None,
         autocast_dtype=dtype,
         precision=t.precision,

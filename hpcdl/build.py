@@ -20,7 +20,7 @@ from hpcdl.errors import CheckpointError
 from hpcdl.evaluation import load_matching_weights
 from hpcdl.hooks import load_step_hooks
 from hpcdl.models import build_model
-from hpcdl.optim import build_optimizer, build_scheduler
+from hpcdl.optim import build_optimizer, build_scheduler, use_fused
 from hpcdl.progress import ProgressReporter
 from hpcdl.rundir import RunDir
 from hpcdl.signals import StopFlag
@@ -83,7 +83,8 @@ def build_trainer(
     if t.compile:
         model = torch.compile(model)  # type: ignore[assignment]
 
-    optimizer = build_optimizer(cfg.optim, raw_model.parameters())
+    fused = use_fused(cfg.optim, t.lagged_sync, device)
+    optimizer = build_optimizer(cfg.optim, raw_model.parameters(), fused)
     scheduler = build_scheduler(
         cfg.schedule,
         optimizer,

@@ -10,7 +10,7 @@ sends a signal acts at an exact step (the tests inject their faults this way).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hpcdl.targets import resolve_callable
 
@@ -22,7 +22,13 @@ class StepEvent:
     step_in_epoch: int  # steps taken in the current epoch, this one included
     rank: int
     world_size: int
-    loss: float  # this step's mean loss over the global batch
+    read_loss: Callable[[], float] = field(repr=False, compare=False)
+
+    @property
+    def loss(self) -> float:
+        """This step's mean loss over the global batch. With trainer.lagged_sync the host
+        reads it only when asked: a hook that never asks keeps the GPU queue full."""
+        return self.read_loss()
 
 
 StepHook = Callable[[StepEvent], None]

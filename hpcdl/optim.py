@@ -28,17 +28,28 @@ ParamsT = Iterable[Any]  # tensors or param-group dicts, as torch.optim accepts
 
 
 # ----------------------------------------------------------------------------- optimizers
-def build_optimizer(cfg: Any, params: ParamsT) -> torch.optim.Optimizer:
-    """The optimizer named by ``cfg`` (a dataclass from schema.OPTIM_SCHEMAS)."""
+def use_fused(cfg: Any, lagged_sync: str, device: torch.device) -> bool:
+    """optim.fused resolved: "auto" fuses on CUDA, and wherever trainer.lagged_sync=true
+    needs the fused kernel's on-device skip of a non-finite step (rmsprop has none)."""
+    choice = str(getattr(cfg, "fused", "false")).lower()  # validated: auto, true or false
+    if choice != "auto":
+        return choice == "true"
+    return device.type == "cuda" or str(lagged_sync).lower() == "true"
+
+
+def build_optimizer(cfg: Any, params: ParamsT, fused: bool = False) -> torch.optim.Optimizer:
+    """The optimizer named by ``cfg`` (a dataclass from schema.OPTIM_SCHEMAS); ``fused``
+    (sgd, adam, adamw): torch's one-kernel step (see use_fused)."""
     check_optim(cfg)  # the ranges, as on the login node
+    kernel = {"fused": True} if fused else {}
     # AdamWConfig subclasses AdamConfig: test it first.
     if isinstance(cfg, AdamWConfig):
         return torch.optim.AdamW(
-            params, lr=cfg.lr, betas=_betas(cfg), eps=cfg.eps, weight_decay=cfg.weight_decay
+            params, lr=cfg.lr, betas=_betas(cfg), eps=cfg.eps, weight_decay=cfg.weight_decay, **kernel
         )
     if isinstance(cfg, AdamConfig):
         return torch.optim.Adam(
-            params, lr=cfg.lr, betas=_betas(cfg), eps=cfg.eps, weight_decay=cfg.weight_decay
+            params, lr=cfg.lr, betas=_betas(cfg), eps=cfg.eps, weight_decay=cfg.weight_decay, **kernel
         )
     if isinstance(cfg, SgdConfig):
         return torch.optim.SGD(
@@ -47,6 +58,7 @@ def build_optimizer(cfg: Any, params: ParamsT) -> torch.optim.Optimizer:
             momentum=cfg.momentum,
             nesterov=cfg.nesterov,
             weight_decay=cfg.weight_decay,
+            **kernel,
         )
     if isinstance(cfg, RmspropConfig):
         return torch.optim.RMSprop(

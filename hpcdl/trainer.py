@@ -35,6 +35,13 @@ from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT, MetricsLog
 from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
 from hpcdl.step_sums import StepSums, Value
+from hpcdl.step_sync import (
+    InFlight,
+    first_step_needs_the_host,
+    reduce_on_device,
+    send_to_host,
+    skip_on_device,
+)
 from hpcdl.tasks import ClassificationTask, RegressionTask, Task, check_monitor
 from hpcdl.telemetry import Telemetry
 from hpcdl.trackers.base import Logger, NullLogger
@@ -125,6 +132,10 @@ class Trainer:
         self._start = start or Start(checkpoint=parts.store.load_latest())
         # An epoch's batches whose loader has started reading ahead (see Start).
         self._pending: Optional[Iterator[TrainBatch]] = self._start.batches
+        self.lagged = lagged_sync(self.t.lagged_sync, parts.device, parts.optimizer)
+        self._in_flight: list[InFlight] = []  # lagged: the latest step's sums, not yet read
+        self._last_loss = float("nan")  # the latest step's mean loss read on the host
+        self._unlogged: list[tuple[int, float]] = []  # (step, loss) not yet sent to the tracker
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> FitResult:
@@ -149,6 +160,8 @@ class Trainer:
                 flags = self.train_step(batch, global_count)
                 self._beat()
                 self.run_step_hooks()
+                if self._in_flight and self._must_settle(flags):
+                    flags = self._settle(flags)
                 self.log_step(step_in_epoch, flags)
                 if flags["eval_due"]:
                     _, improved = self.evaluate_and_track()
@@ -231,33 +244,91 @@ class Trainer:
             "eval_due": eval_local,
             "save_due": save_local,
         }
+        if self.lagged:
+            ready = self._lagged_step(stats, mine)
+        else:
+            ready = [self._eager_step(stats, mine)]
+        pr.global_step += 1
+        pr.step_in_epoch += 1
+        if not self.lagged:
+            ready = [(pr.global_step, ready[0][1])]
+        flags = self._account(ready)
+        elapsed = time.monotonic() - started
+        pr.epoch_s += elapsed
+        pr.train_s += elapsed
+        every = self.t.eval_every_steps
+        flags["eval_due"] = flags["eval_due"] or bool(every and pr.global_step % every == 0)
+        flags["save_due"] = flags["save_due"] or self._save_due_by_steps()
+        return flags
+
+    def _eager_step(self, stats: list[Value], mine: dict[str, Value]) -> tuple[int, StepSums]:
+        """Read the step's sums on the host now, then step (or skip a non-finite one)."""
+        p = self.p
         if self.env.world_size == 1:
             sums = StepSums.of_one_rank(stats, **mine)
         else:
             sums = StepSums.unpack(all_reduce_sum(StepSums.pack(p.device, stats, **mine)))
         if sums.nonfinite:
-            self._skip_step()
+            p.optimizer.zero_grad(set_to_none=True)
         else:
             self._optimizer_step()
-            pr.num_bad_steps_in_row = 0
-            pr.epoch_loss_sum += sums.loss_sum
-            pr.epoch_count += sums.num_samples
-            for name, value in zip(p.task.stat_names, sums.stats, strict=True):
-                pr.epoch_stats[name] = pr.epoch_stats.get(name, 0.0) + value
-        pr.global_step += 1
-        pr.step_in_epoch += 1
-        pr.num_samples_seen += int(sums.num_samples)
-        elapsed = time.monotonic() - started
-        pr.epoch_s += elapsed
-        pr.train_s += elapsed
-        self._last_loss = sums.loss_sum / max(sums.num_samples, 1)
-        every = self.t.eval_every_steps
-        return {
-            "stop": sums.num_stop > 0,
-            "eval_due": sums.eval_due > 0 or bool(every and pr.global_step % every == 0),
-            "save_due": sums.save_due > 0 or self._save_due_by_steps(),
-        }
+        return self.progress.global_step + 1, sums
 
+    def _lagged_step(self, stats: list[Value], mine: dict[str, Value]) -> list[tuple[int, StepSums]]:
+        """Step with the skip decided on the device, send this step's sums on their way and
+        read the ones before it (trainer.lagged_sync; see hpcdl.step_sync)."""
+        p = self.p
+        packed = StepSums.pack(p.device, stats, **mine)
+        found_inf = reduce_on_device(packed)  # all-reduces packed in place
+        if first_step_needs_the_host(p.optimizer) and found_inf.item():
+            p.optimizer.zero_grad(set_to_none=True)
+        else:
+            if not p.scaler.is_enabled():  # fp16: the scaler hands over its own found_inf
+                skip_on_device(p.optimizer, found_inf)
+            self._optimizer_step()
+        older = self._in_flight
+        self._in_flight = [send_to_host(self.progress.global_step + 1, packed)]
+        return [(f.step, f.read()) for f in older]
+
+    def _must_settle(self, flags: dict[str, bool]) -> bool:
+        """Whether this boundary reads the steps still in flight first: when it acts on
+        anything (flags, the epoch's end, max_steps). Decided from agreed values only, so
+        every rank settles at the same boundary."""
+        pr = self.progress
+        epoch_end = pr.step_in_epoch >= self.p.sharder.num_steps_per_epoch
+        return any(flags.values()) or epoch_end or self.max_steps_reached()
+
+    def _settle(self, flags: Optional[dict[str, bool]] = None) -> dict[str, bool]:
+        """Read and count every step still in flight; their flags join ``flags``."""
+        started = time.monotonic()
+        older, self._in_flight = self._in_flight, []
+        settled = self._account([(f.step, f.read()) for f in older])
+        elapsed = time.monotonic() - started  # the wait for the last step's kernels
+        self.progress.epoch_s += elapsed
+        self.progress.train_s += elapsed
+        return {k: v or settled[k] for k, v in (flags or settled).items()}
+
+    def _account(self, ready: list[tuple[int, StepSums]]) -> dict[str, bool]:
+        """Count steps' sums into the epoch (in step order, each once) and return the flags
+        they carry. A non-finite step was skipped: counted, and past trainer.max_bad_steps
+        in a row the run stops with an error."""
+        pr, flags = self.progress, {"stop": False, "eval_due": False, "save_due": False}
+        for step, sums in ready:
+            if sums.nonfinite:
+                self._count_bad_step(step)
+            else:
+                pr.num_bad_steps_in_row = 0
+                pr.epoch_loss_sum += sums.loss_sum
+                pr.epoch_count += sums.num_samples
+                for name, value in zip(self.p.task.stat_names, sums.stats, strict=True):
+                    pr.epoch_stats[name] = pr.epoch_stats.get(name, 0.0) + value
+            pr.num_samples_seen += int(sums.num_samples)
+            self._last_loss = sums.mean_loss
+            self._unlogged.append((step, self._last_loss))
+            flags["stop"] = flags["stop"] or sums.num_stop > 0
+            flags["eval_due"] = flags["eval_due"] or sums.eval_due > 0
+            flags["save_due"] = flags["save_due"] or sums.save_due > 0
+        return flags
     def _autocast(self) -> Any:
         """Mixed precision for the forward pass; nothing at all in fp32 (entering a disabled
         autocast still costs a few microseconds a step, which tiny models notice)."""
@@ -299,18 +370,17 @@ class Trainer:
         p.scaler.update()
         p.scheduler.step()
 
-    def _skip_step(self) -> None:
+    def _count_bad_step(self, step: int) -> None:
         pr = self.progress
-        self.p.optimizer.zero_grad(set_to_none=True)
         pr.num_bad_steps_in_row += 1
         pr.num_skipped_steps += 1
         self.p.reporter.message(
-            f"step {pr.global_step + 1}: non-finite loss, step skipped "
+            f"step {step}: non-finite loss, step skipped "
             f"({pr.num_bad_steps_in_row} in a row, limit trainer.max_bad_steps={self.t.max_bad_steps})"
         )
         if pr.num_bad_steps_in_row >= self.t.max_bad_steps:
             raise NonFiniteLossError(
-                f"{pr.num_bad_steps_in_row} non-finite losses in a row at step {pr.global_step + 1}: "
+                f"{pr.num_bad_steps_in_row} non-finite losses in a row at step {step}: "
                 "lower optim.lr, set trainer.grad_clip_norm, or check the data for NaN/inf"
             )
 
@@ -324,26 +394,40 @@ class Trainer:
             step_in_epoch=pr.step_in_epoch,
             rank=self.env.rank,
             world_size=self.env.world_size,
-            loss=self._last_loss,
+            read_loss=self._this_steps_loss,
         )
         for hook in self.p.step_hooks:
             hook(event)
 
+    def _this_steps_loss(self) -> float:
+        """The latest step's mean loss (with lagged sync, a hook asking for it waits for
+        that step; its flags still act where every rank acts on them)."""
+        if self._in_flight:
+            return self._in_flight[-1].read().mean_loss
+        return self._last_loss
+
     def log_step(self, step_in_epoch: int, flags: dict[str, bool]) -> None:
-        lr = self.p.optimizer.param_groups[0]["lr"]
         self.p.reporter.step(
             self.progress.epoch,
             step_in_epoch,
             self.p.sharder.num_steps_per_epoch,
             self._last_loss,
-            lr,
+            self.p.optimizer.param_groups[0]["lr"],
         )
-        step = self.progress.global_step
-        values: dict[str, float] = {"train_loss": self._last_loss, "lr": lr}
-        if self.p.telemetry is not None and step % self.t.log_every_steps == 0:
-            sample = self.p.telemetry.sample(step)  # step time, GPU figures: to the tracker too
-            values.update({k: v for k, v in sample.items() if k not in ("time", "global_step")})
-        self.p.logger.log_step(step, values)
+
+        self._log_to_tracker()
+
+    def _log_to_tracker(self) -> None:
+        """The tracker's rows of the steps read since the last call (with lagged sync, a
+        step's row is written one step later), after the step hooks have run."""
+        lr = self.p.optimizer.param_groups[0]["lr"]
+        for step, loss in self._unlogged:
+            values: dict[str, float] = {"train_loss": loss, "lr": lr}
+            if self.p.telemetry is not None and step % self.t.log_every_steps == 0:
+                sample = self.p.telemetry.sample(step)  # step time, GPU figures: to the tracker too
+                values.update({k: v for k, v in sample.items() if k not in ("time", "global_step")})
+            self.p.logger.log_step(step, values)
+        self._unlogged.clear()
 
     # ------------------------------------------------------------------ evaluation
     def evaluate_split(self, split: str, keep_predictions: bool = False) -> EvalResult:
@@ -392,6 +476,9 @@ class Trainer:
     # ------------------------------------------------------------------ epoch end
     def end_epoch(self) -> None:
         pr = self.progress
+        if self._in_flight:  # (the loop has settled already: this is a safeguard)
+            self._settle()
+        self._log_to_tracker()
         epoch_done = pr.step_in_epoch >= self.p.sharder.num_steps_per_epoch
         if not epoch_done and not self.max_steps_reached():
             return
@@ -440,6 +527,8 @@ class Trainer:
         background thread from a host copy with trainer.async_checkpoint (the path returned
         is then the file's once the store's wait() returns)."""
         self._beat("checkpoint")  # a large save gets its own allowance
+        if self._in_flight:  # the loop settles first; a checkpoint holds every step's sums
+            self._settle()
         rng_states = all_gather_objects(capture_rng_state())
         self._last_save = time.monotonic()
         step = self.progress.global_step
@@ -570,6 +659,15 @@ class Trainer:
         self.p.store.wait()
         self.p.reporter.close()
         return FitResult(Outcome.completed, self.progress, None, path)
+
+
+def lagged_sync(choice: str, device: torch.device, optimizer: torch.optim.Optimizer) -> bool:
+    """trainer.lagged_sync resolved: "auto" is on where it pays, on CUDA, when the optimizer
+    can skip a non-finite step on the device (a fused one)."""
+    choice = str(choice).lower()  # validated: auto, true or false
+    if choice != "auto":
+        return choice == "true"
+    return device.type == "cuda" and bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
 def peak_rss_mb() -> float:

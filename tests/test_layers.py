@@ -46,7 +46,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.tasks",
         "hpcdl.trackers",
     ],
-    ["hpcdl.evaluation"],
+    ["hpcdl.evaluation", "hpcdl.step_sync"],
     ["hpcdl.trainer"],
     [
         "hpcdl.build",

@@ -237,6 +237,9 @@ class SgdConfig:
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 0.0
+    # One fused kernel per step ("auto": on CUDA, or with trainer.lagged_sync=true), which
+    # can also skip a non-finite step on the device; true or false.
+    fused: str = "auto"
 
 
 @dataclass
@@ -246,6 +249,7 @@ class AdamConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.0
+    fused: str = "auto"  # as SgdConfig.fused
 
 
 @dataclass
@@ -344,6 +348,10 @@ class TrainerConfig:
     # training on CUDA), "true" or "false". A string, not an Enum: a bare true/false on the
     # command line reaches the schema as a bool, which an Enum field refuses.
     async_checkpoint: str = "auto"
+    # Read each step's loss sums and agreed flags (stop, eval/save due) one step later, so
+    # the host queues the next step before waiting for this one: "auto" (on when training
+    # on CUDA with a fused optimizer), "true" (needs optim sgd, adam or adamw) or "false".
+    lagged_sync: str = "auto"
     deterministic: bool = False
     seed: int = 0
     # Non-finite losses in a row before the run stops with an error.

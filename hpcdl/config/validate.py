@@ -17,6 +17,7 @@ from hpcdl.errors import ConfigError
 
 TARGET_FORM = "expected 'package.module:factory', e.g. mypkg.models:build"
 ASYNC_CHECKPOINT_CHOICES = ("auto", "true", "false")
+AUTO_TRUE_FALSE = ASYNC_CHECKPOINT_CHOICES
 
 
 def validate(cfg: schema.Config) -> None:
@@ -27,6 +28,7 @@ def validate(cfg: schema.Config) -> None:
     check_task(cfg.task)
     _check_task_fits_data(cfg.task, cfg.data)
     _check_trainer(cfg.trainer)
+    check_lagged_sync(cfg.trainer, cfg.optim)
     _check_monitor(cfg.trainer.early_stopping.monitor, cfg.task)
     _check_cluster(cfg.cluster)
     _check_logger(cfg.logger, cfg.cluster)
@@ -271,6 +273,9 @@ def check_optim(optim: object) -> None:
         _non_negative("optim.momentum", optim.momentum)
         if optim.nesterov and optim.momentum <= 0:
             raise ConfigError("optim.nesterov=true needs optim.momentum > 0")
+    fused = getattr(optim, "fused", None)
+    if fused is not None:
+        _auto_true_false("optim.fused", fused, "on when training on CUDA or with trainer.lagged_sync=true")
     if isinstance(optim, schema.AdamConfig) and (
         len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas)
     ):
@@ -310,11 +315,32 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
             f"trainer.async_checkpoint={t.async_checkpoint!r}: choose auto (on when training "
             "on CUDA), true or false"
         )
+    _auto_true_false("trainer.lagged_sync", t.lagged_sync, "on when training on CUDA with a fused optimizer")
     _positive("trainer.max_bad_steps", t.max_bad_steps)
     _positive("trainer.log_every_steps", t.log_every_steps)
     _non_negative("trainer.early_stopping.patience", t.early_stopping.patience)
     for i, target in enumerate(t.step_hooks):
         check_target_form(f"trainer.step_hooks[{i}]", target)
+
+
+def _auto_true_false(key: str, value: str, auto_means: str) -> None:
+    if str(value).lower() not in AUTO_TRUE_FALSE:  # a CLI true arrives as "True"
+        raise ConfigError(f"{key}={value!r}: choose auto ({auto_means}), true or false")
+
+
+def check_lagged_sync(t: schema.TrainerConfig, optim: object) -> None:
+    """trainer.lagged_sync=true skips a non-finite step on the device: only a fused
+    optimizer can (sgd, adam, adamw)."""
+    if t.lagged_sync.lower() != "true":
+        return
+    fused = str(getattr(optim, "fused", "false")).lower()
+    if fused == "false":
+        name = getattr(optim, "name", "?")
+        fix = "remove optim.fused=false" if hasattr(optim, "fused") else "use optim=sgd, adam or adamw"
+        raise ConfigError(
+            f"trainer.lagged_sync=true: optim={name} with fused=false cannot skip a non-finite "
+            f"step on the device; {fix}, or set trainer.lagged_sync=false"
+        )
 
 
 # What each built-in task reports, besides the loss (a custom task's metrics are known only

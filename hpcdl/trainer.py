@@ -136,6 +136,7 @@ class Trainer:
         self._in_flight: list[InFlight] = []  # lagged: the latest step's sums, not yet read
         self._last_loss = float("nan")  # the latest step's mean loss read on the host
         self._unlogged: list[tuple[int, float]] = []  # (step, loss) not yet sent to the tracker
+        self._loss_gradients: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> FitResult:
@@ -230,8 +231,11 @@ class Trainer:
             out = p.task.batch_stats(p.model, batch)
         # Sum over this rank's samples / global batch * world: DDP's gradient averaging then
         # gives exactly the gradient of the global batch mean, even for a short last batch.
-        loss = out.loss_sum * (self.env.world_size / global_count)
-        p.scaler.scale(loss).backward()
+        scale = self.env.world_size / global_count
+        if p.scaler.is_enabled():
+            p.scaler.scale(out.loss_sum * scale).backward()
+        else:  # the scale as the backward's starting gradient: the same numbers, one node less
+            out.loss_sum.backward(self._loss_gradient(scale, out.loss_sum))
         if not self._monitor_checked:
             self._check_monitor()
 
@@ -329,6 +333,17 @@ class Trainer:
             flags["eval_due"] = flags["eval_due"] or sums.eval_due > 0
             flags["save_due"] = flags["save_due"] or sums.save_due > 0
         return flags
+    def _loss_gradient(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
+        """d(loss_sum * scale)/d(loss_sum) as a tensor like the loss, made once per value (a
+        run has two: the full and the short last batch); a fill, not a copy from the host.
+        The bits are those of multiplying by the Python float, which autograd casts so."""
+        key = (scale, loss.dtype, loss.device)
+        gradient = self._loss_gradients.get(key)
+        if gradient is None:
+            gradient = torch.full((), scale, dtype=loss.dtype, device=loss.device)
+            self._loss_gradients[key] = gradient
+        return gradient
+
     def _autocast(self) -> Any:
         """Mixed precision for the forward pass; nothing at all in fp32 (entering a disabled
         autocast still costs a few microseconds a step, which tiny models notice)."""

@@ -12,6 +12,7 @@ from benchmarks import (
     dry_run,
     job_start,
     lazy_epoch,
+    options,
     overhead,
     resumed_step,
     sweep_submit,
@@ -25,6 +26,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "dry_run": dry_run.run,  # P3: `train --dry-run` vs `import torch`, fresh interpreters
     "sweep_submit": sweep_submit.run,  # P6: `train -m`, 100 trials, and its planning
     "checkpoint": checkpoint.run,  # P5: save/load vs torch.save/load, stall per save
+    "options": options.run,  # each speed option on / off (lagged sync, fused, bf16, ...)
 }
 # On the dev cluster (slurm/devcluster up; SLURM_CONF set): by name, or with --cluster.
 CLUSTER_BENCHMARKS: dict[str, Benchmark] = {

@@ -53,6 +53,8 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
         assert any(i.startswith(f"{name}.") for i in ids), f"no rows from {name}: {ids}"
     assert {
         "overhead.mlp.loop",
+        "options.mlp.lagged_sync",
+        "options.mlp.resident",
         "overhead.mlp.vs_dataloader",
         "overhead.mlp.lightning",  # Lightning is in the dev extra: its row must be there
         "lazy_epoch.loop",

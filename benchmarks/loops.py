@@ -81,7 +81,7 @@ def build_work(overrides: Sequence[str]) -> Work:
     return Work(
         model=model,
         # The same kernel as hpcdl's (optim.fused): fused and foreach steps round differently.
-        optimizer=build_optimizer(cfg.optim, model.parameters(), use_fused(cfg.optim, t.lagged_sync, device)),
+        optimizer=build_optimizer(cfg.optim, model.parameters(), use_fused(cfg.optim, t.lagged_sync, device, model)),
         scaler=torch.amp.GradScaler(device.type) if t.precision == Precision.fp16 else None,
         autocast_dtype=dtype,
         precision=t.precision,

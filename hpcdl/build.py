@@ -83,7 +83,7 @@ def build_trainer(
     if t.compile:
         model = torch.compile(model)  # type: ignore[assignment]
 
-    fused = use_fused(cfg.optim, t.lagged_sync, device)
+    fused = use_fused(cfg.optim, t.lagged_sync, device, raw_model)
     optimizer = build_optimizer(cfg.optim, raw_model.parameters(), fused)
     scheduler = build_scheduler(
         cfg.schedule,

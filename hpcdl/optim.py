@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -28,13 +28,26 @@ ParamsT = Iterable[Any]  # tensors or param-group dicts, as torch.optim accepts
 
 
 # ----------------------------------------------------------------------------- optimizers
-def use_fused(cfg: Any, lagged_sync: str, device: torch.device) -> bool:
-    """optim.fused resolved: "auto" fuses on CUDA, and wherever trainer.lagged_sync=true
-    needs the fused kernel's on-device skip of a non-finite step (rmsprop has none)."""
+def use_fused(
+    cfg: Any, lagged_sync: str, device: torch.device, model: Optional[torch.nn.Module] = None
+) -> bool:
+    """optim.fused resolved: "auto" fuses on CUDA when the model's parameters allow it, and
+    wherever trainer.lagged_sync=true needs the fused kernel's on-device skip of a
+    non-finite step (rmsprop has none)."""
     choice = str(getattr(cfg, "fused", "false")).lower()  # validated: auto, true or false
     if choice != "auto":
         return choice == "true"
-    return device.type == "cuda" or str(lagged_sync).lower() == "true"
+    if str(lagged_sync).lower() == "true":
+        return True
+    return device.type == "cuda" and (model is None or fusable(model))
+
+
+def fusable(model: torch.nn.Module) -> bool:
+    """Whether torch's fused step takes this model's parameters: dense floating tensors
+    (no complex ones), no embedding with sparse gradients."""
+    if any(getattr(m, "sparse", False) is True for m in model.modules()):
+        return False
+    return all(p.is_floating_point() and not p.is_sparse for p in model.parameters())
 
 
 def build_optimizer(cfg: Any, params: ParamsT, fused: bool = False) -> torch.optim.Optimizer:

@@ -240,7 +240,7 @@ class Trainer:
             self._check_monitor()
 
         stop_local, eval_local, save_local = self._local_flags()
-        stats = [out.stats[name] for name in p.task.stat_names]
+        stats: list[Value] = [out.stats[name] for name in p.task.stat_names]
         mine: dict[str, Value] = {
             "loss_sum": out.loss_sum.detach(),  # copied into the float64 sums
             "num_samples": float(out.num_samples),
@@ -248,14 +248,9 @@ class Trainer:
             "eval_due": eval_local,
             "save_due": save_local,
         }
-        if self.lagged:
-            ready = self._lagged_step(stats, mine)
-        else:
-            ready = [self._eager_step(stats, mine)]
+        ready = self._lagged_step(stats, mine) if self.lagged else [self._eager_step(stats, mine)]
         pr.global_step += 1
         pr.step_in_epoch += 1
-        if not self.lagged:
-            ready = [(pr.global_step, ready[0][1])]
         flags = self._account(ready)
         elapsed = time.monotonic() - started
         pr.epoch_s += elapsed

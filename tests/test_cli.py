@@ -177,6 +177,17 @@ def test_cfg_and_info_flags_run_nothing(hpcdl, tmp_path: Path) -> None:
     assert not (tmp_path / "outputs").exists()
 
 
+def test_cfg_prints_a_config_train_would_refuse_then_refuses_it(hpcdl, tmp_path: Path) -> None:
+    out = hpcdl("train", "experiment=cancer_mlp", "optim=adam", "--cfg", "job")
+    assert out.returncode == 2
+    assert "name: adam" in out.stdout  # the composed config, printed first
+    assert out.stderr.strip().splitlines() == [
+        "error: optim.momentum, optim.nesterov: not keys of optim=adam; experiment=cancer_mlp "
+        "sets them for its own optim choice: drop them with '~optim.momentum' '~optim.nesterov'"
+    ]
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_bad_data_found_inside_local_ranks_is_one_line_exit_2(hpcdl, tmp_path: Path) -> None:
     np.savez(tmp_path / "bad.npz", q=np.zeros(3))
     out = hpcdl(

@@ -170,3 +170,18 @@ def test_on_cuda_the_steps_inside_an_epoch_never_wait_for_the_gpu(tmp_path, caps
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert code != 0 and "synchroniz" in err.lower(), err
+
+
+def test_auto_fuses_on_cuda_only_what_the_fused_step_takes() -> None:
+    from hpcdl.config.schema import AdamConfig, RmspropConfig, SgdConfig
+    from hpcdl.optim import use_fused
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    dense = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2))
+    sparse = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2))
+    assert use_fused(SgdConfig(), "auto", cuda, dense) and not use_fused(SgdConfig(), "auto", cpu, dense)
+    assert not use_fused(AdamConfig(), "auto", cuda, sparse)  # torch's fused step refuses them
+    assert use_fused(AdamConfig(), "true", cpu, dense)  # lagged sync needs it, on any device
+    assert not use_fused(SgdConfig(fused="false"), "auto", cuda, dense)
+    assert use_fused(SgdConfig(fused="True"), "auto", cpu, dense)
+    assert not use_fused(RmspropConfig(), "auto", cuda, dense)  # no fused kernel

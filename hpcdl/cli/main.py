@@ -245,7 +245,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             print("config search path:\n" + "\n".join(f"  {d}" for d in dirs))
             print(_group_listing(args.config_dir))
             return EXIT_OK
-        print(OmegaConf.to_yaml(composed, resolve=args.resolve), end="")
+        print(OmegaConf.to_yaml(composed, resolve=args.resolve), end="", flush=True)
+        # Printed as composed (what to fix is in it); a config `train` would refuse is
+        # refused here too, in one line after it, with train's exit status.
+        compose_config(args.overrides, args.config_dir)
         return EXIT_OK
     cfg = compose_config(args.overrides, args.config_dir)
     if args.dry_run:

@@ -333,13 +333,16 @@ def check_lagged_sync(t: schema.TrainerConfig, optim: object) -> None:
     optimizer can (sgd, adam, adamw)."""
     if t.lagged_sync.lower() != "true":
         return
-    fused = str(getattr(optim, "fused", "false")).lower()
-    if fused == "false":
-        name = getattr(optim, "name", "?")
-        fix = "remove optim.fused=false" if hasattr(optim, "fused") else "use optim=sgd, adam or adamw"
+    name = getattr(optim, "name", "?")
+    if not hasattr(optim, "fused"):
         raise ConfigError(
-            f"trainer.lagged_sync=true: optim={name} with fused=false cannot skip a non-finite "
-            f"step on the device; {fix}, or set trainer.lagged_sync=false"
+            f"trainer.lagged_sync=true: optim={name} has no fused step to skip a non-finite "
+            "step on the device; use optim=sgd, adam or adamw, or set trainer.lagged_sync=false"
+        )
+    if str(optim.fused).lower() == "false":
+        raise ConfigError(
+            f"trainer.lagged_sync=true: optim.fused=false cannot skip a non-finite step on the "
+            "device; remove optim.fused=false, or set trainer.lagged_sync=false"
         )
 
 

@@ -341,7 +341,7 @@ def check_lagged_sync(t: schema.TrainerConfig, optim: object) -> None:
         )
     if str(optim.fused).lower() == "false":
         raise ConfigError(
-            f"trainer.lagged_sync=true: optim.fused=false cannot skip a non-finite step on the "
+            "trainer.lagged_sync=true: optim.fused=false cannot skip a non-finite step on the "
             "device; remove optim.fused=false, or set trainer.lagged_sync=false"
         )
 

@@ -133,7 +133,7 @@ class Trainer:
         # An epoch's batches whose loader has started reading ahead (see Start).
         self._pending: Optional[Iterator[TrainBatch]] = self._start.batches
         self.lagged = lagged_sync(self.t.lagged_sync, parts.device, parts.optimizer)
-        self._in_flight: list[InFlight] = []  # lagged: the latest step's sums, not yet read
+        self._in_flight: Optional[InFlight] = None  # lagged: the latest step's sums, unread
         self._last_loss = float("nan")  # the latest step's mean loss read on the host
         self._unlogged: list[tuple[int, float]] = []  # (step, loss) not yet sent to the tracker
         self._loss_gradients: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
@@ -161,7 +161,7 @@ class Trainer:
                 flags = self.train_step(batch, global_count)
                 self._beat()
                 self.run_step_hooks()
-                if self._in_flight and self._must_settle(flags):
+                if self._in_flight is not None and self._must_settle(flags):
                     flags = self._settle(flags)
                 self.log_step(step_in_epoch, flags)
                 if flags["eval_due"]:
@@ -285,9 +285,8 @@ class Trainer:
             if not p.scaler.is_enabled():  # fp16: the scaler hands over its own found_inf
                 skip_on_device(p.optimizer, found_inf)
             self._optimizer_step()
-        older = self._in_flight
-        self._in_flight = [send_to_host(self.progress.global_step + 1, packed)]
-        return [(f.step, f.read()) for f in older]
+        older, self._in_flight = self._in_flight, send_to_host(self.progress.global_step + 1, packed)
+        return [] if older is None else [(older.step, older.read())]
 
     def _must_settle(self, flags: dict[str, bool]) -> bool:
         """Whether this boundary reads the steps still in flight first: when it acts on
@@ -298,10 +297,10 @@ class Trainer:
         return any(flags.values()) or epoch_end or self.max_steps_reached()
 
     def _settle(self, flags: Optional[dict[str, bool]] = None) -> dict[str, bool]:
-        """Read and count every step still in flight; their flags join ``flags``."""
+        """Read and count the step still in flight; its flags join ``flags``."""
         started = time.monotonic()
-        older, self._in_flight = self._in_flight, []
-        settled = self._account([(f.step, f.read()) for f in older])
+        older, self._in_flight = self._in_flight, None
+        settled = self._account([] if older is None else [(older.step, older.read())])
         elapsed = time.monotonic() - started  # the wait for the last step's kernels
         self.progress.epoch_s += elapsed
         self.progress.train_s += elapsed
@@ -328,6 +327,7 @@ class Trainer:
             flags["eval_due"] = flags["eval_due"] or sums.eval_due > 0
             flags["save_due"] = flags["save_due"] or sums.save_due > 0
         return flags
+
     def _loss_gradient(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
         """d(loss_sum * scale)/d(loss_sum) as a tensor like the loss, made once per value (a
         run has two: the full and the short last batch); a fill, not a copy from the host.
@@ -412,8 +412,8 @@ class Trainer:
     def _this_steps_loss(self) -> float:
         """The latest step's mean loss (with lagged sync, a hook asking for it waits for
         that step; its flags still act where every rank acts on them)."""
-        if self._in_flight:
-            return self._in_flight[-1].read().mean_loss
+        if self._in_flight is not None:
+            return self._in_flight.read().mean_loss
         return self._last_loss
 
     def log_step(self, step_in_epoch: int, flags: dict[str, bool]) -> None:
@@ -424,7 +424,6 @@ class Trainer:
             self._last_loss,
             self.p.optimizer.param_groups[0]["lr"],
         )
-
         self._log_to_tracker()
 
     def _log_to_tracker(self) -> None:
@@ -486,7 +485,7 @@ class Trainer:
     # ------------------------------------------------------------------ epoch end
     def end_epoch(self) -> None:
         pr = self.progress
-        if self._in_flight:  # (the loop has settled already: this is a safeguard)
+        if self._in_flight is not None:  # (the loop has settled already: a safeguard)
             self._settle()
         self._log_to_tracker()
         epoch_done = pr.step_in_epoch >= self.p.sharder.num_steps_per_epoch
@@ -537,7 +536,7 @@ class Trainer:
         background thread from a host copy with trainer.async_checkpoint (the path returned
         is then the file's once the store's wait() returns)."""
         self._beat("checkpoint")  # a large save gets its own allowance
-        if self._in_flight:  # the loop settles first; a checkpoint holds every step's sums
+        if self._in_flight is not None:  # the loop settles first; a checkpoint holds all sums
             self._settle()
         rng_states = all_gather_objects(capture_rng_state())
         self._last_save = time.monotonic()

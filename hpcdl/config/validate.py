@@ -16,8 +16,7 @@ from hpcdl.config import schema
 from hpcdl.errors import ConfigError
 
 TARGET_FORM = "expected 'package.module:factory', e.g. mypkg.models:build"
-ASYNC_CHECKPOINT_CHOICES = ("auto", "true", "false")
-AUTO_TRUE_FALSE = ASYNC_CHECKPOINT_CHOICES
+AUTO_TRUE_FALSE = ("auto", "true", "false")
 
 
 def validate(cfg: schema.Config) -> None:
@@ -310,11 +309,7 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
     _positive("trainer.checkpoint_every_steps", t.checkpoint_every_steps, allow_none=True)
     _positive("trainer.checkpoint_every_s", t.checkpoint_every_s, allow_none=True)
     _positive("trainer.keep_last", t.keep_last)
-    if t.async_checkpoint.lower() not in ASYNC_CHECKPOINT_CHOICES:  # a CLI true arrives as "True"
-        raise ConfigError(
-            f"trainer.async_checkpoint={t.async_checkpoint!r}: choose auto (on when training "
-            "on CUDA), true or false"
-        )
+    _auto_true_false("trainer.async_checkpoint", t.async_checkpoint, "on when training on CUDA")
     _auto_true_false("trainer.lagged_sync", t.lagged_sync, "on when training on CUDA with a fused optimizer")
     _positive("trainer.max_bad_steps", t.max_bad_steps)
     _positive("trainer.log_every_steps", t.log_every_steps)

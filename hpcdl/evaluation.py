@@ -11,6 +11,7 @@ from torch import nn
 
 from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.errors import CheckpointError
+from hpcdl.step_sums import Value
 from hpcdl.tasks import ClassificationTask, Task
 
 
@@ -48,7 +49,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    stats: dict[str, torch.Tensor] = {}
+    stats: dict[str, Value] = {}
     count = 0
     classify = isinstance(task, ClassificationTask)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
@@ -59,7 +60,10 @@ def evaluate(
         loss_sum += out.loss_sum.double()
         count += out.num_samples
         for name in task.stat_names:
-            stats[name] = stats.get(name, 0.0) + out.stats[name].double()
+            value = out.stats[name]
+            stats[name] = stats.get(name, 0.0) + (
+                value.double() if isinstance(value, torch.Tensor) else value
+            )
         if classify and out.outputs is not None and out.targets is not None:
             confusion += confusion_matrix(out.outputs.argmax(dim=1), out.targets, num_classes)
         if keep_predictions and out.outputs is not None and out.targets is not None:

@@ -34,6 +34,7 @@ from hpcdl.config.schema import (
 )
 from hpcdl.errors import ConfigError, DataError
 from hpcdl.samples import input_target_pair
+from hpcdl.step_sums import Value
 from hpcdl.targets import resolve_callable
 
 
@@ -41,7 +42,7 @@ from hpcdl.targets import resolve_callable
 class BatchStats:
     loss_sum: torch.Tensor  # scalar, fp32 or fp64, carries the graph in training
     num_samples: int
-    stats: dict[str, torch.Tensor]  # scalar sums, detached
+    stats: dict[str, Value]  # scalar sums: detached tensors, or floats on the host
     outputs: torch.Tensor | None = None  # the model's outputs (classification: logits)
     targets: torch.Tensor | None = None  # the batch's labels, when the task knows them
 
@@ -213,13 +214,16 @@ class CustomTask(Task):
                 f"{where}: cannot tell the batch's number of samples (no tensor with a batch "
                 "dimension in it); put the inputs in tensors"
             )
-        stats = {
-            name: torch.as_tensor(_scalar(where, name, metrics[name]), dtype=torch.float64)
-            .to(loss.device)
-            .detach()
-            * num_samples
-            for name in names
-        }
+        # A tensor metric stays where it was computed; a Python number stays on the host
+        # (copying it to the device every step would wait for the queued kernels there).
+        stats: dict[str, Value] = {}
+        for name in names:
+            value = _scalar(where, name, metrics[name])
+            stats[name] = (
+                value.to(torch.float64) * num_samples
+                if isinstance(value, torch.Tensor)
+                else value * num_samples
+            )
         return BatchStats(loss.reshape(()).float() * num_samples, num_samples, stats)
 
     @property

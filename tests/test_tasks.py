@@ -102,6 +102,16 @@ def test_custom_task_metrics_are_weighted_by_samples_and_names_are_fixed() -> No
     check_monitor("train_label_mean", task)
 
 
+def test_custom_task_numbers_stay_on_the_host_and_tensors_where_they_were_computed() -> None:
+    """A Python-number metric is never copied to the device each step (on a GPU that copy
+    would wait for the kernels queued before it); a tensor metric is never read on the host."""
+    task = custom(lambda m, b: (b[1].float().mean(), {"n": 2, "t": b[1].float().mean()}))
+    out = task.batch_stats(nn.Identity(), (torch.zeros(4, 2), torch.tensor([1, 1, 1, 0])))
+    assert out.stats["n"] == 8.0 and type(out.stats["n"]) is float
+    assert isinstance(out.stats["t"], torch.Tensor) and out.stats["t"].dtype == torch.float64
+    assert float(out.stats["t"]) == 3.0 and not out.stats["t"].requires_grad
+
+
 @pytest.mark.parametrize(
     ("labels", "message"),
     [

@@ -6,12 +6,18 @@
 #   3. every benchmark of the suite on the GPU (python -m benchmarks.run --all);
 #   4. what lagged sync is worth: hpcdl bench overhead with trainer.lagged_sync on and off
 #      (the same fused kernel both times), MLP and CNN (lagged.md).
+# bash benchmarks/gpu.sh tests devices   runs only the steps named (tests, devices, suite,
+# lagged), e.g. in two calls where one call's time limit is too short for all four.
 # Writes everything under $OUT (default: benchmarks/results/gpu-<date>): nvidia-smi.txt,
 # versions.txt, gpu-tests.log, devices.md, and the suite's <date>-<host>-cuda.{json,md}.
 # Where the image lacks hydra/omegaconf/submitit, run benchmarks/gpu_wheels.sh first (with
 # a registry) and carry .whl: they are installed from there. Every step runs even if an
 # earlier one failed; the exit status is the first failure's.
 set -uo pipefail
+STEPS=" ${*:-tests devices suite lagged} "
+for name in $STEPS; do
+    case $name in tests|devices|suite|lagged) ;; *) echo "gpu.sh: no step '$name' (tests, devices, suite, lagged)" >&2; exit 2;; esac
+done
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results/gpu-$(date +%F)}"
 mkdir -p "$OUT"
@@ -22,8 +28,9 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     export PYTHONPATH="$PYTHONPATH:/tmp/hpcdl-site"
 fi
 status=0
-step() {  # step NAME COMMAND...: run it, log it, remember the first failure
+step() {  # step NAME COMMAND...: run it (if asked for), log it, remember the first failure
     local name=$1; shift
+    [[ $STEPS == *" $name "* ]] || return 0
     echo "== $name: $*"
     "$@" || { local rc=$?; echo "== $name failed ($rc)"; [ $status -ne 0 ] || status=$rc; }
 }
@@ -36,12 +43,12 @@ print("gpus", [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_co
 print("nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else None)
 print("git", subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
 PY
-step "gpu tests" bash -c "python3 -m pytest -p no:cacheprovider -m gpu -v tests 2>&1 | tee '$OUT/gpu-tests.log'"
-step "bench devices" bash -c "{ python3 -m hpcdl.cli.main bench devices model=mlp data=breast_cancer; echo; \
+step tests bash -c "python3 -m pytest -p no:cacheprovider -m gpu -v tests 2>&1 | tee '$OUT/gpu-tests.log'"
+step devices bash -c "{ python3 -m hpcdl.cli.main bench devices model=mlp data=breast_cancer; echo; \
     python3 -m hpcdl.cli.main bench devices model=cnn data=digits; echo; \
     python3 -m hpcdl.cli.main bench devices model=cnn data=digits trainer.precision=bf16; } | tee '$OUT/devices.md'"
-step "benchmarks" python3 -m benchmarks.run --all --out "$OUT"
-step "lagged sync" bash -c "for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16'; do \
+step suite python3 -m benchmarks.run --all --out "$OUT"
+step lagged bash -c "for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16'; do \
     for sync in true false; do echo \"### \$case trainer.lagged_sync=\$sync\"; \
     python3 -m hpcdl.cli.main bench overhead --repeats 5 \$case optim.fused=true trainer.lagged_sync=\$sync; echo; \
     done; done | tee '$OUT/lagged.md'"

@@ -12,6 +12,7 @@ from benchmarks import (
     dry_run,
     job_start,
     lazy_epoch,
+    mfu,
     options,
     overhead,
     resumed_step,
@@ -27,6 +28,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "sweep_submit": sweep_submit.run,  # P6: `train -m`, 100 trials, and its planning
     "checkpoint": checkpoint.run,  # P5: save/load vs torch.save/load, stall per save
     "options": options.run,  # each speed option on / off (lagged sync, fused, bf16, ...)
+    "mfu": mfu.run,  # P7: ResNet-18's model FLOP utilization against the measured matmul peak
 }
 # On the dev cluster (slurm/devcluster up; SLURM_CONF set): by name, or with --cluster.
 CLUSTER_BENCHMARKS: dict[str, Benchmark] = {

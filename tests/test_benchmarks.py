@@ -67,8 +67,13 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
         "checkpoint.save",
         "checkpoint.load_latest",
         "checkpoint.stall",
+        "mfu.resnet18_w8",
     } <= set(ids)
     rows = {row["id"]: row for row in record["rows"]}
+    # MFU: the counted FLOPs and the measured peak make the ratio, which is 1 / MFU.
+    mfu = rows["mfu.resnet18_w8"]["details"]
+    assert mfu["flops_per_step"] > 0 and mfu["peak_flops_per_s"]["median"] > 0
+    assert mfu["mfu"] == pytest.approx(1 / rows["mfu.resnet18_w8"]["ratio"], rel=1e-4)
     # The sweep went to the stub sbatch as one job array; the dry run left torch alone.
     assert (
         rows["sweep_submit.command"]["details"]["slurm_calls"].count("sbatch JOB_ARRAY_SCRIPT") == 1
@@ -124,7 +129,7 @@ def test_checkpoint_stall_is_the_saving_interval_minus_a_normal_one() -> None:
 
 
 def test_overhead_rows_and_table_from_measured_rounds() -> None:
-    from benchmarks.overhead import SMOKE, Measured, rows_from, table
+    from benchmarks.overhead import GPU_ONLY, SMOKE, Measured, rows_from, table
 
     def rounds(loop_s: float) -> list[dict[str, float]]:
         # Two rounds; the second 10% slower for every loop (a busier minute).
@@ -156,6 +161,10 @@ def test_overhead_rows_and_table_from_measured_rounds() -> None:
     )
     ids = {row.id: row for row in rows_from(gpu)}
     assert ids["overhead.mlp.vs_dataloader"].goal == pytest.approx(1 / 3)
+    assert ids["overhead.mlp.loop"].goal == 1.10  # P1 on a GPU: tiny models 1.10, CPU 1.05
+    assert rows_from(cpu)[0].goal == 1.05
+    resnet = Measured(GPU_ONLY[0], loops, 4, device="cuda")
+    assert rows_from(resnet)[0].goal == 1.03  # ResNet-18 bf16 on a GPU
     lightning = ids["overhead.mlp.lightning"]
     assert lightning.ratio == pytest.approx(0.4) and lightning.meets_goal
     assert lightning.details["lightning_over_hpcdl"] == pytest.approx(2.5)

@@ -48,6 +48,8 @@ class Work:
     precision: Precision
     x: torch.Tensor  # the training rows, on the device
     y: torch.Tensor
+    x_val: torch.Tensor  # the validation rows, on the device
+    y_val: torch.Tensor
     batch_size: int
     device: torch.device
     seed: int  # trainer.seed: the epochs' orders (epoch_order)
@@ -59,17 +61,22 @@ class Work:
 
 def build_work(overrides: Sequence[str]) -> Work:
     """The work hpcdl does for `hpcdl train cluster=debug OVERRIDES`, for a loop of our own."""
+    from hpcdl.cli.compose import compose_config
+
+    return build_work_from(compose_config(["cluster=debug", *overrides]))
+
+
+def build_work_from(cfg: Config) -> Work:
+    """build_work for a composed config: reads the data and builds the model."""
     import torch
 
     from hpcdl.build import seed_everything
-    from hpcdl.cli.compose import compose_config
     from hpcdl.config.schema import Precision
     from hpcdl.data.feed import build_feed
     from hpcdl.dist import pick_device
     from hpcdl.models import build_model
     from hpcdl.optim import build_optimizer, use_fused
 
-    cfg = compose_config(["cluster=debug", *overrides])
     check_comparable(cfg)
     t = cfg.trainer
     device = pick_device(t.device.value, 0)
@@ -81,12 +88,16 @@ def build_work(overrides: Sequence[str]) -> Work:
     return Work(
         model=model,
         # The same kernel as hpcdl's (optim.fused): fused and foreach steps round differently.
-        optimizer=build_optimizer(cfg.optim, model.parameters(), use_fused(cfg.optim, t.lagged_sync, device, model)),
+        optimizer=build_optimizer(
+            cfg.optim, model.parameters(), use_fused(cfg.optim, t.lagged_sync, device, model)
+        ),
         scaler=torch.amp.GradScaler(device.type) if t.precision == Precision.fp16 else None,
         autocast_dtype=dtype,
         precision=t.precision,
         x=feed.data.x_train.to(device),
         y=feed.data.y_train.to(device),
+        x_val=feed.data.x_val.to(device),
+        y_val=feed.data.y_val.to(device),
         batch_size=t.batch_size,
         device=device,
         seed=t.seed,

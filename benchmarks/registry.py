@@ -17,6 +17,7 @@ from benchmarks import (
     overhead,
     resumed_step,
     sweep_submit,
+    time_to_accuracy,
 )
 from benchmarks.base import Benchmark
 
@@ -29,6 +30,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "checkpoint": checkpoint.run,  # P5: save/load vs torch.save/load, stall per save
     "options": options.run,  # each speed option on / off (lagged sync, fused, bf16, ...)
     "mfu": mfu.run,  # P7: ResNet-18's model FLOP utilization against the measured matmul peak
+    "time_to_accuracy": time_to_accuracy.run,  # P7: MNIST-shaped CNN to 99%, vs a hand loop
 }
 # On the dev cluster (slurm/devcluster up; SLURM_CONF set): by name, or with --cluster.
 CLUSTER_BENCHMARKS: dict[str, Benchmark] = {

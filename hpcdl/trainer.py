@@ -471,6 +471,8 @@ class Trainer:
             pr.num_evals_without_improvement += 1
             if es.patience and pr.num_evals_without_improvement >= es.patience:
                 pr.early_stopped = True
+        if es.target is not None and sign * (value - es.target) <= 0:
+            pr.early_stopped = True  # the target is reached: at or past it
         return result, improved
 
     def _monitored(self, result: EvalResult) -> float:

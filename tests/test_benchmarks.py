@@ -68,12 +68,19 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
         "checkpoint.load_latest",
         "checkpoint.stall",
         "mfu.resnet18_w8",
+        "time_to_accuracy.cnn",
     } <= set(ids)
     rows = {row["id"]: row for row in record["rows"]}
     # MFU: the counted FLOPs and the measured peak make the ratio, which is 1 / MFU.
     mfu = rows["mfu.resnet18_w8"]["details"]
     assert mfu["flops_per_step"] > 0 and mfu["peak_flops_per_s"]["median"] > 0
     assert mfu["mfu"] == pytest.approx(1 / rows["mfu.resnet18_w8"]["ratio"], rel=1e-4)
+    # Time to accuracy: on a CPU the hand loop does hpcdl's arithmetic, so both reach the
+    # target at the same epoch with the same validation accuracy.
+    tta = rows["time_to_accuracy.cnn"]["details"]
+    assert tta["hpcdl_epochs"] == tta["hand_epochs"]
+    assert tta["hpcdl_accuracy"] == tta["hand_accuracy"]
+    assert min(tta["hpcdl_accuracy"]) >= tta["sizes"]["target"]
     # The sweep went to the stub sbatch as one job array; the dry run left torch alone.
     assert (
         rows["sweep_submit.command"]["details"]["slurm_calls"].count("sbatch JOB_ARRAY_SCRIPT") == 1

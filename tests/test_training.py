@@ -47,6 +47,34 @@ def test_digits_cnn_two_rank_gloo_ddp_reaches_95_percent(hpcdl, tmp_path: Path) 
     assert "epoch 12/12" in out.stdout
 
 
+def test_early_stopping_target_stops_at_the_first_epoch_that_reaches_it(hpcdl, tmp_path) -> None:
+    """trainer.early_stopping.target: max mode stops at the first val_accuracy >= target,
+    min mode at the first val_loss <= target; every earlier epoch was short of it."""
+    import csv
+
+    for name, mode, column, target in (
+        ("max", "max", "val_accuracy", 0.9),
+        ("min", "min", "val_loss", 0.3),
+    ):
+        out = hpcdl(
+            "train",
+            f"run_dir={name}",
+            f"trainer.early_stopping.monitor={column}",
+            f"trainer.early_stopping.mode={mode}",
+            f"trainer.early_stopping.target={target}",
+        )
+        assert out.returncode == 0, out.stderr
+        s = summary(tmp_path / name)
+        rows = list(csv.DictReader((tmp_path / name / "metrics.csv").open()))
+        values = [float(r[column]) for r in rows]
+        reached = [v >= target if mode == "max" else v <= target for v in values]
+        assert s["early_stopped"] and 1 < s["epochs"] < 30, (s, values)
+        assert reached[-1] and not any(reached[:-1]), values
+    bad = hpcdl("train", "run_dir=bad", "trainer.early_stopping.target=high")
+    assert bad.returncode != 0 and "trainer.early_stopping.target" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.slow
 def test_nonfinite_losses_stop_with_a_clear_error(hpcdl, tmp_path: Path) -> None:
     out = hpcdl(

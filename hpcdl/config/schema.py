@@ -323,6 +323,8 @@ class EarlyStoppingConfig:
     # Evaluations without improvement before stopping; 0 = off.
     patience: int = 0
     min_delta: float = 0.0
+    # Stop once the monitored metric reaches this value (<= for mode=min, >= for max).
+    target: Optional[float] = None
 
 
 @dataclass

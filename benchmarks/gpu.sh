@@ -7,7 +7,8 @@
 #   4. what lagged sync is worth: hpcdl bench overhead with trainer.lagged_sync on and off
 #      (the same fused kernel both times), MLP and CNN (lagged.md).
 # bash benchmarks/gpu.sh tests devices   runs only the steps named (tests, devices, suite,
-# lagged), e.g. in two calls where one call's time limit is too short for all four.
+# lagged), e.g. in two calls where one call's time limit is too short for all four;
+# BENCHMARKS="overhead mfu" bash benchmarks/gpu.sh suite   runs only those benchmarks.
 # Writes everything under $OUT (default: benchmarks/results/gpu-<date>): nvidia-smi.txt,
 # versions.txt, gpu-tests.log, devices.md, and the suite's <date>-<host>-cuda.{json,md}.
 # Where the image lacks hydra/omegaconf/submitit, run benchmarks/gpu_wheels.sh first (with
@@ -47,7 +48,7 @@ step tests bash -c "python3 -m pytest -p no:cacheprovider -m gpu -v tests 2>&1 |
 step devices bash -c "{ python3 -m hpcdl.cli.main bench devices model=mlp data=breast_cancer; echo; \
     python3 -m hpcdl.cli.main bench devices model=cnn data=digits; echo; \
     python3 -m hpcdl.cli.main bench devices model=cnn data=digits trainer.precision=bf16; } | tee '$OUT/devices.md'"
-step suite python3 -m benchmarks.run --all --out "$OUT"
+step suite python3 -m benchmarks.run ${BENCHMARKS:---all} --out "$OUT"
 step lagged bash -c "for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16'; do \
     for sync in true false; do echo \"### \$case trainer.lagged_sync=\$sync\"; \
     python3 -m hpcdl.cli.main bench overhead --repeats 5 \$case optim.fused=true trainer.lagged_sync=\$sync; echo; \

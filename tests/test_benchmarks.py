@@ -105,7 +105,15 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
 @pytest.mark.slow  # trains a tiny ResNet-18 twice in-process; about 10 s
 def test_checkpoint_smoke_saves_loads_and_times_the_stall(tmp_path: Path) -> None:
     rows = {row["id"]: row for row in smoke_benchmarks(tmp_path, "checkpoint")["rows"]}
-    assert list(rows) == ["checkpoint.save", "checkpoint.load_latest", "checkpoint.stall"]
+    assert list(rows) == [
+        "checkpoint.save",
+        "checkpoint.load_latest",
+        "checkpoint.stall",
+        "checkpoint.share",
+    ]
+    share = rows["checkpoint.share"]
+    assert 0 < share["ratio"] < 1
+    assert share["goal"] == (0.01 if share["details"]["device"] == "cuda" else 0.02)
     save = rows["checkpoint.save"]["details"]
     # hpcdl's file is torch.save's bytes plus the 48-byte header (torch skips no data).
     assert save["file_bytes"] > save["state_bytes"] > 0

@@ -239,6 +239,10 @@ def stall(sizes: Sizes, settings: Settings, work: Path) -> list[Row]:
         ratio=statistics.median(shares),
         goal=SHARE_GOAL[device],
         details={
+            "measured_s": summarize([r["stall"] for r in default]).as_dict(),
+            "baseline_s": summarize(
+                [REFERENCE_EPOCH_STEPS * r["normal_step"] + r["stall"] for r in default]
+            ).as_dict(),
             "shares": summarize(shares).as_dict(),
             "reference_epoch_steps": REFERENCE_EPOCH_STEPS,
             "async_checkpoint": device == "cuda",

@@ -72,6 +72,8 @@ GPU_ONLY = (
             "data.shape=[3,32,32]",
             "data.num_classes=10",
             "data.num_samples=16384",
+            "data.val_fraction=0.25",  # 10240 training rows: 40 full batches
+            "data.test_fraction=0.125",
             "trainer.batch_size=256",
             "trainer.precision=bf16",
         ),

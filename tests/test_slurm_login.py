@@ -200,7 +200,7 @@ def test_overrides_may_follow_flags_and_the_job_uses_this_interpreter(hpcdl, tmp
     assert f"# run dir (not created): {tmp_path / 'r'}" in out.stdout
     assert "#SBATCH --nodes=2" in out.stdout
     # The interpreter that runs hpcdl, as submitit's real submission uses.
-    assert f"{sys.executable} -u -m submitit.core._submit" in out.stdout
+    assert f"{sys.executable} -u -m hpcdl.launch.rank_main" in out.stdout
     bad = hpcdl("train", "--dry-run", "--nope", "run_dir=r")
     assert bad.returncode == 2 and "unrecognized arguments: --nope" in bad.stderr
 
@@ -238,7 +238,7 @@ def test_containers_wrap_each_rank_and_preflight_checks_runtime_and_image(hpcdl,
     run = tmp_path / "r"
     assert (
         f"apptainer exec --nv --bind {run},/scratch {tmp_path / 'img.sif'} python3 -u -m "
-        "submitit.core._submit" in out.stdout
+        "hpcdl.launch.rank_main" in out.stdout
     )
     assert f"if [ -e {run}/logs/$SLURM_JOB_ID.requeue ]" in out.stdout  # after srun
     pyxis = hpcdl(

@@ -38,7 +38,14 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
     from hpcdl.job import run_job
 
     num_tasks = tasks_per_node(cfg.cluster)
-    executor = submitit.LocalExecutor(folder=str(run_dir.log_dir))
+    from hpcdl.launch.rank_main import rank_command
+
+    class Executor(submitit.LocalExecutor):
+        @property
+        def _submitit_command_str(self) -> str:
+            return rank_command(self.python, str(self.folder))
+
+    executor = Executor(folder=str(run_dir.log_dir))
     executor.update_parameters(
         tasks_per_node=num_tasks,
         nodes=1,

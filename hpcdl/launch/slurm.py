@@ -88,8 +88,14 @@ def make_executor(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None)
     import submitit
 
     from hpcdl.launch import container
+    from hpcdl.launch.rank_main import rank_command
 
-    executor = submitit.SlurmExecutor(
+    class Executor(submitit.SlurmExecutor):
+        @property
+        def _submitit_command_str(self) -> str:
+            return rank_command(self.python, str(self.folder))
+
+    executor = Executor(
         folder=str(base_dir.log_dir),
         max_num_timeout=cfg.cluster.max_requeues,
         python=container.interpreter(cfg.cluster, base_dir, sys.executable),
@@ -119,18 +125,18 @@ def sbatch_text(cfg: Config, run_dir: JobDir, array_size: Optional[int] = None) 
     from submitit.slurm.slurm import _make_sbatch_string
 
     from hpcdl.launch import container
+    from hpcdl.launch.rank_main import rank_command
 
     params = job_parameters(cfg, run_dir)
     if array_size is not None:
         params["map_count"] = array_size
         if cfg.cluster.array_parallelism:  # else submitit's default, as when submitting
             params["array_parallelism"] = cfg.cluster.array_parallelism
-    logs = shlex.quote(str(run_dir.log_dir))
     # The interpreter hpcdl runs in, as submitit's own submission uses (sys.executable):
     # a venv's hpcdl called without activating the venv still gets that venv in the job.
     # (Or the image's, through the container runtime.)
     python = container.interpreter(cfg.cluster, run_dir, sys.executable)
-    command = f"{python} -u -m submitit.core._submit {logs}"
+    command = rank_command(python, str(run_dir.log_dir))
     return _make_sbatch_string(command=command, folder=str(run_dir.log_dir), **params)
 
 

@@ -237,4 +237,10 @@ def main(run_dir: str) -> dict[str, Any]:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m hpcdl.launch.slurm_job RUN_DIR")
-    main(sys.argv[1])
+    from hpcdl.launch.rank_main import exit_status, leave
+
+    try:
+        main(sys.argv[1])
+    except SystemExit as stop:  # leave as a submitit rank does (hpcdl.launch.rank_main)
+        leave(exit_status(stop.code))
+    leave(0)

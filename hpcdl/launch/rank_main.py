@@ -1,0 +1,75 @@
+"""A rank's process: ``python -m hpcdl.launch.rank_main LOG_DIR`` runs submitit's job
+runner (what ``-m submitit.core._submit`` runs), then leaves at once.
+
+Why not let the interpreter wind down: torch's DistributedDataParallel keeps its process
+group alive past ``destroy_process_group`` (gloo's or NCCL's threads go on running), and
+tearing a process down with those threads alive (C++ static destructors after Python has
+finalized) aborts now and then: "terminate called without an active exception", and Slurm
+marks a job whose ranks all finished their work FAILED (exit 6:0, "srun: error: n2: task 3:
+Aborted"). A rank whose job has returned has nothing left to do; once its result is
+pickled, its non-daemon threads have finished and its output is flushed, it exits with
+``os._exit``. A ``sys.exit(n)`` from the job (a stop after a checkpoint, bad input) leaves
+the same way with n; an exception takes Python's normal way out (traceback, exit 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import sys
+import threading
+from typing import NoReturn, Optional
+
+USAGE = "usage: python -m hpcdl.launch.rank_main LOG_DIR"
+
+
+def rank_command(python: str, folder: str) -> str:
+    """The command every task of a job runs (in submitit's place: see the module's text)."""
+    return f"{python} -u -m hpcdl.launch.rank_main {shlex.quote(folder)}"
+
+
+def exit_status(code: object) -> int:
+    """SystemExit's code as the process's exit status (as Python itself maps it)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with ``code`` once every non-daemon thread has ended (an asynchronous checkpoint
+    write, say) and every stream is flushed; no interpreter or C++ teardown runs after."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to write
+            stream.flush()
+    os._exit(code)
+
+
+def run(folder: str) -> NoReturn:
+    from submitit.core.submission import process_job
+
+    try:
+        process_job(folder)
+    except SystemExit as stop:
+        leave(exit_status(stop.code))
+    leave(0)
+
+
+def main(argv: Optional[list[str]] = None) -> NoReturn:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.exit(USAGE)
+    run(args[0])
+
+
+if __name__ == "__main__":
+    main()

@@ -64,3 +64,53 @@ def test_a_rank_that_timed_out_in_a_collective_is_named_before_those_that_lost_i
     in_hook = 'Traceback (most recent call last):\n  File "hook.py", line 4, in after_step\n'
     folder = logs(tmp_path, "4", {0: in_step + waited.format(0), 1: in_hook + waited.format(1)})
     assert (root_cause(folder, "4") or (None, ""))[0] == 1
+
+
+
+def test_a_task_srun_saw_die_of_a_signal_is_named_with_its_own_last_fatal_line(
+    tmp_path: Path,
+) -> None:
+    # Every rank finished its work; srun's line lands in the batch log (rank 0's).
+    done = "epoch 5/5: train_loss 0.35\nsubmitit INFO - Job completed successfully\n"
+    folder = logs(
+        tmp_path,
+        "72",
+        {
+            0: done + "srun: error: n2: task 3: Aborted\n",
+            1: done,
+            2: done,
+            3: done + "terminate called without an active exception\n",
+        },
+    )
+    assert describe(root_cause(folder, "72")) == (
+        "rank 3: died of Aborted on n2: terminate called without an active exception"
+    )
+
+
+def test_a_task_killed_without_a_word_is_named_from_sruns_line(tmp_path: Path) -> None:
+    folder = logs(tmp_path, "74", {0: PEER + "srun: error: n1: task 1: Killed\n", 1: "epoch 1\n"})
+    assert root_cause(folder, "74") == (1, "died of Killed on n1")
+
+
+def test_a_task_that_exited_non_zero_is_left_to_its_own_error(tmp_path: Path) -> None:
+    folder = logs(
+        tmp_path,
+        "73",
+        {0: "srun: error: n1: task 1: Exited with exit code 1\n", 1: "KeyError: 'lr'\n"},
+    )
+    assert root_cause(folder, "73") == (1, "KeyError: 'lr'")
+
+
+def test_of_several_tasks_srun_saw_die_the_one_without_an_error_of_its_own_is_named(
+    tmp_path: Path,
+) -> None:
+    batch = PEER + "srun: error: n1: task 2: Killed\nsrun: error: n2: task 3: Segmentation fault\n"
+    folder = logs(
+        tmp_path,
+        "75",
+        {0: batch, 2: PEER, 3: "step 7\nFatal Python error: Segmentation fault\n"},
+    )
+    assert root_cause(folder, "75") == (
+        3,
+        "died of Segmentation fault on n2: Fatal Python error: Segmentation fault",
+    )

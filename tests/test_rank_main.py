@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from submitit.core.utils import DelayedSubmission
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_ID = "42"
+OPEN_POOLS: list[ThreadPoolExecutor] = []
 
 
 def finish_with_a_late_thread(marker: str) -> int:
@@ -33,6 +35,10 @@ def finish_with_a_late_thread(marker: str) -> int:
         Path(marker).write_text("written")
 
     threading.Thread(target=late).start()
+    # An executor left open: its idle worker is a non-daemon thread that ends only when
+    # threading's exit hook tells it to (a plain join of every thread would hang here).
+    OPEN_POOLS.append(ThreadPoolExecutor(max_workers=1))
+    OPEN_POOLS[-1].submit(print, "pool task ran")
     atexit.register(os.abort)
     return 7
 

@@ -25,6 +25,14 @@ ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*
 STALL_LINE = re.compile(r"^hpcdl: (rank \d+ made no progress for .*?);", re.M)
 # What a job script or srun says when it dies before Python starts (module load, a
 # missing interpreter, a bad bind path): the first such line names the cause.
+# srun's line for a task that died of a signal ("srun: error: n2: task 3: Aborted"; a
+# task that merely exited non-zero reads "Exited with exit code N" and is left to its log).
+SRUN_TASK_DIED = re.compile(r"^srun: error: (\S+): task (\d+): (?!Exited with)(.+)$", re.M)
+# What a process that dies in C/C++ code leaves in its own log.
+FATAL_LINE = re.compile(
+    r"^(terminate called .*|Fatal Python error: .*|.*Segmentation fault.*|.*core dumped.*)$",
+    re.M,
+)
 SHELL_ERROR = re.compile(r"^.*(?:error|not found|No such file|Permission denied).*$", re.M | re.I)
 
 
@@ -42,8 +50,9 @@ def rank_logs(log_dir: Path, job_id: str) -> dict[int, str]:
 
 def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]]:
     """(rank, what happened) for a failed job: a stall the watchdog reported, else an error
-    that is not a peer's disappearance, else a rank that ended without any error (killed),
-    else the first error, else the first line of a log that reads like an error (the job
+    that is not a peer's disappearance, else a rank that timed out in a collective, else a
+    task srun saw die of a signal, else a rank that ended without any error (killed), else
+    the first error, else the first line of a log that reads like an error (the job
     died before Python started); None when the logs say nothing."""
     logs = rank_logs(log_dir, job_id)
     errors: dict[int, str] = {}
@@ -70,6 +79,9 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
         waited.sort(key=lambda pair: in_training_step(logs[pair[0]]))
         rank, error = waited[0]
         return rank, f"hung in a collective until its timeout (trainer.stall_timeout_s): {error}"
+    died = died_of_a_signal(logs, silent)
+    if died is not None:
+        return died
     if silent and errors:
         return silent[0], (
             "ended without an error of its own (killed by a signal, or out of memory?); "
@@ -82,6 +94,19 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
         if shell:
             return rank, shell.group(0).strip()[:200]
     return None
+
+
+def died_of_a_signal(logs: dict[int, str], silent: list[int]) -> Optional[tuple[int, str]]:
+    """A task srun reports killed by a signal (in the batch log, rank 0's), one without a
+    Python error of its own first, with the last fatal line of its own log: "died of
+    Aborted on n2: terminate called without an active exception"."""
+    deaths = [m for text in logs.values() for m in SRUN_TASK_DIED.finditer(text)]
+    deaths.sort(key=lambda m: int(m.group(2)) not in silent)  # stable: srun's order kept
+    if not deaths:
+        return None
+    node, task, how = deaths[0].group(1), int(deaths[0].group(2)), deaths[0].group(3).strip()
+    fatal = FATAL_LINE.findall(logs.get(task, ""))
+    return task, f"died of {how} on {node}" + (f": {fatal[-1].strip()}" if fatal else "")
 
 
 def in_training_step(text: str) -> bool:

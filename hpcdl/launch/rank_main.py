@@ -43,10 +43,16 @@ def exit_status(code: object) -> int:
 def leave(code: int) -> NoReturn:
     """Exit with ``code`` once every non-daemon thread has ended (an asynchronous checkpoint
     write, say) and every stream is flushed; no interpreter or C++ teardown runs after."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()
+    # What the interpreter's own exit does first: threading's exit hooks (an executor left
+    # open lets its idle workers go), then a join of every non-daemon thread.
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:  # an interpreter without the hook: join them ourselves
+        current = threading.current_thread()
+        for thread in threading.enumerate():
+            if thread is not current and not thread.daemon:
+                thread.join()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to write

@@ -64,6 +64,11 @@ def test_a_rank_that_timed_out_in_a_collective_is_named_before_those_that_lost_i
     in_hook = 'Traceback (most recent call last):\n  File "hook.py", line 4, in after_step\n'
     folder = logs(tmp_path, "4", {0: in_step + waited.format(0), 1: in_hook + waited.format(1)})
     assert (root_cause(folder, "4") or (None, ""))[0] == 1
+    # Rank 2 timed out first and left: rank 1, still in its barrier, lost a peer instead.
+    lost = in_hook + PEER.replace("rank0", "rank1")
+    folder = logs(tmp_path, "6", {0: in_step + waited.format(0), 1: lost, 2: in_step + waited.format(2)})
+    rank, detail = root_cause(folder, "6") or (None, "")
+    assert rank == 1 and detail.startswith("hung in a collective until its timeout")
 
 
 

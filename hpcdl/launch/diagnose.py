@@ -75,9 +75,13 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
     waited = [(r, e) for r, e in errors.items() if COLLECTIVE_TIMEOUT in e]
     if waited:
         # Ranks waiting in the training step's own collectives (DDP's gradient all-reduce,
-        # the step sums) waited for one that was elsewhere: name that one first.
-        waited.sort(key=lambda pair: in_training_step(logs[pair[0]]))
-        rank, error = waited[0]
+        # the step sums) waited for one that was elsewhere: name that one first, also when
+        # it reports a lost peer (one that timed out first and left) rather than a timeout.
+        in_step = {r for r in errors if in_training_step(logs[r])}
+        elsewhere = [(r, e) for r, e in errors.items() if r not in in_step]
+        waited.sort(key=lambda pair: pair[0] in in_step)
+        in_step_waited = any(r in in_step for r, _ in waited)
+        rank, error = (elsewhere if in_step_waited and elsewhere else waited)[0]
         return rank, f"hung in a collective until its timeout (trainer.stall_timeout_s): {error}"
     died = died_of_a_signal(logs, silent)
     if died is not None:

@@ -320,7 +320,7 @@ FAILING_RUN = (
 )
 EXPECTED_CAUSE = {
     "raises": "rank 1: RuntimeError: rank 1 failed on purpose",
-    "sigkill": "rank 1: ended without an error of its own",
+    "sigkill": "rank 1: died of Killed on n",
     "hangs": "rank 1: stalled: rank 1 made no progress",
     "collective": "rank 1: hung in a collective until its timeout",
 }

@@ -2,7 +2,9 @@
 a 2-node job ends the whole job, `hpcdl status` names that rank and its error, and nothing
 is left running; a job whose environment is broken before Python starts hpcdl shows FAILED
 with the first error line of its log. The full set (SIGKILLed and hanging ranks, 4 ranks):
-`python -m tests.faults --scenario R4 --cluster`."""
+`python -m tests.faults --scenario R4 --cluster`. And a finished job whose ranks' process
+teardown would abort still ends COMPLETED (hpcdl.launch.rank_main; through submitit's own
+entry the same job ends FAILED, checked by hand)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,15 @@ RAISER = (
     "def after_step(event):\n"
     "    if event.global_step == 5 and event.rank == 1:\n"
     "        raise RuntimeError('rank 1 failed on purpose at step 5')\n"
+)
+
+# Every rank's process teardown aborts, as DDP's still-running process group made it do
+# now and then (CI: "srun: error: n2: task 3: Aborted" after a finished job).
+ABORT_AT_EXIT = (
+    "import atexit, os\n\n_armed = []\n\n"
+    "def after_step(event):\n"
+    "    if not _armed:\n"
+    "        _armed.append(atexit.register(os.abort))\n"
 )
 
 
@@ -74,3 +85,14 @@ def test_a_job_whose_environment_is_broken_shows_failed_with_its_first_error(
     report = status_lines(run_dir, tmp_path)
     assert report["state"] == "FAILED"
     assert report["cause"] == "rank 0: ImportError: this environment is broken", report
+
+
+def test_a_finished_job_whose_rank_teardown_would_abort_still_completes(devcluster, tmp_path) -> None:
+    (tmp_path / "teardown.py").write_text(ABORT_AT_EXIT)
+    job_id, run_dir = submitted(
+        tmp_path, "cluster.nodes=2", "trainer.max_epochs=1", "trainer.step_hooks=[teardown:after_step]"
+    )
+    assert ended(job_id) == "COMPLETED"  # a rank leaves once its job returned (rank_main)
+    report = status_lines(run_dir, tmp_path)
+    assert report["state"] == "COMPLETED" and report["exit_code"] == "0:0", report
+    assert (run_dir / "summary.json").exists()

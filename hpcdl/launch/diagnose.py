@@ -23,8 +23,6 @@ PEER_GONE = (
 COLLECTIVE_TIMEOUT = "Timed out waiting"
 ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*)$", re.M)
 STALL_LINE = re.compile(r"^hpcdl: (rank \d+ made no progress for .*?);", re.M)
-# What a job script or srun says when it dies before Python starts (module load, a
-# missing interpreter, a bad bind path): the first such line names the cause.
 # srun's line for a task that died of a signal ("srun: error: n2: task 3: Aborted"; a
 # task that merely exited non-zero reads "Exited with exit code N" and is left to its log).
 SRUN_TASK_DIED = re.compile(r"^srun: error: (\S+): task (\d+): (?!Exited with)(.+)$", re.M)
@@ -33,6 +31,8 @@ FATAL_LINE = re.compile(
     r"^(terminate called .*|Fatal Python error: .*|.*Segmentation fault.*|.*core dumped.*)$",
     re.M,
 )
+# What a job script or srun says when it dies before Python starts (module load, a
+# missing interpreter, a bad bind path): the first such line names the cause.
 SHELL_ERROR = re.compile(r"^.*(?:error|not found|No such file|Permission denied).*$", re.M | re.I)
 
 

@@ -42,7 +42,10 @@ STUBS = {
     # `scontrol show config` is how hpcdl learns MaxArraySize (Slurm's default here).
     "scontrol": 'echo "MaxArraySize            = 1001"',
     "sbatch": 'echo "Submitted batch job 4242"',
-    # Not expected at submission; stubbed so that nothing reaches a real cluster.
+    # Not expected at submission; stubbed so that nothing reaches a real cluster. submitit
+    # refuses to submit where no srun is on PATH: without the stub, the benchmark needed
+    # Slurm's client installed (CI's Slurm tier installs it, alongside, not always first).
+    "srun": "true",
     "squeue": "true",
     "sacct": "true",
     "sinfo": "true",

@@ -11,7 +11,7 @@
 # BENCHMARKS="overhead mfu" bash benchmarks/gpu.sh suite   runs only those benchmarks.
 # Writes everything under $OUT (default: benchmarks/results/gpu-<date>): nvidia-smi.txt,
 # versions.txt, gpu-tests.log, devices.md, and the suite's <date>-<host>-cuda.{json,md}.
-# Where the image lacks hydra/omegaconf/submitit, run benchmarks/gpu_wheels.sh first (with
+# Where the image lacks hydra/omegaconf/submitit/xxhash, run benchmarks/gpu_wheels.sh first (with
 # a registry) and carry .whl: they are installed from there. Every step runs even if an
 # earlier one failed; the exit status is the first failure's.
 set -uo pipefail

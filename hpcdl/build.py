@@ -70,7 +70,7 @@ def build_trainer(
     raw_model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     if cfg.init_from and not store.list_steps():  # a resumed run restores its own weights
         ckpt = warm_start_checkpoint(cfg.init_from)
-        load_matching_weights(raw_model, read_checkpoint(ckpt)["model"], str(ckpt))
+        load_matching_weights(raw_model, read_checkpoint(ckpt, mmap=True)["model"], str(ckpt))
     raw_model.to(device)
     if t.channels_last:
         raw_model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
@@ -129,7 +129,7 @@ def first_batches(
     started now: its workers start and read ahead while the model is built, moved to the
     device, wrapped and restored (the loader draws nothing from the global RNG streams, so
     the model's initial weights are the same). Not when the run has nothing left to do."""
-    start = Start(checkpoint=store.load_latest())
+    start = Start(checkpoint=store.load_latest(mmap=True))
     progress = start.progress
     t = cfg.trainer
     if progress.early_stopped or progress.epoch >= t.max_epochs:

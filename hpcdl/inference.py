@@ -54,7 +54,7 @@ def _checkpoint_for(run_dir: RunDir, which: str) -> Path:
 def evaluate_checkpoint(cfg: Config, run_dir: RunDir, which: str) -> dict[str, Any]:
     """Test metrics and a confusion matrix for one checkpoint of a run."""
     path = _checkpoint_for(run_dir, which)
-    state = read_checkpoint(path)
+    state = read_checkpoint(path, mmap=True)
     device = torch.device("cpu")
     regression = isinstance(cfg.task, RegressionTaskConfig)
     feed = build_feed(cfg.data, device, seed=cfg.trainer.seed, regression=regression)
@@ -108,7 +108,7 @@ def predict_rows(
     if input_path is not None:
         reads[Path(input_path).expanduser()] = "the --input file"
     target = _output_file(output, run_dir, reads)
-    state = read_checkpoint(path)
+    state = read_checkpoint(path, mmap=True)
     model = _model_from_checkpoint(state, str(path))
     if input_path is not None:
         batches = _row_batches(state, input_path)

@@ -63,7 +63,7 @@ def probe_user_code(cfg: Config) -> None:
         from hpcdl.evaluation import load_matching_weights
 
         ckpt = warm_start_checkpoint(cfg.init_from)
-        load_matching_weights(model, read_checkpoint(ckpt)["model"], str(ckpt))
+        load_matching_weights(model, read_checkpoint(ckpt, mmap=True)["model"], str(ckpt))
     task = build_task(cfg.task, feed.target_stats)
     sharder = EpochSharder(
         num_samples=feed.num_samples("train"),

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from hpcdl.checkpoint import CheckpointStore, capture_rng_state, restore_rng_state
+from hpcdl.checkpoint import CheckpointStore, capture_rng_state, restore_rng_state, unmap
 from hpcdl.config.schema import Config, Mode, Precision
 from hpcdl.data.feed import Feed, TrainBatch
 from hpcdl.data.loader import channels_last_inputs
@@ -129,7 +129,7 @@ class Trainer:
         self._last_saved_step = -1
         self._last_saved_path: Optional[Path] = None
         self._monitor_checked = False
-        self._start = start or Start(checkpoint=parts.store.load_latest())
+        self._start = start or Start(checkpoint=parts.store.load_latest(mmap=True))
         # An epoch's batches whose loader has started reading ahead (see Start).
         self._pending: Optional[Iterator[TrainBatch]] = self._start.batches
         self.lagged = lagged_sync(self.t.lagged_sync, parts.device, parts.optimizer)
@@ -148,7 +148,9 @@ class Trainer:
             raise
 
     def _fit(self) -> FitResult:
-        self.restore(self._start.checkpoint)
+        # The loaded state is dropped once restored: its tensors are mapped from the file.
+        found, self._start.checkpoint = self._start.checkpoint, None
+        self.restore(found)
         first = self.t.stall_first_step_s or 2 * self.t.stall_timeout_s
         self._beat("first step", first)  # imports, compilation, the first collective
         if self._stop_before_first_step():
@@ -572,6 +574,9 @@ class Trainer:
         p = self.p
         p.raw_model.load_state_dict(state["model"])
         p.optimizer.load_state_dict(state["optimizer"])
+        # On the CPU the optimizer keeps the loaded tensors themselves, mapped from the file:
+        # copied, so that the file's purge frees its space (no .nfs file holds on to it).
+        unmap(p.optimizer.state)
         p.scheduler.load_state_dict(state["scheduler"])
         p.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_dict(state["progress"])

@@ -66,6 +66,7 @@ def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path)
         "dry_run.vs_import_torch",
         "checkpoint.save",
         "checkpoint.load_latest",
+        "checkpoint.resume",
         "checkpoint.stall",
         "mfu.resnet18_w8",
         "time_to_accuracy.cnn",
@@ -108,6 +109,7 @@ def test_checkpoint_smoke_saves_loads_and_times_the_stall(tmp_path: Path) -> Non
     assert list(rows) == [
         "checkpoint.save",
         "checkpoint.load_latest",
+        "checkpoint.resume",
         "checkpoint.stall",
         "checkpoint.share",
     ]
@@ -115,7 +117,7 @@ def test_checkpoint_smoke_saves_loads_and_times_the_stall(tmp_path: Path) -> Non
     assert 0 < share["ratio"] < 1
     assert share["goal"] == (0.01 if share["details"]["device"] == "cuda" else 0.02)
     save = rows["checkpoint.save"]["details"]
-    # hpcdl's file is torch.save's bytes plus the 48-byte header (torch skips no data).
+    # hpcdl's file is torch.save's bytes plus the 48-byte trailer (torch skips no data).
     assert save["file_bytes"] > save["state_bytes"] > 0
     assert abs(save["file_bytes"] - 48 - save["torch_file_bytes"]) < 4096
     stall = rows["checkpoint.stall"]["details"]

@@ -19,11 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 import hpcdl.checkpoint as checkpoint_module
 from hpcdl.checkpoint import (
     MAGIC,
     MAGIC_V1,
+    MAGIC_V2,
     PIECE_BYTES,
     CheckpointStore,
     CheckpointWarning,
@@ -68,22 +70,57 @@ def big_state(step: int) -> dict:
 
 
 def piece_checksum(payload: bytes) -> bytes:
-    """Format 2's checksum as docs/checkpoints.md defines it, written out independently."""
+    """Format 3's checksum as docs/checkpoints.md defines it, written out independently."""
+    pieces = [payload[i : i + PIECE_BYTES] for i in range(0, len(payload), PIECE_BYTES)]
+    return hashlib.sha256(b"".join(xxhash.xxh3_64(p).digest() for p in pieces)).digest()
+
+
+def crc_piece_checksum(payload: bytes) -> bytes:
+    """Format 2's: the same with the pieces' CRC-32s (4 bytes, little-endian)."""
     pieces = [payload[i : i + PIECE_BYTES] for i in range(0, len(payload), PIECE_BYTES)]
     return hashlib.sha256(b"".join(struct.pack("<I", zlib.crc32(p)) for p in pieces)).digest()
 
 
-def test_file_is_header_then_torch_save_payload(tmp_path: Path) -> None:
+def test_file_is_torch_save_payload_then_trailer(tmp_path: Path) -> None:
     path = CheckpointStore(tmp_path).save(big_state(1), 1)
     data = path.read_bytes()
-    magic, digest, length = struct.unpack_from("<8s32sQ", data)
-    payload = data[48:]
-    assert magic == MAGIC == b"HPCDLCK2"
+    magic, digest, length = struct.unpack_from("<8s32sQ", data, len(data) - 48)
+    payload = data[:-48]
+    assert magic == MAGIC == b"HPCDLCK3"
     assert length == len(payload) > 3 * PIECE_BYTES
     assert digest == piece_checksum(payload) == payload_checksum(payload)
     loaded = torch.load(io.BytesIO(payload), weights_only=True)
     assert loaded["progress"]["global_step"] == 1
     assert torch.equal(loaded["model"]["big"], big_state(1)["model"]["big"])
+    # The file itself is a torch.save file to torch.load, mapped or read (the docs say so).
+    for mmap in (False, True):
+        whole = torch.load(path, weights_only=True, mmap=mmap)
+        assert torch.equal(whole["model"]["big"], big_state(1)["model"]["big"])
+
+
+def test_a_mapped_load_shares_the_file_and_unmap_copies_it_out(tmp_path: Path) -> None:
+    path = CheckpointStore(tmp_path).save(big_state(2), 2)
+    mapped = read_checkpoint(path, mmap=True)
+    big = mapped["model"]["big"]
+    assert torch.equal(big, big_state(2)["model"]["big"])
+    big.add_(1)  # copy-on-write: the file keeps its bytes
+    assert torch.equal(read_checkpoint(path)["model"]["big"], big_state(2)["model"]["big"])
+    owned = checkpoint_module.unmap(mapped)
+    assert owned is mapped and owned["model"]["big"] is not big
+    assert torch.equal(owned["model"]["big"], big)
+    assert owned["names"] == ["a", "b"]
+
+
+def test_the_checksum_is_checked_before_torch_parses_anything(tmp_path: Path, monkeypatch) -> None:
+    path = CheckpointStore(tmp_path).save(big_state(1), 1)
+    flip_byte(path, 120)  # in the pickle
+    parsed = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: parsed.append(1) or real_load(*a, **k))
+    for mmap in (False, True):
+        with pytest.raises(CheckpointError, match="checksum mismatch"):
+            read_checkpoint(path, mmap=mmap)
+    assert parsed == []
 
 
 class LateThreads(ThreadPoolExecutor):
@@ -158,29 +195,32 @@ def test_piece_checksum_is_the_same_however_the_pool_runs(caller: str, pool: str
         assert checksum.digest() == piece_checksum(bytes(payload)) == payload_checksum(payload)
 
 
-def write_v1(path: Path, state: dict) -> None:
-    """A checkpoint as hpcdl wrote it before format 2: one SHA-256 of the payload."""
+def write_headed(path: Path, state: dict, magic: bytes) -> None:
+    """A checkpoint as hpcdl wrote it before format 3: the header before the payload, with
+    one SHA-256 of the payload (format 1) or the SHA-256 of its pieces' CRC-32s (format 2)."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
-    header = struct.pack("<8s32sQ", MAGIC_V1, hashlib.sha256(payload).digest(), len(payload))
-    path.write_bytes(header + payload)
+    digest = hashlib.sha256(payload).digest() if magic == MAGIC_V1 else crc_piece_checksum(payload)
+    path.write_bytes(struct.pack("<8s32sQ", magic, digest, len(payload)) + payload)
 
 
-def test_format_1_files_still_load_and_are_verified(tmp_path: Path) -> None:
+@pytest.mark.parametrize("magic", [MAGIC_V1, MAGIC_V2], ids=["format-1", "format-2"])
+def test_older_formats_still_load_and_are_verified(tmp_path: Path, magic: bytes) -> None:
     store = CheckpointStore(tmp_path, keep_last=3)
-    write_v1(tmp_path / "step_000000001.pt", big_state(1))
-    write_v1(tmp_path / "step_000000002.pt", big_state(2))
+    write_headed(tmp_path / "step_000000001.pt", big_state(1), magic)
+    write_headed(tmp_path / "step_000000002.pt", big_state(2), magic)
     verify_checkpoint(tmp_path / "step_000000002.pt")
-    found = store.load_latest()
-    assert found is not None and found[1]["progress"]["global_step"] == 2
-    assert torch.equal(found[1]["model"]["big"], big_state(2)["model"]["big"])
+    for mmap in (False, True):  # mmap: read all the same (torch cannot map them)
+        found = store.load_latest(mmap=mmap)
+        assert found is not None and found[1]["progress"]["global_step"] == 2
+        assert torch.equal(found[1]["model"]["big"], big_state(2)["model"]["big"])
     flip_byte(tmp_path / "step_000000002.pt", 48 + 2 * PIECE_BYTES)
     with pytest.warns(CheckpointWarning, match="step_000000002.pt: checksum mismatch"):
         found = store.load_latest()
     assert found is not None and found[1]["progress"]["global_step"] == 1
-    # The next save writes format 2 beside them.
-    assert store.save(big_state(3), 3).read_bytes()[:8] == MAGIC
+    # The next save writes format 3 beside them.
+    assert store.save(big_state(3), 3).read_bytes()[-48:-40] == MAGIC
 
 
 def flip_byte(path: Path, offset: int) -> None:
@@ -199,21 +239,24 @@ def test_corruption_anywhere_is_a_checksum_mismatch_and_the_previous_one_loads(
     store.save(big_state(1), 1)
     newest = store.save(big_state(2), 2)
     size = newest.stat().st_size
-    # In a tensor torch.load parses fine (the hash refuses it after parsing); in the pickle
-    # or the zip directory torch.load fails, and the cause is still reported as corruption.
-    offset = {"tensor": 48 + 2 * PIECE_BYTES + 5, "pickle": 48 + 120, "zip_directory": size - 30}
+    # The checksum is checked before torch parses, wherever the damage is.
+    offset = {"tensor": 2 * PIECE_BYTES + 5, "pickle": 120, "zip_directory": size - 48 - 30}
     flip_byte(newest, offset[where])
-    with pytest.raises(CheckpointError, match="checksum mismatch") as info:
-        read_checkpoint(newest)
-    assert str(info.value) == f"{newest}: checksum mismatch: the file is corrupt"
+    for mmap in (False, True):
+        with pytest.raises(CheckpointError, match="checksum mismatch") as info:
+            read_checkpoint(newest, mmap=mmap)
+        assert str(info.value) == f"{newest}: checksum mismatch: the file is corrupt"
     with pytest.warns(CheckpointWarning, match="step_000000002.pt: checksum mismatch"):
         found = store.load_latest()
     assert found is not None and found[0].name == "step_000000001.pt"
     assert torch.equal(found[1]["model"]["big"], big_state(1)["model"]["big"])
 
 
-def test_loading_reads_the_payload_about_once(tmp_path: Path, monkeypatch) -> None:
-    path = CheckpointStore(tmp_path).save(big_state(1), 1)
+def test_loading_a_format_2_file_reads_the_payload_about_once(
+    tmp_path: Path, monkeypatch
+) -> None:
+    path = tmp_path / "step_000000001.pt"
+    write_headed(path, big_state(1), MAGIC_V2)
     payload_bytes = path.stat().st_size - 48
     read = []
     real_preadv, real_pread = os.preadv, os.pread
@@ -239,14 +282,15 @@ def test_a_reader_in_any_order_still_checks_every_byte(tmp_path: Path) -> None:
     path = CheckpointStore(tmp_path).save(big_state(1), 1)
     length = path.stat().st_size - 48
     offsets = list(range(0, length, 300_000))
-    with checkpoint_module._payload(path) as (fd, magic, digest, size):
+    with checkpoint_module._open_checkpoint(path) as (file, layout):
+        assert (layout.length, layout.offset) == (length, 0)
         reader = checkpoint_module._HashingReader(
-            fd, size, checkpoint_module._CHECKSUMS[magic](pool=None)
+            file.fileno(), layout, checkpoint_module._CHECKSUMS[layout.magic](pool=None)
         )
         for offset in reversed(offsets):  # back to front, as no torch does
             reader.seek(offset)
             assert len(reader.read(300_000)) == min(300_000, length - offset)
-        assert reader.digest() == digest
+        assert reader.digest() == layout.digest
 
 
 def test_list_steps_sorts_numerically_and_latest_is_newest(tmp_path: Path) -> None:
@@ -298,6 +342,24 @@ def test_flipped_last_byte_is_a_checksum_mismatch(tmp_path: Path) -> None:
         read_checkpoint(path)
     assert str(path) in str(info.value)
     assert "\n" not in str(info.value)
+    data[-10] ^= 0xFF
+    data[-3] ^= 0x01  # the trailer's payload length
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt: the trailer says"):
+        read_checkpoint(path)
+
+
+def test_a_file_system_without_mmap_is_checked_by_reading(tmp_path: Path, monkeypatch) -> None:
+    path = CheckpointStore(tmp_path).save(big_state(3), 3)
+
+    def no_mmap(*args, **kwargs):
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(checkpoint_module._mmap, "mmap", no_mmap)
+    verify_checkpoint(path)
+    flip_byte(path, PIECE_BYTES + 7)
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        verify_checkpoint(path)
 
 
 def test_foreign_file_and_missing_file_are_refused(tmp_path: Path) -> None:
@@ -319,16 +381,20 @@ class WriteMarker:
         return (Path.touch, (Path(self.target),))
 
 
-@pytest.mark.parametrize("magic", [MAGIC, MAGIC_V1])
-def test_malicious_pickle_with_valid_header_is_refused(tmp_path: Path, magic: bytes) -> None:
+@pytest.mark.parametrize("magic", [MAGIC, MAGIC_V2, MAGIC_V1])
+def test_malicious_pickle_with_valid_frame_is_refused(tmp_path: Path, magic: bytes) -> None:
     marker = tmp_path / "pwned"
     buffer = io.BytesIO()
     torch.save({"model": {}, "evil": WriteMarker(str(marker))}, buffer)
     payload = buffer.getvalue()
     path = tmp_path / "step_000000001.pt"
-    checksum = payload_checksum(payload) if magic == MAGIC else hashlib.sha256(payload).digest()
-    header = struct.pack("<8s32sQ", magic, checksum, len(payload))
-    path.write_bytes(header + payload)
+    checksum = {
+        MAGIC: payload_checksum(payload),
+        MAGIC_V2: crc_piece_checksum(payload),
+        MAGIC_V1: hashlib.sha256(payload).digest(),
+    }[magic]
+    frame = struct.pack("<8s32sQ", magic, checksum, len(payload))
+    path.write_bytes(payload + frame if magic == MAGIC else frame + payload)
     with pytest.raises(CheckpointError, match="refused") as info:
         read_checkpoint(path)
     assert "\n" not in str(info.value)
@@ -459,7 +525,7 @@ def test_save_async_writes_a_copy_taken_when_it_was_called(tmp_path: Path, held_
     assert torch.equal(loaded["model"]["weight"], torch.full((3, 2), 1.0))
     assert torch.equal(loaded["model"]["big"], big_state(1)["model"]["big"])
     assert loaded["progress"]["global_step"] == 1
-    assert path.read_bytes()[:8] == MAGIC
+    assert path.read_bytes()[-48:-40] == MAGIC
 
 
 def test_save_async_keeps_one_save_in_flight(tmp_path: Path, held_writes) -> None:

@@ -8,6 +8,8 @@ ranks that did not arrive, instead of hanging.
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +19,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from hpcdl.env import RankEnv
+from hpcdl.env import RankEnv, master_port_candidates
 from hpcdl.errors import HpcdlError
 
 
@@ -69,34 +71,148 @@ def process_group(
         dist.destroy_process_group()
 
 
+# A candidate port that a probe cannot connect to within this, or whose listener does not
+# answer as a TCPStore within PROBE_STORE_S, is tried again on the next round.
+PROBE_CONNECT_S = 1.0
+PROBE_STORE_S = 5.0
+
+
 def _rendezvous(env: RankEnv, timeout_s: int) -> dist.Store:
-    where = f"MASTER_ADDR:PORT={env.master_addr}:{env.master_port}"
-    try:
-        store = dist.TCPStore(
-            env.master_addr,
-            env.master_port,
-            env.world_size,
-            is_master=env.rank == 0,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
-    except Exception as err:  # torch raises several types (DistNetworkError, RuntimeError)
-        raise RendezvousError(
-            f"rank {env.rank}: could not reach {where} within {timeout_s}s "
-            f"(cluster.rendezvous_timeout_s): {str(err).splitlines()[0]}"
-        ) from None
-    store.set(f"arrived/{env.rank}", "1")
+    """Rank 0 listens (on the first free candidate port); every rank then marks its arrival
+    and waits for all of them. Keys are under the job's id and attempt: a rank that reached
+    another job's store (a port taken by a job on the same node) finds no key of its own job
+    there and looks on, instead of joining that job. Returns the job's part of the store."""
+    ports = master_port_candidates(env)
+    mine = f"hpcdl/{env.job_id or '-'}/{env.restart_count}"
+    if env.rank == 0:
+        store, port = _listen(env, ports, timeout_s, mine)
+    else:
+        store, port = _find_master(env, ports, timeout_s, mine)
+    where = f"MASTER_ADDR:PORT={env.master_addr}:{port}"
+    ours = dist.PrefixStore(mine, store)
+    ours.set(f"arrived/{env.rank}", "1")
     keys = [f"arrived/{r}" for r in range(env.world_size)]
     deadline = time.monotonic() + timeout_s
-    while not store.check(keys):
+    while not ours.check(keys):
         if time.monotonic() > deadline:
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            missing = [r for r, k in enumerate(keys) if not ours.check([k])]
             raise RendezvousError(
                 f"rank {env.rank}: ranks {missing} of {env.world_size} did not arrive at {where} "
                 f"within {timeout_s}s (cluster.rendezvous_timeout_s)"
             )
         time.sleep(0.05)
-    return store
+    return ours
+
+
+def _listen(
+    env: RankEnv, ports: list[int], timeout_s: int, mine: str
+) -> tuple[dist.TCPStore, int]:
+    for port in ports:
+        try:
+            store = dist.TCPStore(
+                env.master_addr,
+                port,
+                env.world_size,
+                is_master=True,
+                timeout=timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+            )
+        except Exception as err:  # torch raises several types (DistNetworkError, RuntimeError)
+            if _in_use(err) and port != ports[-1]:
+                continue
+            first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+            taken = f"ports {ports} are all" if len(ports) > 1 else f"port {port} is"
+            fix = (
+                "set a free one with cluster.env.MASTER_PORT=<port>"
+                if _in_use(err)
+                else "check MASTER_ADDR (the job's first node) and cluster.rendezvous_timeout_s"
+            )
+            reason = f"{taken} in use on this node" if _in_use(err) else first_line
+            raise RendezvousError(
+                f"rank 0: could not listen at MASTER_ADDR:PORT={env.master_addr}:{port}: "
+                f"{reason}; {fix}"
+            ) from None
+        store.set(f"{mine}/port", str(port))
+        return store, port
+    raise AssertionError("no candidate ports")  # master_port_candidates gives at least one
+
+
+def _find_master(
+    env: RankEnv, ports: list[int], timeout_s: int, mine: str
+) -> tuple[dist.TCPStore, int]:
+    """The store rank 0 of this job listens on: the first candidate port with this job's
+    key, looked for until the deadline (rank 0 may start later than this rank)."""
+    deadline = time.monotonic() + timeout_s
+    last_error = "nothing listening"
+    not_stores: set[int] = set()  # skipped from then on: a program, not rank 0 starting late
+    while True:
+        for port in ports:
+            if port in not_stores:
+                continue
+            try:
+                store = _connect(env, port)
+            except _NotAStore as err:
+                not_stores.add(port)
+                last_error = str(err)
+                continue
+            except Exception as err:
+                last_error = str(err).splitlines()[0] if str(err) else type(err).__name__
+                continue
+            if store.check([f"{mine}/port"]):
+                store.set_timeout(timedelta(seconds=timeout_s))
+                return store, port
+            last_error = f"port {port} is another job's or another program's"
+        if time.monotonic() > deadline:
+            where = f"MASTER_ADDR:PORT={env.master_addr}:{ports[0]}"
+            if len(ports) > 1:
+                where += f" (or the next candidates {ports[1:]})"
+            raise RendezvousError(
+                f"rank {env.rank}: could not reach {where} within {timeout_s}s "
+                f"(cluster.rendezvous_timeout_s): {last_error}"
+            )
+        time.sleep(0.1)
+
+
+class _NotAStore(Exception):
+    """Something listens at the port but does not answer as a TCPStore."""
+
+
+def _connect(env: RankEnv, port: int) -> dist.TCPStore:
+    """A client of the TCPStore at ``port``; an error at once where nothing listens (a
+    TCPStore client would retry until its timeout), _NotAStore where the listener does not
+    answer within PROBE_STORE_S (torch's client waits for its answer without a timeout: the
+    attempt is left behind in a daemon thread)."""
+    socket.create_connection((env.master_addr, port), timeout=PROBE_CONNECT_S).close()
+    made: list[Any] = []
+
+    def attempt() -> None:
+        try:
+            made.append(
+                dist.TCPStore(
+                    env.master_addr,
+                    port,
+                    env.world_size,
+                    is_master=False,
+                    timeout=timedelta(seconds=PROBE_STORE_S),
+                    wait_for_workers=False,
+                )
+            )
+        except Exception as err:
+            made.append(err)
+
+    thread = threading.Thread(target=attempt, name=f"hpcdl-rendezvous-{port}", daemon=True)
+    thread.start()
+    thread.join(PROBE_STORE_S)
+    if not made:
+        raise _NotAStore(f"port {port}: what listens there does not answer as a TCPStore")
+    if isinstance(made[0], Exception):
+        raise made[0]
+    return made[0]
+
+
+def _in_use(err: Exception) -> bool:
+    text = str(err).lower()
+    return "eaddrinuse" in text or "address already in use" in text
 
 
 def is_distributed() -> bool:

@@ -15,6 +15,11 @@ from typing import Optional
 # registered ports that clusters commonly use, below Linux's ephemeral range (32768+).
 PORT_BASE = 15000
 PORT_SPAN = 15000
+# A derived port may be taken (by a job on the same node whose id is congruent, or any
+# service): rank 0 then takes the next of NUM_PORT_CANDIDATES, PORT_STRIDE apart (so that
+# they are not the next job ids' own ports), and the other ranks look for it there.
+NUM_PORT_CANDIDATES = 8
+PORT_STRIDE = 1777
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,8 @@ class RankEnv:
     num_nodes: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    # True where master_port was derived from the job id (no MASTER_PORT was set).
+    master_port_derived: bool = False
     launcher: str = "debug"  # debug | local | slurm | torchrun
     job_id: Optional[str] = None
     restart_count: int = 0
@@ -36,9 +43,16 @@ class RankEnv:
         return self.rank == 0
 
 
-def port_for_job(job_id: str) -> int:
+def port_for_job(job_id: str, candidate: int = 0) -> int:
     digits = re.sub(r"\D", "", job_id) or "0"
-    return PORT_BASE + int(digits) % PORT_SPAN
+    return PORT_BASE + (int(digits) + candidate * PORT_STRIDE) % PORT_SPAN
+
+
+def master_port_candidates(env: RankEnv) -> list[int]:
+    """The ports rank 0 may listen on, in order: the one set, or the job's derived ones."""
+    if not env.master_port_derived or env.job_id is None:
+        return [env.master_port]
+    return [port_for_job(env.job_id, k) for k in range(NUM_PORT_CANDIDATES)]
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -112,6 +126,7 @@ def _from_slurm(environ: Mapping[str, str]) -> RankEnv:
         num_nodes=int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1"))),
         master_addr=environ.get("MASTER_ADDR") or (nodes[0] if nodes else "127.0.0.1"),
         master_port=int(environ.get("MASTER_PORT") or port_for_job(job_id)),
+        master_port_derived=not environ.get("MASTER_PORT"),
         launcher="slurm",
         job_id=job_id,
         # Slurm's own restarts of this job id, plus the jobs before it in a chain.

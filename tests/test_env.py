@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from hpcdl.env import PORT_BASE, PORT_SPAN, RankEnv, expand_nodelist, port_for_job, rank_env_from
+from hpcdl.env import (
+    NUM_PORT_CANDIDATES,
+    PORT_BASE,
+    PORT_SPAN,
+    RankEnv,
+    expand_nodelist,
+    master_port_candidates,
+    port_for_job,
+    rank_env_from,
+)
 
 
 @pytest.mark.parametrize(
@@ -119,3 +128,20 @@ def test_a_program_under_torchrun_knows_its_node_job_and_restarts() -> None:
         }
     )
     assert (env.node_rank, env.num_nodes, env.job_id, env.restart_count) == (1, 2, "123", 2)
+
+
+def test_a_derived_port_has_candidates_and_a_set_one_has_only_itself() -> None:
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}
+    derived = rank_env_from(slurm)
+    assert derived.master_port_derived
+    ports = master_port_candidates(derived)
+    assert ports[0] == derived.master_port == port_for_job("4242")
+    assert len(set(ports)) == len(ports) == NUM_PORT_CANDIDATES
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
+    # The next job ids' own ports are not among this job's first candidates.
+    assert not {port_for_job(str(4242 + k)) for k in range(1, 100)} & set(ports)
+    chosen = rank_env_from({**slurm, "MASTER_PORT": "23456"})
+    assert not chosen.master_port_derived
+    assert master_port_candidates(chosen) == [23456]
+    local = rank_env_from({"SUBMITIT_LOCAL_JOB_ID": "77", "MASTER_PORT": "41000"})
+    assert master_port_candidates(local) == [41000]

@@ -109,28 +109,18 @@ def _listen(
 ) -> tuple[dist.TCPStore, int]:
     for port in ports:
         try:
-            store = dist.TCPStore(
-                env.master_addr,
-                port,
-                env.world_size,
-                is_master=True,
-                timeout=timedelta(seconds=timeout_s),
-                wait_for_workers=False,
-            )
+            store = _tcp_store(env, port, is_master=True, timeout_s=timeout_s)
         except Exception as err:  # torch raises several types (DistNetworkError, RuntimeError)
             if _in_use(err) and port != ports[-1]:
                 continue
-            first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
-            taken = f"ports {ports} are all" if len(ports) > 1 else f"port {port} is"
-            fix = (
-                "set a free one with cluster.env.MASTER_PORT=<port>"
-                if _in_use(err)
-                else "check MASTER_ADDR (the job's first node) and cluster.rendezvous_timeout_s"
-            )
-            reason = f"{taken} in use on this node" if _in_use(err) else first_line
+            if _in_use(err):
+                taken = f"ports {ports} are all" if len(ports) > 1 else f"port {port} is"
+                reason = f"{taken} in use on this node; set a free one with "
+                reason += "cluster.env.MASTER_PORT=<port>"
+            else:
+                reason = f"{_first_line(err)}; check MASTER_ADDR (the job's first node)"
             raise RendezvousError(
-                f"rank 0: could not listen at MASTER_ADDR:PORT={env.master_addr}:{port}: "
-                f"{reason}; {fix}"
+                f"rank 0: could not listen at MASTER_ADDR:PORT={env.master_addr}:{port}: {reason}"
             ) from None
         store.set(f"{mine}/port", str(port))
         return store, port
@@ -156,7 +146,7 @@ def _find_master(
                 last_error = str(err)
                 continue
             except Exception as err:
-                last_error = str(err).splitlines()[0] if str(err) else type(err).__name__
+                last_error = _first_line(err)
                 continue
             if store.check([f"{mine}/port"]):
                 store.set_timeout(timedelta(seconds=timeout_s))
@@ -187,16 +177,7 @@ def _connect(env: RankEnv, port: int) -> dist.TCPStore:
 
     def attempt() -> None:
         try:
-            made.append(
-                dist.TCPStore(
-                    env.master_addr,
-                    port,
-                    env.world_size,
-                    is_master=False,
-                    timeout=timedelta(seconds=PROBE_STORE_S),
-                    wait_for_workers=False,
-                )
-            )
+            made.append(_tcp_store(env, port, is_master=False, timeout_s=PROBE_STORE_S))
         except Exception as err:
             made.append(err)
 
@@ -208,6 +189,21 @@ def _connect(env: RankEnv, port: int) -> dist.TCPStore:
     if isinstance(made[0], Exception):
         raise made[0]
     return made[0]
+
+
+def _tcp_store(env: RankEnv, port: int, *, is_master: bool, timeout_s: float) -> dist.TCPStore:
+    return dist.TCPStore(
+        env.master_addr,
+        port,
+        env.world_size,
+        is_master=is_master,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def _in_use(err: Exception) -> bool:

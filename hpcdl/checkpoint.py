@@ -473,12 +473,21 @@ def read_checkpoint(path: PathLike, *, mmap: bool = False) -> dict[str, Any]:
         _check_digest(path, _payload_digest(file.fileno(), layout, pool), layout.digest)
         source = _reopenable(file, path)
         try:
-            state = torch.load(source, weights_only=True, map_location="cpu", mmap=mmap)
+            state = _parse(source, mmap=mmap)
         except OSError as err:
             raise _unreadable(path, err) from err
         except Exception as err:
             raise _refused(path, err) from err
     return _checked_state(path, state)
+
+
+def _parse(source: str, *, mmap: bool) -> Any:
+    if mmap:
+        try:
+            return torch.load(source, weights_only=True, map_location="cpu", mmap=True)
+        except Exception:  # a file system that cannot map files: read it instead
+            pass
+    return torch.load(source, weights_only=True, map_location="cpu")
 
 
 def verify_checkpoint(path: PathLike) -> None:

@@ -349,13 +349,21 @@ def test_flipped_last_byte_is_a_checksum_mismatch(tmp_path: Path) -> None:
         read_checkpoint(path)
 
 
-def test_a_file_system_without_mmap_is_checked_by_reading(tmp_path: Path, monkeypatch) -> None:
+def test_a_file_system_without_mmap_is_checked_and_loaded_by_reading(
+    tmp_path: Path, monkeypatch
+) -> None:
     path = CheckpointStore(tmp_path).save(big_state(3), 3)
 
     def no_mmap(*args, **kwargs):
         raise OSError(19, "No such device")
 
     monkeypatch.setattr(checkpoint_module._mmap, "mmap", no_mmap)
+    with monkeypatch.context() as torch_too:
+        torch_too.setattr(torch.UntypedStorage, "from_file", no_mmap)
+        with pytest.raises(OSError):
+            torch.load(path, weights_only=True, mmap=True)
+        loaded = read_checkpoint(path, mmap=True)
+    assert torch.equal(loaded["model"]["big"], big_state(3)["model"]["big"])
     verify_checkpoint(path)
     flip_byte(path, PIECE_BYTES + 7)
     with pytest.raises(CheckpointError, match="checksum mismatch"):

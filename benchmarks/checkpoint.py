@@ -114,7 +114,15 @@ def save_and_load(sizes: Sizes, settings: Settings, work: Path) -> list[Row]:
     from hpcdl.checkpoint import CheckpointStore, unmap
 
     state = resnet18_state(sizes.width)
-    model, optimizer = resnet18_parts(sizes.width)  # what a resume loads into
+    # What a resume loads into: on the GPU where there is one, as a training job's model.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, optimizer = resnet18_parts(sizes.width)
+    model.to(device)
+
+    def synchronize() -> None:  # the copies to the GPU are queued: wait for them
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     store = CheckpointStore(work / "checkpoints", keep_last=1)
     plain = work / "plain.pt"
     steps = itertools.count(1)
@@ -144,11 +152,13 @@ def save_and_load(sizes: Sizes, settings: Settings, work: Path) -> list[Row]:
         model.load_state_dict(found[1]["model"])
         optimizer.load_state_dict(found[1]["optimizer"])
         unmap(optimizer.state)
+        synchronize()
 
     def torch_resume() -> None:
         loaded = torch.load(plain, weights_only=True)
         model.load_state_dict(loaded["model"])
         optimizer.load_state_dict(loaded["optimizer"])
+        synchronize()
 
     rounds = interleaved(
         {
@@ -196,13 +206,14 @@ def save_and_load(sizes: Sizes, settings: Settings, work: Path) -> list[Row]:
             id="checkpoint.resume",
             what="a resume as hpcdl's trainer does it: CheckpointStore.load_latest(mmap=True) "
             "(trailer, checksum, torch.load mapping the tensors), the model's and optimizer's "
-            "load_state_dict, the optimizer's state copied out of the mapping",
+            "load_state_dict (model on the GPU where there is one), the optimizer's state "
+            "copied out of the mapping",
             baseline="torch.load(weights_only=True) of the bare file, the same two "
             "load_state_dict calls (the issue adds one training step to both; left out, "
             "which can only raise the ratio)",
             ratio=resume.pop("ratio"),
             goal=1.5,
-            details={**resume, **payload},
+            details={**resume, **payload, "device": device.type},
         ),
     ]
 

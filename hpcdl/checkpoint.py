@@ -1,4 +1,4 @@
-"""Checkpoint files: atomic writes, a checksum header, and loading that never runs code.
+"""Checkpoint files: atomic writes, a checksum trailer, and loading that never runs code.
 
 A checkpoint is ``<dir>/step_000000123.pt``: ``torch.save`` bytes followed by a 48-byte
 trailer (magic, checksum of the payload, payload length), so the file is itself a zip that
@@ -66,12 +66,12 @@ _STEP_NAME = re.compile(r"^step_(\d+)\.pt$")
 _PLAIN_TYPES = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
 _CONTAINER_TYPES = (dict, OrderedDict, list, tuple, set, torch.Size)
 
-# Checksumming runs beside the file I/O: zlib, hashlib and file reads/writes release the
-# GIL, so pieces are checked by helper threads while this one writes, or reads the next
+# Checksumming runs beside the file I/O: xxhash, zlib, hashlib and file reads/writes release
+# the GIL, so pieces are checked by helper threads while this one writes, or reads the next
 # piece. Smaller runs (pickle records, zip headers) go inline: a hand-off costs ~30 us.
 _HAND_OFF_MIN_BYTES = 64 << 10
-# Helper threads: one CRC-32 stream runs at about the speed of reading from the page
-# cache, so a few of them keep up with the reads where the cores are free.
+# Helper threads: one hash stream runs at about the speed of reading from the page cache or
+# faster, so a few of them keep up with the reads where the cores are free.
 _MAX_HASH_THREADS = 4
 # A read that starts at most this far past the hashed bytes (the skipped bytes are a zip
 # record's name and alignment padding, or small records read out of order) hashes the gap

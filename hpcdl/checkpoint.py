@@ -470,7 +470,7 @@ def read_checkpoint(path: PathLike, *, mmap: bool = False) -> dict[str, Any]:
     with _open_checkpoint(path) as (file, layout), _hash_pool() as pool:
         if layout.offset:  # formats 1 and 2: hashed as torch reads it
             return _read_streamed(path, file.fileno(), layout, pool)
-        _check_digest(path, _payload_digest(file.fileno(), layout, pool), layout.digest)
+        _check_digest(path, lambda: _payload_digest(file.fileno(), layout, pool), layout.digest)
         source = _reopenable(file, path)
         try:
             state = _parse(source, mmap=mmap)
@@ -494,7 +494,7 @@ def verify_checkpoint(path: PathLike) -> None:
     """Check the frame and the checksum of the payload without unpickling it."""
     path = Path(path)
     with _open_checkpoint(path) as (file, layout), _hash_pool() as pool:
-        _check_digest(path, _payload_digest(file.fileno(), layout, pool), layout.digest)
+        _check_digest(path, lambda: _payload_digest(file.fileno(), layout, pool), layout.digest)
 
 
 def unmap(value: Any) -> Any:
@@ -522,30 +522,23 @@ def _read_streamed(
     except Exception as err:
         if reader.error is not None:
             raise _unreadable(path, reader.error) from err
-        _check_digest(path, _digest_of(reader), layout.digest)  # corrupt is reported as corrupt
+        _check_digest(path, reader.digest, layout.digest)  # corrupt is reported as corrupt
         raise _refused(path, err) from err
-    _check_digest(path, _digest_of(reader), layout.digest)
+    _check_digest(path, reader.digest, layout.digest)
     return _checked_state(path, state)
 
 
-def _payload_digest(fd: int, layout: _Layout, pool: ThreadPoolExecutor) -> Union[bytes, OSError]:
-    """The checksum of the payload as the file holds it now (or the error reading it)."""
-    try:
-        if layout.magic == MAGIC:
-            return _mapped_digest(fd, layout.length, pool)
-        return _HashingReader(fd, layout, _CHECKSUMS[layout.magic](pool)).digest()
-    except OSError as err:
-        return err
-
-
-def _mapped_digest(fd: int, length: int, pool: ThreadPoolExecutor) -> bytes:
-    """Format 3's checksum over the mapped file: each thread hashes whole pieces straight
-    from the page cache (no copy), so a piece costs its hash alone."""
+def _payload_digest(fd: int, layout: _Layout, pool: ThreadPoolExecutor) -> bytes:
+    """The checksum of the payload as the file holds it now. Format 3's is computed over the
+    mapped file: each thread hashes whole pieces straight from the page cache (no copy)."""
+    reader = _HashingReader(fd, layout, _CHECKSUMS[layout.magic](pool))
+    if layout.magic != MAGIC:
+        return reader.digest()
+    length = layout.length
     try:
         mapped = _mmap.mmap(fd, length, access=_mmap.ACCESS_READ)
     except (OSError, ValueError):  # a file system without mmap: read it piece by piece
-        layout = _Layout(MAGIC, b"", length, 0)
-        return _HashingReader(fd, layout, _PieceChecksum(pool)).digest()
+        return reader.digest()
     with mapped:
         view = memoryview(mapped)
         try:
@@ -563,16 +556,12 @@ def _reopenable(file: IO[bytes], path: Path) -> str:
     return proc if os.path.exists(proc) else str(path)
 
 
-def _digest_of(reader: _HashingReader) -> Union[bytes, OSError]:
+def _check_digest(path: Path, compute: Callable[[], bytes], digest: bytes) -> None:
+    """Refuse the file unless ``compute()``, its payload's checksum, matches ``digest``."""
     try:
-        return reader.digest()
+        actual = compute()
     except OSError as err:
-        return err
-
-
-def _check_digest(path: Path, actual: Union[bytes, OSError], digest: bytes) -> None:
-    if isinstance(actual, OSError):
-        raise _unreadable(path, actual) from actual
+        raise _unreadable(path, err) from err
     if actual != digest:
         raise CheckpointError(f"{path}: checksum mismatch: the file is corrupt")
 

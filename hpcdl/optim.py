@@ -1,8 +1,9 @@
 """Optimizers and learning-rate schedules from typed config.
 
-Every schedule is a LambdaLR whose multiplier is a plain function of the optimizer step,
-so ``scheduler.state_dict()`` holds plain values only (weights_only-safe) and the shape of
-the schedule always comes from the config, not from a checkpoint.
+Every schedule is a StepSchedule: each param group's lr is its base lr times a plain
+function of the optimizer step, as torch's LambdaLR computes it, so
+``scheduler.state_dict()`` holds plain values only (weights_only-safe, LambdaLR's keys) and
+the shape of the schedule always comes from the config, not from a checkpoint.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 
 from hpcdl.config.schema import (
     AdamConfig,
@@ -95,11 +95,74 @@ def _betas(cfg: AdamConfig) -> tuple[float, float]:
 # ----------------------------------------------------------------------------- schedules
 def build_scheduler(
     cfg: ScheduleConfig, optimizer: torch.optim.Optimizer, total_steps: int, steps_per_epoch: int
-) -> LambdaLR:
-    """A LambdaLR stepped once per optimizer step; see ``lr_multiplier`` for the shapes."""
-    # lr_multiplier returns a plain function (not a callable object), so LambdaLR's
-    # state_dict() stores no schedule parameters: a resumed run follows its current config.
-    return LambdaLR(optimizer, lr_multiplier(cfg, total_steps, steps_per_epoch))
+) -> StepSchedule:
+    """A StepSchedule stepped once per optimizer step; see ``lr_multiplier`` for the shapes."""
+    constant = cfg.name in ("none", "warmup") and cfg.warmup_steps == 0
+    return StepSchedule(optimizer, lr_multiplier(cfg, total_steps, steps_per_epoch), constant)
+
+
+class StepSchedule:
+    """Sets each param group's lr to base_lr * multiplier(step) for optimizer step ``step``
+    (0-based; ``step()`` after each optimizer step): LambdaLR's arithmetic, bit for bit.
+
+    Why not LambdaLR itself: stepping it costs a tiny model's step several percent (its
+    wrapper around ``optimizer.step``, its checks and lists), and ``schedule=none`` paid
+    that too. A constant schedule here only counts the step. ``state_dict()`` has
+    LambdaLR's keys (checkpoints written with LambdaLR load here, and the other way round);
+    as with LambdaLR, the saved base lrs win over the optimizer's on resume.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        multiplier: Callable[[int], float],
+        constant: bool = False,
+    ) -> None:
+        self.optimizer = optimizer
+        self.multiplier = multiplier
+        self.constant = constant
+        for group in optimizer.param_groups:  # as LambdaLR records it
+            lr = group["lr"]
+            group.setdefault("initial_lr", lr.clone() if isinstance(lr, torch.Tensor) else lr)
+        self.base_lrs = [float(group["initial_lr"]) for group in optimizer.param_groups]
+        self.last_epoch = 0  # LambdaLR's name: optimizer steps taken
+        self._apply()
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        if not self.constant:
+            self._apply()
+
+    def _apply(self) -> None:
+        factor = self.multiplier(self.last_epoch)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            lr = base * factor
+            if isinstance(group["lr"], torch.Tensor):  # a tensor lr is filled, not replaced
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+
+    def get_last_lr(self) -> list[float]:
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "base_lrs": list(self.base_lrs),
+            "last_epoch": self.last_epoch,
+            "_step_count": self.last_epoch + 1,
+            "_last_lr": self.get_last_lr(),
+            "lr_lambdas": [None] * len(self.base_lrs),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        base_lrs = [float(lr) for lr in state["base_lrs"]]
+        if len(base_lrs) != len(self.optimizer.param_groups):
+            raise ValueError(
+                f"the saved schedule has {len(base_lrs)} param groups, the optimizer "
+                f"{len(self.optimizer.param_groups)}"
+            )
+        self.base_lrs = base_lrs
+        self.last_epoch = int(state["last_epoch"])
 
 
 def lr_multiplier(

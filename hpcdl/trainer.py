@@ -29,6 +29,7 @@ from hpcdl.env import RankEnv
 from hpcdl.errors import HpcdlError, RunDirError
 from hpcdl.evaluation import EvalResult, evaluate
 from hpcdl.hooks import StepEvent, StepHook
+from hpcdl.optim import StepSchedule
 from hpcdl.progress import ProgressReporter
 from hpcdl.provenance import collect_versions, weights_sha256
 from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT, MetricsLog
@@ -71,7 +72,7 @@ class Parts:
     raw_model: nn.Module  # plain module: state dicts, evaluation
     model: nn.Module  # what the step calls: maybe DDP- and compile-wrapped
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: StepSchedule
     scaler: torch.amp.GradScaler
     sharder: EpochSharder
     store: CheckpointStore

@@ -1,4 +1,4 @@
-"""Optimizers and LambdaLR schedules from typed config."""
+"""Optimizers and learning-rate schedules (StepSchedule) from typed config."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hpcdl.config.schema import (
     SgdConfig,
 )
 from hpcdl.errors import ConfigError
-from hpcdl.optim import build_optimizer, build_scheduler
+from hpcdl.optim import build_optimizer, build_scheduler, lr_multiplier
 
 LR = 0.1
 
@@ -191,6 +191,83 @@ def test_state_dict_is_weights_only_safe_and_resumes_identically(name: str) -> N
         new_opt.step()
         new_sched.step()
     assert resumed == reference[stop_at:]
+
+
+def lambda_lr_lrs(cfg: ScheduleConfig, total_steps: int, steps_per_epoch: int) -> list[float]:
+    """lrs() with torch's LambdaLR over the same multiplier: the reference arithmetic."""
+    opt = torch.optim.SGD(params(), lr=LR)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_multiplier(cfg, total_steps, steps_per_epoch)
+    )
+    used = []
+    for _ in range(total_steps):
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return used
+
+
+@pytest.mark.parametrize("warmup_steps", [0, 3])
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+def test_each_schedule_is_lambda_lr_bit_for_bit(name: str, warmup_steps: int) -> None:
+    cfg = ScheduleConfig(name=name, warmup_steps=warmup_steps, step_size_epochs=1, gamma=0.3)
+    assert lrs(cfg, 40, 7) == lambda_lr_lrs(cfg, 40, 7)  # ==, not approx: the same floats
+
+
+@pytest.mark.parametrize("name", ["none", "cosine"])
+def test_lambda_lr_checkpoints_resume_here_and_the_other_way_round(name: str) -> None:
+    """A checkpoint written while hpcdl stepped a LambdaLR resumes into StepSchedule on the
+    same lrs, and a StepSchedule state loads into a LambdaLR."""
+    cfg = ScheduleConfig(name=name, warmup_steps=2)
+    total, per_epoch, stop_at = 30, 5, 11
+    reference = lambda_lr_lrs(cfg, total, per_epoch)
+
+    opt = torch.optim.SGD(params(), lr=LR)
+    old = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier(cfg, total, per_epoch))
+    for _ in range(stop_at):
+        opt.step()
+        old.step()
+    new_opt = torch.optim.SGD(params(), lr=LR)
+    new = build_scheduler(cfg, new_opt, total, per_epoch)
+    new_opt.load_state_dict(opt.state_dict())
+    new.load_state_dict(old.state_dict())
+    resumed = []
+    for _ in range(stop_at, total):
+        resumed.append(new_opt.param_groups[0]["lr"])
+        new_opt.step()
+        new.step()
+    assert resumed == reference[stop_at:]
+
+    back_opt = torch.optim.SGD(params(), lr=LR)
+    back = torch.optim.lr_scheduler.LambdaLR(back_opt, lr_multiplier(cfg, total, per_epoch))
+    back_opt.load_state_dict(new_opt.state_dict())
+    back.load_state_dict(new.state_dict())
+    assert back.last_epoch == total
+    assert back.get_last_lr() == new.get_last_lr()
+
+
+def test_a_schedule_leaves_optimizer_step_unwrapped_and_fills_tensor_lrs() -> None:
+    """No wrapper around optimizer.step (LambdaLR's counting one costs every step), and a
+    tensor lr (capturable optimizers) is filled in place, as LambdaLR does."""
+    opt = torch.optim.SGD(params(), lr=torch.tensor(LR))
+    step = opt.step
+    lr = opt.param_groups[0]["lr"]
+    sched = build_scheduler(ScheduleConfig(name="warmup", warmup_steps=4), opt, 10, 5)
+    assert opt.step == step
+    assert opt.param_groups[0]["lr"] is lr
+    assert float(lr) == pytest.approx(LR / 4)
+    opt.step()
+    sched.step()
+    assert float(lr) == pytest.approx(LR / 2)
+
+
+def test_a_saved_schedule_for_other_param_groups_is_refused() -> None:
+    opt = torch.optim.SGD(params(), lr=LR)
+    sched = build_scheduler(ScheduleConfig(), opt, 10, 5)
+    state = sched.state_dict()
+    state["base_lrs"] = [LR, LR]
+    with pytest.raises(ValueError, match="2 param groups, the optimizer 1"):
+        sched.load_state_dict(state)
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def _indexed_batches(
     rank, world_size = sharder.rank, sharder.world_size
     for step in range(start_step, sharder.num_steps_per_epoch):
         start, stop = sharder.batch_bounds(step)
-        local = order[start:stop][rank::world_size]
+        local = order[start:stop] if world_size == 1 else order[start:stop][rank::world_size]
         yield step, x[local], y[local], stop - start
 
 

@@ -71,6 +71,7 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("logs/", "launched runs: one log file per rank (submitit)"),
     ("trial.log", "a trial of a local sweep: its console output"),
     ("stop/", "`hpcdl run`: one file per attempt, made when a stop is requested (HPCDL_STOP_FILE)"),
+    ("ports/", "`hpcdl run` on several ranks: the port each attempt's program listens on, chosen by rank 0"),
     (".run.lock", "locked by the process training the run: a second one is refused"),
     (
         "telemetry/",
@@ -128,6 +129,7 @@ class RunDir(JobDir):
     SUBMISSION: ClassVar[str] = "slurm.json"
     TRIAL_LOG: ClassVar[str] = "trial.log"
     STOP: ClassVar[str] = "stop"
+    PORTS: ClassVar[str] = "ports"
     LOCK: ClassVar[str] = ".run.lock"
     TELEMETRY: ClassVar[str] = "telemetry"
     TRACKERS: ClassVar[str] = "trackers.json"
@@ -208,6 +210,12 @@ class RunDir(JobDir):
     def stop_file(self, job_id: Optional[str], restart_count: int) -> Path:
         """Where `hpcdl run` makes a file when this attempt is asked to stop (not created)."""
         return self.path / self.STOP / f"{job_id or 'local'}-{restart_count}"
+
+    @property
+    def ports_dir(self) -> Path:
+        """Where `hpcdl run`'s rank 0 writes the port its job's program listens on (one
+        file per job attempt; hpcdl.script_port)."""
+        return self.path / self.PORTS
 
     def eval_dir(self, checkpoint_name: str) -> Path:
         """Where `hpcdl evaluate` of one checkpoint writes (created)."""

@@ -1,8 +1,9 @@
 """The job payload of `hpcdl run`: the user's own program, one per rank (srun) or one
 torchrun per node, with hpcdl's stop contract around it.
 
-    the rank env exported (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT, HPCDL_*) -> the program in its own process group -> on a stop signal:
+    MASTER_PORT agreed by the job's wrappers (hpcdl.script_port) -> the rank env exported
+    (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, HPCDL_*) ->
+    the program in its own process group -> on a stop signal:
     the stop file appears and the signal is forwarded -> the program's exit decides:
     0 = completed, 3 (EXIT_INTERRUPTED) or any exit after a stop = requeue, else failed.
 
@@ -19,10 +20,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hpcdl.env import RankEnv, rank_env_from
-from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.script_port import PortError, agreed_port
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config, ScriptConfig
@@ -45,6 +48,13 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     if command[0] != sys.executable and shutil.which(command[0]) is None:
         print(f"hpcdl: {command[0]!r} is not found in the job's environment (PATH)", flush=True)
         return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=127)
+    try:  # the derived port, or the next candidate where it is taken (hpcdl.script_port)
+        port = agreed_port(env, run_dir.ports_dir, cfg.cluster.rendezvous_timeout_s)
+    except PortError as err:
+        print(f"hpcdl: {err}", flush=True)
+        return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=EXIT_BAD_INPUT)
+    env = replace(env, master_port=port)
+    command = program_command(cfg.script, cfg, env)
     stop_file.unlink(missing_ok=True)  # a rerun of a local run reuses the attempt's name
     child_env = {**os.environ, **program_env(cfg, env, run_dir, stop_file)}
     # hpcdl's job sets PYTHONSAFEPATH (its frozen code must win over the submit dir); the

@@ -354,3 +354,145 @@ def test_a_metrics_file_written_outside_the_run_dir_is_named_with_the_fix(
     assert summary.returncode == 0, summary.stderr
     assert "hpcdl: warning: no trial reported score" in summary.stderr
     assert "$HPCDL_RUN_DIR" in summary.stderr
+
+
+# `hpcdl run` under Slurm as each rank's wrapper runs it: run_script in a process of its own.
+SRUN_DRIVER = """\
+import json, sys
+from dataclasses import replace
+from pathlib import Path
+from hpcdl.cli.compose import compose_config
+from hpcdl.config.schema import ScriptConfig
+from hpcdl.rundir import RunDir
+from hpcdl.script_job import run_script
+from hpcdl.signals import stop_on_signals
+
+cfg = compose_config(["cluster=devcluster", "cluster.gpus_per_node=0", "cluster.tasks_per_node=2",
+                      "cluster.rendezvous_timeout_s=60"])
+script = ScriptConfig(command=["python", sys.argv[2]])
+with stop_on_signals(("SIGTERM", "SIGINT", "SIGUSR2")) as flag:
+    outcome = run_script(replace(cfg, script=script), RunDir(Path(sys.argv[1])), flag)
+print(json.dumps({"completed": outcome.completed, "failed": outcome.failed_exit_code}))
+"""
+
+PORT_SCRIPT = """\
+import json, os
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+with open(os.path.join(os.environ["HPCDL_RUN_DIR"], f"port-{dist.get_rank()}.json"), "w") as f:
+    json.dump({"sum": total.item(), "port": int(os.environ["MASTER_PORT"])}, f)
+dist.destroy_process_group()
+"""
+
+
+def run_two_wrappers(tmp_path: Path, job_id: str) -> list[tuple[int, str, str]]:
+    """Ranks 0 and 1 of Slurm job `job_id` on one node, no MASTER_PORT set: each wrapper runs
+    PORT_SCRIPT; (exit status, stdout, stderr) of each."""
+    (tmp_path / "driver.py").write_text(SRUN_DRIVER)
+    (tmp_path / "program.py").write_text(PORT_SCRIPT)
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
+    wrappers = []
+    for rank in (1, 0):  # rank 1 first: it waits for rank 0's choice
+        env = {
+            **base,
+            "SLURM_JOB_ID": job_id,
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_NODEID": "0",
+            "SLURM_JOB_NUM_NODES": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "OMP_NUM_THREADS": "1",
+        }
+        wrappers.append(
+            subprocess.Popen(
+                [sys.executable, str(tmp_path / "driver.py"), str(run), str(tmp_path / "program.py")],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    done = [w.communicate(timeout=120) for w in wrappers]
+    return [(w.returncode, out, err) for w, (out, err) in zip(wrappers, done)]
+
+
+def test_a_programs_derived_port_taken_on_the_node_moves_the_job_to_the_next_candidate(
+    tmp_path: Path,
+) -> None:
+    """As hpcdl's trainer does (tests/test_dist.py): another job's store on the first derived
+    port, so the program's rank 0 listens on the second, and rank 1 connects there."""
+    import torch.distributed as dist
+
+    from hpcdl.env import RankEnv, master_port_candidates
+    from tests.test_dist import free_job_id
+
+    job_id = free_job_id()
+    first, second = master_port_candidates(RankEnv(job_id=job_id, master_port_derived=True))[:2]
+    other_job = dist.TCPStore("127.0.0.1", first, 2, is_master=True, wait_for_workers=False)
+    try:
+        results = run_two_wrappers(tmp_path, job_id)
+    finally:
+        del other_job
+    for code, out, err in results:
+        assert code == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == {"completed": True, "failed": None}
+    for rank in (0, 1):
+        got = json.loads((tmp_path / "run" / f"port-{rank}.json").read_text())
+        assert got == {"sum": 3.0, "port": second}
+    assert (tmp_path / "run" / "ports" / f"port-{job_id}-0").read_text() == str(second)
+
+
+def test_every_derived_port_taken_fails_every_rank_in_one_line_naming_the_fix(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    from hpcdl.env import RankEnv, master_port_candidates
+    from tests.test_dist import free_job_id
+
+    job_id = free_job_id()
+    ports = master_port_candidates(RankEnv(job_id=job_id, master_port_derived=True))
+    taken = [socket.create_server(("127.0.0.1", port)) for port in ports]
+    try:
+        results = run_two_wrappers(tmp_path, job_id)
+    finally:
+        for server in taken:
+            server.close()
+    for rank, (code, out, _) in zip((1, 0), results):
+        assert code == 0  # the driver reports the outcome: the wrapper's own exit status
+        lines = out.strip().splitlines()
+        assert json.loads(lines[-1]) == {"completed": False, "failed": 2}
+        assert lines[-2] == (
+            f"hpcdl: rank {rank}: ports {ports} are all in use on the first node (127.0.0.1); "
+            "set a free one with cluster.env.MASTER_PORT=<port>"
+        )
+    assert not list((tmp_path / "run").glob("port-*.json"))  # no program ran
+
+
+def test_a_rank_that_never_sees_rank_0s_port_names_the_shared_file_system(tmp_path: Path) -> None:
+    from hpcdl.env import RankEnv
+    from hpcdl.script_port import PortError, agreed_port
+
+    env = RankEnv(rank=1, world_size=2, job_id="4242", master_port_derived=True)
+    with pytest.raises(PortError, match=r"^rank 1: rank 0 of job 4242 chose no port within 0.3s") as info:
+        agreed_port(env, tmp_path / "ports", timeout_s=0.3)
+    assert "file system every node sees" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_master_port_the_user_set_is_used_as_is(tmp_path: Path) -> None:
+    import socket
+
+    from hpcdl.env import RankEnv
+    from hpcdl.script_port import agreed_port
+
+    with socket.create_server(("127.0.0.1", 0)) as server:  # taken: still the user's choice
+        port = server.getsockname()[1]
+        env = RankEnv(rank=0, world_size=2, job_id="4242", master_port=port)
+        assert agreed_port(env, tmp_path / "ports", timeout_s=1) == port
+    assert not (tmp_path / "ports").exists()

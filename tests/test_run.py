@@ -419,7 +419,7 @@ def run_two_wrappers(tmp_path: Path, job_id: str) -> list[tuple[int, str, str]]:
             )
         )
     done = [w.communicate(timeout=120) for w in wrappers]
-    return [(w.returncode, out, err) for w, (out, err) in zip(wrappers, done)]
+    return [(w.returncode, out, err) for w, (out, err) in zip(wrappers, done, strict=True)]
 
 
 def test_a_programs_derived_port_taken_on_the_node_moves_the_job_to_the_next_candidate(
@@ -464,7 +464,7 @@ def test_every_derived_port_taken_fails_every_rank_in_one_line_naming_the_fix(
     finally:
         for server in taken:
             server.close()
-    for rank, (code, out, _) in zip((1, 0), results):
+    for rank, (code, out, _) in zip((1, 0), results, strict=True):
         assert code == 0  # the driver reports the outcome: the wrapper's own exit status
         lines = out.strip().splitlines()
         assert json.loads(lines[-1]) == {"completed": False, "failed": 2}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -100,9 +101,13 @@ def test_bad_optimizer_config_names_the_key(cfg: object, message: str) -> None:
 def lrs(cfg: ScheduleConfig, total_steps: int, steps_per_epoch: int = 10) -> list[float]:
     """The lr used by each optimizer step, stepping the scheduler once per step."""
     opt = torch.optim.SGD(params(), lr=LR)
-    sched = build_scheduler(cfg, opt, total_steps, steps_per_epoch)
+    return used_lrs(opt, build_scheduler(cfg, opt, total_steps, steps_per_epoch), total_steps)
+
+
+def used_lrs(opt: torch.optim.Optimizer, sched: Any, num_steps: int) -> list[float]:
+    """The lr of each of the next num_steps optimizer steps, the schedule stepped after each."""
     used = []
-    for _ in range(total_steps):
+    for _ in range(num_steps):
         used.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
@@ -185,26 +190,14 @@ def test_state_dict_is_weights_only_safe_and_resumes_identically(name: str) -> N
     new_sched = build_scheduler(cfg, new_opt, total, per_epoch)
     new_opt.load_state_dict(saved["optimizer"])
     new_sched.load_state_dict(saved["scheduler"])
-    resumed = []
-    for _ in range(stop_at, total):
-        resumed.append(new_opt.param_groups[0]["lr"])
-        new_opt.step()
-        new_sched.step()
-    assert resumed == reference[stop_at:]
+    assert used_lrs(new_opt, new_sched, total - stop_at) == reference[stop_at:]
 
 
 def lambda_lr_lrs(cfg: ScheduleConfig, total_steps: int, steps_per_epoch: int) -> list[float]:
     """lrs() with torch's LambdaLR over the same multiplier: the reference arithmetic."""
     opt = torch.optim.SGD(params(), lr=LR)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_multiplier(cfg, total_steps, steps_per_epoch)
-    )
-    used = []
-    for _ in range(total_steps):
-        used.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    return used
+    multiplier = lr_multiplier(cfg, total_steps, steps_per_epoch)
+    return used_lrs(opt, torch.optim.lr_scheduler.LambdaLR(opt, multiplier), total_steps)
 
 
 @pytest.mark.parametrize("warmup_steps", [0, 3])
@@ -231,12 +224,7 @@ def test_lambda_lr_checkpoints_resume_here_and_the_other_way_round(name: str) ->
     new = build_scheduler(cfg, new_opt, total, per_epoch)
     new_opt.load_state_dict(opt.state_dict())
     new.load_state_dict(old.state_dict())
-    resumed = []
-    for _ in range(stop_at, total):
-        resumed.append(new_opt.param_groups[0]["lr"])
-        new_opt.step()
-        new.step()
-    assert resumed == reference[stop_at:]
+    assert used_lrs(new_opt, new, total - stop_at) == reference[stop_at:]
 
     back_opt = torch.optim.SGD(params(), lr=LR)
     back = torch.optim.lr_scheduler.LambdaLR(back_opt, lr_multiplier(cfg, total, per_epoch))

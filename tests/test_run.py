@@ -246,6 +246,20 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def start_driver(
+    tmp_path: Path, run: Path, program: str, env: dict[str, str]
+) -> subprocess.Popen[str]:
+    """tmp_path/driver.py RUN PROGRAM as a process of its own, its output captured."""
+    return subprocess.Popen(
+        [sys.executable, str(tmp_path / "driver.py"), str(run), str(tmp_path / program)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def test_torchrun_survives_the_warning_signal_until_its_workers_have_saved(tmp_path) -> None:
     import contextlib
     import signal
@@ -268,14 +282,7 @@ def test_torchrun_survives_the_warning_signal_until_its_workers_have_saved(tmp_p
         "MASTER_PORT": str(port),
         "OMP_NUM_THREADS": "1",
     }
-    driver = subprocess.Popen(
-        [sys.executable, str(tmp_path / "driver.py"), str(run), str(tmp_path / "worker.py")],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = start_driver(tmp_path, run, "worker.py", env)
     deadline = time.monotonic() + 120
     while len(list(run.glob("started-*"))) < 2:
         assert driver.poll() is None, driver.communicate()
@@ -408,16 +415,7 @@ def run_two_wrappers(tmp_path: Path, job_id: str) -> list[tuple[int, str, str]]:
             "MASTER_ADDR": "127.0.0.1",
             "OMP_NUM_THREADS": "1",
         }
-        wrappers.append(
-            subprocess.Popen(
-                [sys.executable, str(tmp_path / "driver.py"), str(run), str(tmp_path / "program.py")],
-                cwd=tmp_path,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        wrappers.append(start_driver(tmp_path, run, "program.py", env))
     done = [w.communicate(timeout=120) for w in wrappers]
     return [(w.returncode, out, err) for w, (out, err) in zip(wrappers, done, strict=True)]
 

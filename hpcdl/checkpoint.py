@@ -249,8 +249,9 @@ def _tensor_on_host(tensor: torch.Tensor, cuda_devices: set[torch.device]) -> to
         copy = data.clone()
     elif data.device.type == "cuda":
         # Pinned memory (cached by torch's host allocator across saves) lets the copy run
-        # without blocking; host_copy waits for all of them at once.
-        copy = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+        # without blocking; host_copy waits for all of them at once. empty_like keeps the
+        # strides (channels_last state restored as channels_last, as a synchronous save does).
+        copy = torch.empty_like(data, device="cpu", pin_memory=True)
         copy.copy_(data, non_blocking=True)
         cuda_devices.add(data.device)
     else:

@@ -65,7 +65,7 @@ def build_optimizer(cfg: Any, params: ParamsT, fused: bool = False) -> torch.opt
             params, lr=cfg.lr, betas=_betas(cfg), eps=cfg.eps, weight_decay=cfg.weight_decay, **kernel
         )
     if isinstance(cfg, SgdConfig):
-        return torch.optim.SGD(
+        sgd = torch.optim.SGD(
             params,
             lr=cfg.lr,
             momentum=cfg.momentum,
@@ -73,6 +73,9 @@ def build_optimizer(cfg: Any, params: ParamsT, fused: bool = False) -> torch.opt
             weight_decay=cfg.weight_decay,
             **kernel,
         )
+        if fused and cfg.momentum:
+            _zero_momentum_buffers(sgd)
+        return sgd
     if isinstance(cfg, RmspropConfig):
         return torch.optim.RMSprop(
             params,
@@ -86,6 +89,34 @@ def build_optimizer(cfg: Any, params: ParamsT, fused: bool = False) -> torch.opt
         f"optim.name={getattr(cfg, 'name', None)!r}: unknown optimizer; "
         "choose one of sgd, adam, adamw, rmsprop"
     )
+
+
+def _zero_momentum_buffers(sgd: torch.optim.SGD) -> None:
+    """torch's fused SGD makes its momentum buffers with empty_like on its first step and
+    fills them in the kernel, which a step skipped on the device (GradScaler's overflow skip
+    in fp16, trainer.lagged_sync's non-finite skip) does not run: the next step would apply
+    whatever that memory held. Zeros from the start make the first step's buffer
+    momentum * 0 + grad, the gradient torch would have copied there (no dampening here)."""
+    for group in sgd.param_groups:
+        for param in group["params"]:
+            sgd.state[param]["momentum_buffer"] = torch.zeros_like(param)
+
+
+def match_parameter_layout(optimizer: torch.optim.Optimizer) -> None:
+    """Give each state tensor shaped like its parameter the parameter's strides (e.g. a
+    state saved without channels_last, restored for a channels_last model). The values stay
+    the same; torch's fused CUDA steps refuse state whose strides differ from the
+    parameter's."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.shape == param.shape
+                    and value.stride() != param.stride()
+                ):
+                    state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 def _betas(cfg: AdamConfig) -> tuple[float, float]:

@@ -68,12 +68,3 @@ def skip_on_device(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) ->
         )
     optimizer.grad_scale = None  # type: ignore[attr-defined]
     optimizer.found_inf = found_inf  # type: ignore[attr-defined]
-
-
-def first_step_needs_the_host(optimizer: torch.optim.Optimizer) -> bool:
-    """torch's fused SGD creates its momentum buffers uninitialized on the first step and
-    fills them in the kernel, which a skipped step does not run: until the buffers exist,
-    the skip decision is read on the host (one sync, at the run's first step)."""
-    if not isinstance(optimizer, torch.optim.SGD):
-        return False
-    return any(g["momentum"] for g in optimizer.param_groups) and not optimizer.state

@@ -29,7 +29,7 @@ from hpcdl.env import RankEnv
 from hpcdl.errors import HpcdlError, RunDirError
 from hpcdl.evaluation import EvalResult, evaluate
 from hpcdl.hooks import StepEvent, StepHook
-from hpcdl.optim import StepSchedule
+from hpcdl.optim import StepSchedule, match_parameter_layout
 from hpcdl.progress import ProgressReporter
 from hpcdl.provenance import collect_versions, weights_sha256
 from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT, MetricsLog
@@ -38,7 +38,6 @@ from hpcdl.state import Progress
 from hpcdl.step_sums import StepSums, Value
 from hpcdl.step_sync import (
     InFlight,
-    first_step_needs_the_host,
     reduce_on_device,
     send_to_host,
     skip_on_device,
@@ -152,6 +151,7 @@ class Trainer:
         # The loaded state is dropped once restored: its tensors are mapped from the file.
         found, self._start.checkpoint = self._start.checkpoint, None
         self.restore(found)
+        del found  # not held for the whole loop: a purged file's space must be freed
         first = self.t.stall_first_step_s or 2 * self.t.stall_timeout_s
         self._beat("first step", first)  # imports, compilation, the first collective
         if self._stop_before_first_step():
@@ -282,12 +282,9 @@ class Trainer:
         p = self.p
         packed = StepSums.pack(p.device, stats, **mine)
         found_inf = reduce_on_device(packed)  # all-reduces packed in place
-        if first_step_needs_the_host(p.optimizer) and found_inf.item():
-            p.optimizer.zero_grad(set_to_none=True)
-        else:
-            if not p.scaler.is_enabled():  # fp16: the scaler hands over its own found_inf
-                skip_on_device(p.optimizer, found_inf)
-            self._optimizer_step()
+        if not p.scaler.is_enabled():  # fp16: the scaler hands over its own found_inf
+            skip_on_device(p.optimizer, found_inf)
+        self._optimizer_step()
         older, self._in_flight = self._in_flight, send_to_host(self.progress.global_step + 1, packed)
         return [] if older is None else [(older.step, older.read())]
 
@@ -578,6 +575,9 @@ class Trainer:
         # On the CPU the optimizer keeps the loaded tensors themselves, mapped from the file:
         # copied, so that the file's purge frees its space (no .nfs file holds on to it).
         unmap(p.optimizer.state)
+        # A state saved without channels_last (or before async saves kept strides) takes its
+        # parameter's layout: torch's fused CUDA steps refuse tensors whose strides differ.
+        match_parameter_layout(p.optimizer)
         p.scheduler.load_state_dict(state["scheduler"])
         p.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_dict(state["progress"])

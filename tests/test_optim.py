@@ -300,3 +300,82 @@ def test_no_steps_is_refused() -> None:
     opt = torch.optim.SGD(params(), lr=LR)
     with pytest.raises(ConfigError, match="total_steps=0"):
         build_scheduler(ScheduleConfig(), opt, 0, 10)
+
+
+@pytest.fixture
+def empty_memory_is_nan() -> Any:
+    """torch fills memory from empty()/empty_like() with NaN in deterministic mode: an
+    uninitialized buffer shows instead of holding zeros by chance."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(was)
+
+
+def test_a_first_step_skipped_by_the_grad_scaler_leaves_fused_sgds_momentum_zero(
+    empty_memory_is_nan: Any,
+) -> None:
+    """fp16's GradScaler skips a step whose scaled gradients overflow, on the device, through
+    the fused kernel's found_inf; torch's fused SGD would keep the uninitialized momentum
+    buffers it made for that first step. The run must continue as if the step was never
+    taken: the same weights as a plain SGD that took only the second step."""
+    cfg = SgdConfig(lr=0.1, momentum=0.9)
+    weights = torch.nn.Parameter(torch.ones(4))
+    fused = build_optimizer(cfg, [weights], fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)
+    for factor in (1e30, 1.0):  # 1e30 * 2**100 overflows float32: the first step is skipped
+        fused.zero_grad()
+        scaler.scale((weights * factor).sum()).backward()
+        scaler.step(fused)
+        scaler.update()
+    assert scaler.get_scale() == 2.0**99  # one skip: the scale was halved once
+
+    reference = torch.nn.Parameter(torch.ones(4))
+    plain = build_optimizer(cfg, [reference], fused=False)
+    reference.grad = torch.ones(4)
+    plain.step()
+    assert torch.equal(weights.detach(), reference.detach())
+    assert torch.equal(fused.state[weights]["momentum_buffer"], torch.ones(4))
+
+
+def test_zero_momentum_buffers_give_torchs_own_first_step_bit_for_bit() -> None:
+    torch.manual_seed(0)
+    start = torch.randn(64)
+    grads = [torch.randn(64) for _ in range(5)]
+    ends = []
+    for ours in (True, False):
+        param = torch.nn.Parameter(start.clone())
+        opt = (
+            build_optimizer(SgdConfig(lr=0.1, nesterov=True), [param], fused=True)
+            if ours
+            else torch.optim.SGD([param], lr=0.1, momentum=0.9, nesterov=True, fused=True)
+        )
+        assert bool(opt.state) == ours
+        for grad in grads:
+            param.grad = grad.clone()
+            opt.step()
+        ends.append(param.detach().clone())
+    assert torch.equal(ends[0], ends[1])
+
+
+def test_restored_state_takes_its_parameters_layout() -> None:
+    """A checkpoint saved without channels_last resumed with it: each state tensor gets its
+    parameter's strides (torch's fused CUDA steps refuse others), with the same values."""
+    from hpcdl.optim import match_parameter_layout
+
+    conv = torch.nn.Conv2d(3, 8, 3)
+    opt = build_optimizer(SgdConfig(), conv.parameters())
+    conv(torch.randn(2, 3, 8, 8)).sum().backward()
+    opt.step()
+    saved = opt.state_dict()
+
+    conv = conv.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    resumed = build_optimizer(SgdConfig(), conv.parameters())
+    resumed.load_state_dict(saved)
+    weight_buffer = resumed.state[conv.weight]["momentum_buffer"]
+    assert weight_buffer.stride() != conv.weight.stride()
+    match_parameter_layout(resumed)
+    for index, param in enumerate(conv.parameters()):
+        buffer = resumed.state[param]["momentum_buffer"]
+        assert buffer.stride() == param.stride()
+        assert torch.equal(buffer, saved["state"][index]["momentum_buffer"])

@@ -168,6 +168,26 @@ def test_resume_extends_a_finished_run(hpcdl, tmp_path, reference):
     assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 6
 
 
+def test_a_resumed_run_keeps_no_checkpoint_file_mapped(hpcdl, tmp_path):
+    """The resume maps the checkpoint it restores (mmap=True); from the first step on, the
+    process must map no checkpoint file (a purged step file's space would stay taken, as an
+    .nfs file on NFS)."""
+    run_dir = tmp_path / "run"
+    assert train(hpcdl, run_dir, ["trainer.max_epochs=2"]).returncode == 0
+    mapped = tmp_path / "mapped.jsonl"
+    longer = hpcdl(
+        "resume",
+        str(run_dir),
+        "trainer.max_epochs=3",
+        "trainer.step_hooks=[tests.mapped_files:record]",
+        env={"HPCDL_TEST_MAPPED": str(mapped)},
+    )
+    assert longer.returncode == 0, longer.stderr
+    steps = [json.loads(line) for line in mapped.read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(2 * 13 + 1, 3 * 13 + 1))
+    assert [s for s in steps if s["mapped"]] == []
+
+
 @pytest.mark.parametrize(
     ("launcher", "signum"),
     [([], signal.SIGINT), (LOCAL2, signal.SIGTERM), (LOCAL2, signal.SIGINT)],

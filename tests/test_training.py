@@ -102,6 +102,44 @@ def test_bf16_compile_on_gpu(hpcdl, tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
+def test_channels_last_resumes_on_the_gpu_with_the_fused_step(hpcdl, tmp_path: Path) -> None:
+    """On CUDA the checkpoint is written from pinned host copies (async) and SGD is fused;
+    torch's fused CUDA step refuses momentum buffers whose strides differ from their
+    parameter's. A channels_last run resumes; so does one that turns channels_last off, then
+    on again (the restored state takes the parameters' layout)."""
+    base = ["model=cnn", "data=digits", "trainer.channels_last=true"]
+    out = hpcdl("train", "run_dir=run", *base, "trainer.max_epochs=1")
+    assert out.returncode == 0, out.stderr + out.stdout
+    for epochs, channels_last in ((2, "true"), (3, "false"), (4, "true")):
+        out = hpcdl(
+            "resume",
+            "run",
+            f"trainer.max_epochs={epochs}",
+            f"trainer.channels_last={channels_last}",
+        )
+        assert out.returncode == 0, out.stderr + out.stdout
+        assert summary(tmp_path / "run")["epochs"] == epochs
+
+
+@pytest.mark.gpu
+def test_nccl_on_every_visible_gpu(hpcdl, tmp_path: Path) -> None:
+    """One rank per visible GPU (on a one-GPU machine, one rank: as below, without fp16)."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    out = hpcdl(
+        "train",
+        "run_dir=run",
+        "cluster=local",
+        f"cluster.tasks_per_node={gpus}",
+        f"cluster.gpus_per_node={gpus}",
+        "trainer.max_epochs=2",
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert summary(tmp_path / "run")["world_size"] == gpus
+
+
+@pytest.mark.gpu
 def test_nccl_single_rank_local(hpcdl, tmp_path: Path) -> None:
     out = hpcdl(
         "train",

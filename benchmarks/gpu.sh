@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # bash benchmarks/gpu.sh      on a machine with NVIDIA GPUs, in one call (a GPU session):
-#   1. the gpu test tier: bf16, fp16 + GradScaler, compile, channels_last, NCCL with one
-#      rank and with all visible GPUs, CUDA RNG state in exact resume (pytest -m gpu);
+#   1. the gpu test tier: bf16, fp16 + GradScaler, compile, channels_last (and its resume
+#      with the fused step), NCCL with one rank and with one rank per visible GPU, CUDA RNG
+#      state in exact resume (pytest -m gpu);
 #   2. hpcdl bench devices for the MLP and the CNN (the course's CPU-vs-GPU table);
 #   3. every benchmark of the suite on the GPU (python -m benchmarks.run --all);
 #   4. what lagged sync is worth: hpcdl bench overhead with trainer.lagged_sync on and off
 #      (the same fused kernel both times), MLP and CNN (lagged.md).
 # bash benchmarks/gpu.sh tests devices   runs only the steps named (tests, devices, suite,
 # lagged), e.g. in two calls where one call's time limit is too short for all four;
-# BENCHMARKS="overhead mfu" bash benchmarks/gpu.sh suite   runs only those benchmarks.
+# BENCHMARKS="overhead mfu" bash benchmarks/gpu.sh suite   runs only those benchmarks;
+# REPEATS=3 sets the suite's measured rounds (default 5). The suite's files are rewritten
+# after each benchmark: a call killed at its time limit keeps the benchmarks that finished.
 # Writes everything under $OUT (default: benchmarks/results/gpu-<date>): nvidia-smi.txt,
 # versions.txt, gpu-tests.log, devices.md, and the suite's <date>-<host>-cuda.{json,md}.
 # Where the image lacks hydra/omegaconf/submitit/xxhash, run benchmarks/gpu_wheels.sh first (with
@@ -44,13 +47,18 @@ print("gpus", [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_co
 print("nccl", torch.cuda.nccl.version() if torch.cuda.is_available() else None)
 print("git", subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
 PY
-step tests bash -c "python3 -m pytest -p no:cacheprovider -m gpu -v tests 2>&1 | tee '$OUT/gpu-tests.log'"
-step devices bash -c "{ python3 -m hpcdl.cli.main bench devices model=mlp data=breast_cancer; echo; \
-    python3 -m hpcdl.cli.main bench devices model=cnn data=digits; echo; \
-    python3 -m hpcdl.cli.main bench devices model=cnn data=digits trainer.precision=bf16; } | tee '$OUT/devices.md'"
-step suite python3 -m benchmarks.run ${BENCHMARKS:---all} --out "$OUT"
-step lagged bash -c "for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16'; do \
+step tests bash -c "set -o pipefail; python3 -m pytest -p no:cacheprovider -m gpu -v tests 2>&1 | tee '$OUT/gpu-tests.log'"
+# Each piped step fails if any of its commands fails (pipefail alone would see tee's status,
+# or the last command's).
+step devices bash -c "set -o pipefail; { rc=0; \
+    python3 -m hpcdl.cli.main bench devices model=mlp data=breast_cancer || rc=1; echo; \
+    python3 -m hpcdl.cli.main bench devices model=cnn data=digits || rc=1; echo; \
+    python3 -m hpcdl.cli.main bench devices model=cnn data=digits trainer.precision=bf16 || rc=1; \
+    exit \$rc; } | tee '$OUT/devices.md'"
+step suite python3 -m benchmarks.run ${BENCHMARKS:---all} ${REPEATS:+--repeats "$REPEATS"} --out "$OUT"
+step lagged bash -c "set -o pipefail; { rc=0; \
+    for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16'; do \
     for sync in true false; do echo \"### \$case trainer.lagged_sync=\$sync\"; \
-    python3 -m hpcdl.cli.main bench overhead --repeats 5 \$case optim.fused=true trainer.lagged_sync=\$sync; echo; \
-    done; done | tee '$OUT/lagged.md'"
+    python3 -m hpcdl.cli.main bench overhead --repeats 5 \$case optim.fused=true trainer.lagged_sync=\$sync || rc=1; \
+    echo; done; done; exit \$rc; } | tee '$OUT/lagged.md'"
 exit $status

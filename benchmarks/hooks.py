@@ -4,7 +4,12 @@
     trainer.step_hooks=[benchmarks.hooks:record_time,benchmarks.hooks:stop_after_step]
 
 record_time appends `step GLOBAL_STEP EPOCH STEP_IN_EPOCH RANK PERF_COUNTER` to the file
-named by $HPCDL_BENCH_TIMES (nothing when unset). time.perf_counter() is CLOCK_MONOTONIC on
+named by $HPCDL_BENCH_TIMES (nothing when unset). Where $HPCDL_BENCH_STEPS gives the steps
+of an epoch, the record of an epoch's last step waits for the GPU first (on CUDA): a loop
+that never reads the GPU inside an epoch has only queued its last steps when it stamps
+them, so its first-to-last-step time would leave out work a loop that reads as it goes
+(hpcdl, one step behind with lagged sync) has waited for. Every loop compared in a
+benchmark writes its records here, and so waits alike. time.perf_counter() is CLOCK_MONOTONIC on
 Linux, so records from several processes of one machine share a clock. stop_after_step
 sends this process SIGTERM after global step $HPCDL_BENCH_STOP_AT: an interruption mid-epoch
 that takes the same path as scancel or Ctrl-C.
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,21 +28,30 @@ from pathlib import Path
 from typing import Any, TextIO
 
 TIMES_VAR = "HPCDL_BENCH_TIMES"
+STEPS_VAR = "HPCDL_BENCH_STEPS"  # steps per epoch: the last step's record waits for the GPU
 STOP_VAR = "HPCDL_BENCH_STOP_AT"
 
 _open_files: dict[str, TextIO] = {}
 
 
 def write_record(kind: str, global_step: int, epoch: int, step_in_epoch: int, rank: int) -> None:
-    now = time.perf_counter()
     path = os.environ.get(TIMES_VAR)
     if not path:
         return
+    if kind == "step" and str(step_in_epoch) == os.environ.get(STEPS_VAR):
+        _wait_for_the_gpu()
+    now = time.perf_counter()
     out = _open_files.get(path)
     if out is None:
         out = _open_files[path] = open(path, "a")  # noqa: SIM115 (closed by read_records)
     out.write(f"{kind} {global_step} {epoch} {step_in_epoch} {rank} {now:.9f}\n")
     out.flush()
+
+
+def _wait_for_the_gpu() -> None:
+    torch = sys.modules.get("torch")  # the loops have imported it; nothing to wait for if not
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def record_time(event: Any) -> None:  # event: hpcdl.hooks.StepEvent

@@ -83,13 +83,16 @@ def run(settings: Settings) -> list[Row]:
 
         return candidate
 
+    def records(times: Path) -> dict[str, str]:
+        return {hooks.TIMES_VAR: str(times), hooks.STEPS_VAR: str(sizes.num_steps_per_epoch)}
+
     def hpcdl_run(times: Path) -> None:
         run_dir = create_run(hpcdl_overrides(sizes, images), work / times.stem)
-        run_in_process(run_dir, settings.log, {hooks.TIMES_VAR: str(times)})
+        run_in_process(run_dir, settings.log, records(times))
 
     def in_this_process(loop: Any) -> Any:
         def call(times: Path) -> None:
-            with environ({hooks.TIMES_VAR: str(times)}):
+            with environ(records(times)):
                 loop(sizes, images)
 
         return call

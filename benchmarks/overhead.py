@@ -147,7 +147,8 @@ def measure(case: Case, settings: Settings, with_lightning: bool = True) -> Meas
             work = loops.build_work(overrides_for(case))
             found.update(steps=work.num_steps_per_epoch, device=work.device.type)
             log = settings.log
-            with environ({hooks.TIMES_VAR: str(times)}), redirect_stdout(log), redirect_stderr(log):
+            records = {hooks.TIMES_VAR: str(times), hooks.STEPS_VAR: str(work.num_steps_per_epoch)}
+            with environ(records), redirect_stdout(log), redirect_stderr(log):
                 loop(work, case.epochs)
             weights[name].append(weights_sha256(work.model.state_dict()))
             return epoch_times(hooks.read_records(times), work.num_steps_per_epoch)
@@ -158,7 +159,8 @@ def measure(case: Case, settings: Settings, with_lightning: bool = True) -> Meas
         index = next(counter)
         times = work_dir / f"{case.name}-hpcdl-{index}.times"
         run_dir = create_run(overrides_for(case), work_dir / f"{case.name}-run-{index}")
-        run_in_process(run_dir, settings.log, {hooks.TIMES_VAR: str(times)})
+        records = {hooks.TIMES_VAR: str(times), hooks.STEPS_VAR: str(found["steps"])}
+        run_in_process(run_dir, settings.log, records)
         summary = run_dir.read_summary()
         if summary is None:
             raise RuntimeError(f"{run_dir.path}: the run wrote no summary")

@@ -108,6 +108,23 @@ def write_results(out_dir: Path, stem: str, record: dict[str, Any], rows: list[R
     return json_path
 
 
+def _incomplete(record: dict[str, Any]) -> list[str]:
+    """The line saying which benchmarks failed or had not run yet (records written before
+    2026-11-25 have neither key: complete)."""
+    failed = record.get("failed") or []
+    missing = [
+        n for n in record["benchmarks"] if n not in failed and not any(
+            row["id"].split(".")[0] == n for row in record["rows"]
+        )
+    ]
+    notes = []
+    if failed:
+        notes.append(f"failed: {', '.join(failed)}")
+    if not record.get("finished", True) and missing:
+        notes.append(f"not run yet when this was written: {', '.join(missing)}")
+    return [f"- **incomplete**: {'; '.join(notes)}"] if notes else []
+
+
 def markdown(record: dict[str, Any]) -> str:
     m, v, g = record["machine"], record["versions"], record["git"]
     revision = (g["revision"] or "unknown")[:12] + (" (dirty tree)" if g["dirty"] else "")
@@ -123,6 +140,7 @@ def markdown(record: dict[str, Any]) -> str:
         f"{record['warmup_rounds']} warm-up round(s), interleaved; "
         f"load average {record['load_average']['start']} at the start, "
         f"{record['load_average']['end']} at the end",
+        *_incomplete(record),
         "",
         "Ratio: the median over rounds of hpcdl / baseline, both measured in the same round "
         "(lower is better; 1.0 = as fast). Round ratios: the lowest and highest round. "

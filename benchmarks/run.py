@@ -1,8 +1,10 @@
 """python -m benchmarks.run [--all [--cluster] | NAME ...] [--smoke] [--repeats N] [--threads N] [--out DIR]
 
 Runs the named benchmarks (--list shows them) and writes their rows, with the machine and
-versions, to DIR/<date>-<host>-<device>[-smoke].{json,md} (DIR: benchmarks/results).
-hpcdl's console output goes to a log in a scratch folder, shown if a benchmark fails.
+versions, to DIR/<date>-<host>-<device>[-smoke].{json,md} (DIR: benchmarks/results),
+rewritten after each benchmark ("finished": false until the last is done). hpcdl's console
+output goes to a log in a scratch folder, shown if a benchmark fails; the others still run,
+and the exit status is then 1 ("failed" lists them).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,10 +35,6 @@ from benchmarks.report import (
 
 DEFAULT_REPEATS = 5
 LOG_TAIL_LINES = 40
-
-
-class BenchmarkFailed(Exception):
-    pass
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -102,10 +101,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     warmup_rounds = 0 if args.smoke else 1
     now = dt.datetime.now(dt.timezone.utc).astimezone()
     started, load_at_start = time.monotonic(), load_average()
-    try:
-        rows = run_benchmarks(names, args.smoke, repeats, warmup_rounds)
-    except BenchmarkFailed:
-        return 1
     info = machine()
     record: dict[str, Any] = {
         "date": now.isoformat(timespec="seconds"),
@@ -117,12 +112,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         "benchmarks": names,
         "repeats": repeats,
         "warmup_rounds": warmup_rounds,
-        "load_average": {"start": load_at_start, "end": load_average()},
-        "wall_s": round(time.monotonic() - started, 1),
     }
     stem = free_stem(args.out, result_stem(now, info["host"], info["device"], args.smoke))
-    path = write_results(args.out, stem, record, rows)
+
+    def write(rows: list[Row], failed: list[str], done: bool) -> Path:
+        """The results so far, rewritten after each benchmark: a run killed at a time limit
+        (a GPU session's call) still leaves every benchmark that had finished."""
+        written = {
+            **record,
+            "finished": done,
+            "failed": failed,
+            "load_average": {"start": load_at_start, "end": load_average()},
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+        return write_results(args.out, stem, written, rows)
+
+    rows, failed = run_benchmarks(names, args.smoke, repeats, warmup_rounds, write)
+    path = write(rows, failed, done=True)
     print(f"wrote {path} and {path.with_suffix('.md').name}")
+    if failed:
+        print(f"failed: {' '.join(failed)} (the other benchmarks' rows are written)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -132,9 +142,18 @@ def list_benchmarks() -> None:
         print(f"{name:14s} {doc[0] if doc else ''}")
 
 
-def run_benchmarks(names: list[str], smoke: bool, repeats: int, warmup_rounds: int) -> list[Row]:
-    """Each benchmark in turn, in a scratch folder deleted afterwards."""
+def run_benchmarks(
+    names: list[str],
+    smoke: bool,
+    repeats: int,
+    warmup_rounds: int,
+    write: Callable[[list[Row], list[str], bool], Path],
+) -> tuple[list[Row], list[str]]:
+    """Each benchmark in turn, in a scratch folder deleted afterwards; the results are
+    written after each. A failing benchmark is reported (its traceback, hpcdl's log tail)
+    and the next one runs. Returns the rows and the names of the benchmarks that failed."""
     rows: list[Row] = []
+    failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hpcdl-bench-") as scratch:
         log_path = Path(scratch) / "hpcdl.log"
         with open(log_path, "w") as log:
@@ -144,18 +163,21 @@ def run_benchmarks(names: list[str], smoke: bool, repeats: int, warmup_rounds: i
                 began = time.monotonic()
                 try:
                     found = ALL_BENCHMARKS[name](settings)
-                except Exception as exc:
+                except Exception:
                     log.flush()
                     traceback.print_exc()
                     tail = log_path.read_text().splitlines()[-LOG_TAIL_LINES:]
                     print(f"{name} failed; hpcdl's log ends:", *tail, sep="\n", file=sys.stderr)
-                    raise BenchmarkFailed(name) from exc
+                    failed.append(name)
+                    write(rows, failed, False)
+                    continue
                 for row in found:
                     goal = "" if row.goal is None else f" (goal <= {row.goal:.2f})"
                     print(f"  {row.id}: {row.ratio:.3f}{goal}", flush=True)
                 print(f"  {time.monotonic() - began:.0f} s", flush=True)
                 rows.extend(found)
-    return rows
+                write(rows, failed, False)
+    return rows, failed
 
 
 def load_average() -> Optional[list[float]]:

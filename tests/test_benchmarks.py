@@ -35,6 +35,68 @@ def test_interleaved_runs_rounds_in_turn_and_drops_the_warmup() -> None:
     assert median_ratio([2.0, 3.0, 9.0], [1.0, 3.0, 1.0]) == 2.0
 
 
+def test_the_record_of_an_epochs_last_step_waits_for_the_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only there, and only where the benchmark says how many steps an epoch has: a loop
+    that queues its steps on a GPU without reading them is timed to where they have run."""
+    from benchmarks import hooks
+
+    waits: list[int] = []
+    monkeypatch.setattr(hooks, "_wait_for_the_gpu", lambda: waits.append(1))
+    monkeypatch.setenv(hooks.TIMES_VAR, str(tmp_path / "times"))
+    for step in (1, 2, 3):
+        hooks.write_record("step", step, 0, step, 0)
+    assert waits == []
+    monkeypatch.setenv(hooks.STEPS_VAR, "3")
+    for step in (1, 2, 3):
+        hooks.write_record("step", 3 + step, 1, step, 0)
+    hooks.write_record("start", 7, 2, 3, 0)  # not a step record
+    assert waits == [1]
+    assert [r.step_in_epoch for r in hooks.read_records(tmp_path / "times")] == [1, 2, 3, 1, 2, 3, 3]
+
+
+def test_a_failing_benchmark_leaves_the_others_rows_written_after_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU session's call can be killed at its time limit: the results file is rewritten
+    after each benchmark, and a failing one does not stop the ones after it."""
+    import json
+
+    from benchmarks import run
+    from benchmarks.base import Row, Settings
+
+    seen_after_first: list[dict] = []
+
+    def first(settings: Settings) -> list[Row]:
+        return [Row("first.a", "x", "y", 1.5, 2.0)]
+
+    def broken(settings: Settings) -> list[Row]:
+        [written] = tmp_path.glob("*-smoke.json")  # first's row is already on disk
+        seen_after_first.append(json.loads(written.read_text()))
+        raise RuntimeError("boom")
+
+    def last(settings: Settings) -> list[Row]:
+        return [Row("last.b", "x", "y", 0.5, None)]
+
+    monkeypatch.setitem(run.ALL_BENCHMARKS, "first", first)
+    monkeypatch.setitem(run.ALL_BENCHMARKS, "broken", broken)
+    monkeypatch.setitem(run.ALL_BENCHMARKS, "last", last)
+    assert run.main(["first", "broken", "last", "--smoke", "--out", str(tmp_path)]) == 1
+    assert "failed: broken (the other benchmarks' rows are written)" in capsys.readouterr().err
+    [early] = seen_after_first
+    assert (early["finished"], early["failed"], [r["id"] for r in early["rows"]]) == (
+        False,
+        [],
+        ["first.a"],
+    )
+    [path] = tmp_path.glob("*-smoke.json")
+    record = json.loads(path.read_text())
+    assert (record["finished"], record["failed"]) == (True, ["broken"])
+    assert [r["id"] for r in record["rows"]] == ["first.a", "last.b"]
+    assert "- **incomplete**: failed: broken" in path.with_suffix(".md").read_text()
+
+
 @pytest.mark.slow  # DataLoader worker processes, fresh interpreters; about 20 s
 def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path) -> None:
     from benchmarks.registry import BENCHMARKS

@@ -40,6 +40,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.progress",
         "hpcdl.telemetry",
         "hpcdl.dist",
+        "hpcdl.script_port",
         "hpcdl.models",
         "hpcdl.data",
         "hpcdl.optim",

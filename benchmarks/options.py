@@ -90,6 +90,9 @@ def run(settings: Settings) -> list[Row]:
 
 def measure(case: Case, option: Option, settings: Settings) -> Row:
     counter = itertools.count()
+    # Steps per epoch, from the first run's summary: from then on (the warm-up round is the
+    # first) an epoch's last step is timed once the GPU has run it (benchmarks.hooks).
+    known: dict[str, str] = {}
 
     def hpcdl_with(overrides: tuple[str, ...]) -> Callable[[], dict[str, float]]:
         def call() -> dict[str, float]:
@@ -99,9 +102,10 @@ def measure(case: Case, option: Option, settings: Settings) -> Row:
                 [*overrides_for(case), *overrides],
                 settings.work_dir / f"{case.name}-{option.name}-{index}",
             )
-            run_in_process(run_dir, settings.log, {hooks.TIMES_VAR: str(times)})
+            run_in_process(run_dir, settings.log, {hooks.TIMES_VAR: str(times), **known})
             steps = run_dir.read_summary() or {}
             per_epoch = int(steps.get("steps", 0)) // case.epochs
+            known[hooks.STEPS_VAR] = str(per_epoch)
             return epoch_times(hooks.read_records(times), per_epoch)
 
         return call

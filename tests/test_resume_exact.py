@@ -180,7 +180,7 @@ def test_a_resumed_run_keeps_no_checkpoint_file_mapped(hpcdl, tmp_path):
         str(run_dir),
         "trainer.max_epochs=3",
         "trainer.step_hooks=[tests.mapped_files:record]",
-        env={"HPCDL_TEST_MAPPED": str(mapped)},
+        env={**fault_hook.env(None), "HPCDL_TEST_MAPPED": str(mapped)},  # tests/ importable
     )
     assert longer.returncode == 0, longer.stderr
     steps = [json.loads(line) for line in mapped.read_text().splitlines()]

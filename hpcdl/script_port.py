@@ -13,13 +13,12 @@ Stdlib only, like hpcdl.script_job.
 from __future__ import annotations
 
 import errno
-import os
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.atomic import write_atomic
 from hpcdl.env import RankEnv, master_port_candidates
 from hpcdl.errors import HpcdlError
 
@@ -42,7 +41,8 @@ def agreed_port(env: RankEnv, folder: Path, timeout_s: float) -> int:
     if env.rank == 0:  # also alone: torchrun's rendezvous listens even on one node
         port = first_free(ports)
         if env.world_size > 1:
-            _write(path, NONE_FREE if port is None else str(port))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, NONE_FREE if port is None else str(port))
     else:
         port = _read(path, timeout_s, env)
     if port is None:
@@ -81,16 +81,6 @@ def _bindable(port: int) -> bool:
                 if err.errno != errno.EADDRNOTAVAIL:  # IPv6 switched off: IPv4 decides
                     raise
     return True
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
 
 
 def _read(path: Path, timeout_s: float, env: RankEnv) -> Optional[int]:

@@ -50,13 +50,6 @@ class StepSums:
                 packed[index] = value
         return packed
 
-    @classmethod
-    def of_one_rank(cls, stats: Sequence[Value] = (), **values: Value) -> StepSums:
-        """The sums of a job with one rank: its own values, read directly (a tensor read is
-        ~2 us; packing and unpacking one tensor ~40 us, a tenth of a tiny model's step)."""
-        _checked_names(values)
-        return cls(**{k: float(v) for k, v in values.items()}, stats=tuple(map(float, stats)))
-
     @property
     def mean_loss(self) -> float:
         return self.loss_sum / max(self.num_samples, 1)
@@ -68,7 +61,6 @@ class StepSums:
         names = _field_names()
         named = dict(zip(names, values[: len(names)], strict=True))
         return cls(**named, stats=tuple(values[len(names) :]))
-
 
 
 def _checked_names(values: Mapping[str, Value]) -> tuple[str, ...]:

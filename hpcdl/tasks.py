@@ -49,8 +49,20 @@ class BatchStats:
 
 class Task:
     name: str = ""
+    # True: batch_loss leaves `stats` out and stats_of(outputs, targets) gives them, the same
+    # sums for any grouping of batches (integer counts), so the trainer may count them a
+    # chunk of steps at a time (hpcdl.deferred_stats) instead of a few tiny ops every step.
+    defers_stats: bool = False
 
     def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
+        raise NotImplementedError
+
+    def batch_loss(self, model: nn.Module, batch: Any) -> BatchStats:
+        """batch_stats without `stats` (defers_stats tasks only)."""
+        raise NotImplementedError
+
+    def stats_of(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The statistics of batches from their outputs and targets (defers_stats tasks only)."""
         raise NotImplementedError
 
     @property
@@ -69,8 +81,15 @@ class Task:
 
 class ClassificationTask(Task):
     name = "classification"
+    defers_stats = True
 
     def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
+        out = self.batch_loss(model, batch)
+        assert out.outputs is not None and out.targets is not None
+        out.stats.update(self.stats_of(out.outputs, out.targets))
+        return out
+
+    def batch_loss(self, model: nn.Module, batch: Any) -> BatchStats:
         x, labels = input_and_target(batch)
         y = class_indices(labels)
         logits = model(x)
@@ -89,8 +108,10 @@ class ClassificationTask(Task):
                 "labels must be class indices below the model's number of outputs "
                 "(data.num_classes)"
             ) from None
-        correct = (logits.argmax(1) == y).sum()  # argmax records no graph: no detach needed
-        return BatchStats(loss_sum, int(y.shape[0]), {"correct": correct}, logits, y)
+        return BatchStats(loss_sum, int(y.shape[0]), {}, logits, y)
+
+    def stats_of(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"correct": (outputs.argmax(1) == targets).sum()}  # argmax records no graph
 
     @property
     def stat_names(self) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from hpcdl.config.schema import Config, Mode, Precision
 from hpcdl.data.feed import Feed, TrainBatch
 from hpcdl.data.loader import channels_last_inputs
 from hpcdl.data.sharding import EpochSharder
+from hpcdl.deferred_stats import DeferredStats
 from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.env import RankEnv
 from hpcdl.errors import HpcdlError, RunDirError
@@ -42,7 +43,7 @@ from hpcdl.step_sync import (
     send_to_host,
     skip_on_device,
 )
-from hpcdl.tasks import ClassificationTask, RegressionTask, Task, check_monitor
+from hpcdl.tasks import BatchStats, ClassificationTask, RegressionTask, Task, check_monitor
 from hpcdl.telemetry import Telemetry
 from hpcdl.trackers.base import Logger, NullLogger
 from hpcdl.watchdog import Watchdog
@@ -137,6 +138,12 @@ class Trainer:
         self._last_loss = float("nan")  # the latest step's mean loss read on the host
         self._unlogged: list[tuple[int, float]] = []  # (step, loss) not yet sent to the tracker
         self._loss_gradients: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+        # One rank reading each step's sums at once: the task's statistics (classification's
+        # correct predictions) are counted a chunk of steps at a time (hpcdl.deferred_stats).
+        task = parts.task
+        defer = task.defers_stats and env.world_size == 1 and not self.lagged
+        self._deferred = DeferredStats(task.stats_of) if defer else None
+        self._task_step = task.batch_loss if defer else task.batch_stats  # (model, batch)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> FitResult:
@@ -231,7 +238,7 @@ class Trainer:
             batch = channels_last_inputs(batch)
         p.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
-            out = p.task.batch_stats(p.model, batch)
+            out = self._task_step(p.model, batch)
         # Sum over this rank's samples / global batch * world: DDP's gradient averaging then
         # gives exactly the gradient of the global batch mean, even for a short last batch.
         scale = self.env.world_size / global_count
@@ -242,16 +249,11 @@ class Trainer:
         if not self._monitor_checked:
             self._check_monitor()
 
-        stop_local, eval_local, save_local = self._local_flags()
-        stats: list[Value] = [out.stats[name] for name in p.task.stat_names]
-        mine: dict[str, Value] = {
-            "loss_sum": out.loss_sum.detach(),  # copied into the float64 sums
-            "num_samples": float(out.num_samples),
-            "num_stop": stop_local,
-            "eval_due": eval_local,
-            "save_due": save_local,
-        }
-        ready = self._lagged_step(stats, mine) if self.lagged else [self._eager_step(stats, mine)]
+        local_flags = self._local_flags()
+        if self.env.world_size == 1 and not self.lagged:
+            ready = [self._one_rank_step(out, local_flags)]
+        else:
+            ready = self._exchange(out, local_flags)
         pr.global_step += 1
         pr.step_in_epoch += 1
         flags = self._account(ready)
@@ -263,13 +265,44 @@ class Trainer:
         flags["save_due"] = flags["save_due"] or self._save_due_by_steps()
         return flags
 
-    def _eager_step(self, stats: list[Value], mine: dict[str, Value]) -> tuple[int, StepSums]:
-        """Read the step's sums on the host now, then step (or skip a non-finite one)."""
-        p = self.p
-        if self.env.world_size == 1:
-            sums = StepSums.of_one_rank(stats, **mine)
+    def _one_rank_step(
+        self, out: BatchStats, local_flags: tuple[float, float, float]
+    ) -> tuple[int, StepSums]:
+        """One rank, eager: its own sums read now (a tensor read is ~0.2 us on a CPU; packing
+        them into one tensor costs tens), then step, or skip a non-finite one. The task's
+        statistics of a taken step are deferred where the task allows it."""
+        deferred = self._deferred
+        names = () if deferred is not None else self.p.task.stat_names
+        stats = tuple(float(out.stats[name]) for name in names)
+        sums = StepSums(float(out.loss_sum.detach()), float(out.num_samples), *local_flags, stats)
+        if sums.nonfinite:
+            self.p.optimizer.zero_grad(set_to_none=True)
         else:
-            sums = StepSums.unpack(all_reduce_sum(StepSums.pack(p.device, stats, **mine)))
+            self._optimizer_step()
+            if deferred is not None:
+                self._defer_stats(out)
+        return self.progress.global_step + 1, sums
+
+    def _exchange(
+        self, out: BatchStats, local_flags: tuple[float, float, float]
+    ) -> list[tuple[int, StepSums]]:
+        """Several ranks, or lagged sync: the sums and flags go through one all-reduce."""
+        stop_local, eval_local, save_local = local_flags
+        stats: list[Value] = [out.stats[name] for name in self.p.task.stat_names]
+        mine: dict[str, Value] = {
+            "loss_sum": out.loss_sum.detach(),  # copied into the float64 sums
+            "num_samples": float(out.num_samples),
+            "num_stop": stop_local,
+            "eval_due": eval_local,
+            "save_due": save_local,
+        }
+        return self._lagged_step(stats, mine) if self.lagged else [self._eager_step(stats, mine)]
+
+    def _eager_step(self, stats: list[Value], mine: dict[str, Value]) -> tuple[int, StepSums]:
+        """Read the step's all-reduced sums on the host now, then step (or skip a non-finite
+        one)."""
+        p = self.p
+        sums = StepSums.unpack(all_reduce_sum(StepSums.pack(p.device, stats, **mine)))
         if sums.nonfinite:
             p.optimizer.zero_grad(set_to_none=True)
         else:
@@ -318,8 +351,9 @@ class Trainer:
                 pr.num_bad_steps_in_row = 0
                 pr.epoch_loss_sum += sums.loss_sum
                 pr.epoch_count += sums.num_samples
-                for name, value in zip(self.p.task.stat_names, sums.stats, strict=True):
-                    pr.epoch_stats[name] = pr.epoch_stats.get(name, 0.0) + value
+                if sums.stats:  # none: deferred (_count_deferred)
+                    for name, value in zip(self.p.task.stat_names, sums.stats, strict=True):
+                        pr.epoch_stats[name] = pr.epoch_stats.get(name, 0.0) + value
             pr.num_samples_seen += int(sums.num_samples)
             self._last_loss = sums.mean_loss
             self._unlogged.append((step, self._last_loss))
@@ -327,6 +361,20 @@ class Trainer:
             flags["eval_due"] = flags["eval_due"] or sums.eval_due > 0
             flags["save_due"] = flags["save_due"] or sums.save_due > 0
         return flags
+
+    def _defer_stats(self, out: BatchStats) -> None:
+        assert self._deferred is not None and out.outputs is not None and out.targets is not None
+        self._deferred.add(out.outputs, out.targets)
+        if self._deferred.full:
+            self._count_deferred()
+
+    def _count_deferred(self) -> None:
+        """The deferred statistics into the epoch's sums: before anything reads or saves them."""
+        if self._deferred is None:
+            return
+        pr = self.progress
+        for name, value in self._deferred.take().items():
+            pr.epoch_stats[name] = pr.epoch_stats.get(name, 0.0) + value
 
     def _loss_gradient(self, scale: float, loss: torch.Tensor) -> torch.Tensor:
         """d(loss_sum * scale)/d(loss_sum) as a tensor like the loss, made once per value (a
@@ -352,6 +400,7 @@ class Trainer:
 
     def train_metrics(self) -> dict[str, float]:
         """This epoch's training metrics so far, from the running sums."""
+        self._count_deferred()
         pr = self.progress
         stats = {name: pr.epoch_stats.get(name, 0.0) for name in self.p.task.stat_names}
         return self.p.task.metrics(stats, pr.epoch_count)
@@ -489,6 +538,7 @@ class Trainer:
         pr = self.progress
         if self._in_flight is not None:  # (the loop has settled already: a safeguard)
             self._settle()
+        self._count_deferred()
         self._log_to_tracker()
         epoch_done = pr.step_in_epoch >= self.p.sharder.num_steps_per_epoch
         if not epoch_done and not self.max_steps_reached():
@@ -540,6 +590,7 @@ class Trainer:
         self._beat("checkpoint")  # a large save gets its own allowance
         if self._in_flight is not None:  # the loop settles first; a checkpoint holds all sums
             self._settle()
+        self._count_deferred()
         rng_states = all_gather_objects(capture_rng_state())
         self._last_save = time.monotonic()
         step = self.progress.global_step

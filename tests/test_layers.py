@@ -37,6 +37,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.plots",
         "hpcdl.hooks",
         "hpcdl.step_sums",
+        "hpcdl.deferred_stats",
         "hpcdl.progress",
         "hpcdl.telemetry",
         "hpcdl.dist",

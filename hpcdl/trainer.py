@@ -477,11 +477,15 @@ class Trainer:
 
     def _log_to_tracker(self) -> None:
         """The tracker's rows of the steps read since the last call (with lagged sync, a
-        step's row is written one step later), after the step hooks have run."""
-        lr = self.p.optimizer.param_groups[0]["lr"]
+        step's row is written one step later), after the step hooks have run. Trackers keep
+        every trainer.log_every_steps-th step only: the others are not sent."""
+        every = self.t.log_every_steps
         for step, loss in self._unlogged:
+            if step % every:
+                continue
+            lr = self.p.optimizer.param_groups[0]["lr"]
             values: dict[str, float] = {"train_loss": loss, "lr": lr}
-            if self.p.telemetry is not None and step % self.t.log_every_steps == 0:
+            if self.p.telemetry is not None:
                 sample = self.p.telemetry.sample(step)  # step time, GPU figures: to the tracker too
                 values.update({k: v for k, v in sample.items() if k not in ("time", "global_step")})
             self.p.logger.log_step(step, values)

@@ -29,8 +29,10 @@ def test_chunked_counts_equal_the_per_batch_counts() -> None:
         for n in (32, 32, 7)
     ]
     per_batch = sum(float(task.stats_of(x, y)["correct"]) for x, y in batches)
-    for max_elements in (1, 64 * 5, 10**9):  # a take every step, every other step, at the end
-        deferred = DeferredStats(task.stats_of, max_elements)
+    # 32 x 5 fp32 logits and 32 int64 labels: 896 bytes a full batch. A take every step,
+    # every other step, at the end.
+    for max_bytes in (1, 1500, 10**9):
+        deferred = DeferredStats(task.stats_of, max_bytes)
         counted = 0.0
         for x, y in batches:
             deferred.add(x, y)
@@ -53,9 +55,18 @@ def test_kept_outputs_hold_no_graph_and_bf16_logits_count_as_in_the_step() -> No
 
 
 def test_the_bound_is_read_when_the_trainer_starts(monkeypatch) -> None:
-    monkeypatch.setattr(hpcdl.deferred_stats, "MAX_PENDING_ELEMENTS", 10)
+    monkeypatch.setattr(hpcdl.deferred_stats, "MAX_PENDING_BYTES", 100)
     deferred = DeferredStats(ClassificationTask().stats_of)
+    deferred.add(torch.zeros(2, 5), torch.zeros(2, dtype=torch.long))  # 56 bytes
+    assert not deferred.full
     deferred.add(torch.zeros(2, 5), torch.zeros(2, dtype=torch.long))
+    assert deferred.full
+
+
+def test_logits_sliced_from_a_wider_output_count_all_they_keep_alive() -> None:
+    wide = torch.zeros(32, 4096)  # 512 KiB; the task sees its first 10 columns
+    deferred = DeferredStats(ClassificationTask().stats_of, max_bytes=256 << 10)
+    deferred.add(wide[:, :10], torch.zeros(32, dtype=torch.long))
     assert deferred.full
 
 
@@ -94,7 +105,8 @@ def test_deferred_counts_are_the_per_step_counts_in_rows_and_mid_epoch_checkpoin
     assert mid_epoch and all(sums[s]["epoch_stats"]["correct"] > 0 for s in mid_epoch)
     assert "train_accuracy" in rows[0]
     assert record(train_in_process(tmp_path / "deferred")) == reference
-    monkeypatch.setattr(hpcdl.deferred_stats, "MAX_PENDING_ELEMENTS", 64 * 3)  # every 3 steps
+    # 32 x 2 fp32 logits and 32 int64 labels: 512 bytes a full batch; a take every 3 steps.
+    monkeypatch.setattr(hpcdl.deferred_stats, "MAX_PENDING_BYTES", 3 * 512)
     assert record(train_in_process(tmp_path / "small_chunks")) == reference
 
 

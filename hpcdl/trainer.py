@@ -275,12 +275,8 @@ class Trainer:
         names = () if deferred is not None else self.p.task.stat_names
         stats = tuple(float(out.stats[name]) for name in names)
         sums = StepSums(float(out.loss_sum.detach()), float(out.num_samples), *local_flags, stats)
-        if sums.nonfinite:
-            self.p.optimizer.zero_grad(set_to_none=True)
-        else:
-            self._optimizer_step()
-            if deferred is not None:
-                self._defer_stats(out)
+        if self._step_unless_nonfinite(sums) and deferred is not None:
+            self._defer_stats(out)
         return self.progress.global_step + 1, sums
 
     def _exchange(
@@ -301,13 +297,18 @@ class Trainer:
     def _eager_step(self, stats: list[Value], mine: dict[str, Value]) -> tuple[int, StepSums]:
         """Read the step's all-reduced sums on the host now, then step (or skip a non-finite
         one)."""
-        p = self.p
-        sums = StepSums.unpack(all_reduce_sum(StepSums.pack(p.device, stats, **mine)))
-        if sums.nonfinite:
-            p.optimizer.zero_grad(set_to_none=True)
-        else:
-            self._optimizer_step()
+        sums = StepSums.unpack(all_reduce_sum(StepSums.pack(self.p.device, stats, **mine)))
+        self._step_unless_nonfinite(sums)
         return self.progress.global_step + 1, sums
+
+    def _step_unless_nonfinite(self, sums: StepSums) -> bool:
+        """The optimizer step, or its skip (gradients dropped) when some rank's loss was not
+        finite; whether it stepped."""
+        if sums.nonfinite:
+            self.p.optimizer.zero_grad(set_to_none=True)
+            return False
+        self._optimizer_step()
+        return True
 
     def _lagged_step(self, stats: list[Value], mine: dict[str, Value]) -> list[tuple[int, StepSums]]:
         """Step with the skip decided on the device, send this step's sums on their way and

@@ -73,8 +73,7 @@ def build_optimizer(cfg: Any, params: ParamsT, fused: bool = False) -> torch.opt
             weight_decay=cfg.weight_decay,
             **kernel,
         )
-        if fused and cfg.momentum:
-            _zero_momentum_buffers(sgd)
+        zero_missing_momentum_buffers(sgd)
         return sgd
     if isinstance(cfg, RmspropConfig):
         return torch.optim.RMSprop(
@@ -91,15 +90,44 @@ def build_optimizer(cfg: Any, params: ParamsT, fused: bool = False) -> torch.opt
     )
 
 
-def _zero_momentum_buffers(sgd: torch.optim.SGD) -> None:
+def zero_missing_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
     """torch's fused SGD makes its momentum buffers with empty_like on its first step and
     fills them in the kernel, which a step skipped on the device (GradScaler's overflow skip
     in fp16, trainer.lagged_sync's non-finite skip) does not run: the next step would apply
     whatever that memory held. Zeros from the start make the first step's buffer
-    momentum * 0 + grad, the gradient torch would have copied there (no dampening here)."""
-    for group in sgd.param_groups:
+    momentum * 0 + grad, the gradient torch would have copied there (no dampening here).
+    Buffers already there (a restored state) are kept; other optimizers are left alone."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return
+    for group in optimizer.param_groups:
+        if not (group.get("fused") and group["momentum"]):
+            continue
         for param in group["params"]:
-            sgd.state[param]["momentum_buffer"] = torch.zeros_like(param)
+            state = optimizer.state[param]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(param)
+
+
+# What torch's load_state_dict would take from the saved param groups, and which step runs.
+KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """A checkpoint's optimizer state into ``optimizer``, which keeps its own kernel choice.
+
+    torch takes every param-group key but the params from the saved groups, ``fused`` and
+    ``foreach`` included: a state saved by the plain step (a CPU run, optim.fused=false)
+    would turn off the fused step built here, and trainer.lagged_sync's or fp16's skip on
+    the device would then fail in torch's plain step ("Expected grad_scale and found_inf to
+    be None"). The saved hyperparameters (lr, momentum, ...) are loaded as torch loads them;
+    Adam's step counts go where this optimizer's kernel keeps them. A fused SGD then gets
+    zeros for the momentum buffers the saved state lacks (saved before any step)."""
+    live, groups = optimizer.param_groups, saved.get("param_groups")
+    if isinstance(groups, list) and len(groups) == len(live):  # else torch's own error
+        mine = [{key: group[key] for key in KERNEL_KEYS if key in group} for group in live]
+        saved = {**saved, "param_groups": [{**g, **m} for g, m in zip(groups, mine, strict=True)]}
+    optimizer.load_state_dict(saved)
+    zero_missing_momentum_buffers(optimizer)
 
 
 def match_parameter_layout(optimizer: torch.optim.Optimizer) -> None:

@@ -30,7 +30,7 @@ from hpcdl.env import RankEnv
 from hpcdl.errors import HpcdlError, RunDirError
 from hpcdl.evaluation import EvalResult, evaluate
 from hpcdl.hooks import StepEvent, StepHook
-from hpcdl.optim import StepSchedule, match_parameter_layout
+from hpcdl.optim import StepSchedule, load_optimizer_state, match_parameter_layout
 from hpcdl.progress import ProgressReporter
 from hpcdl.provenance import collect_versions, weights_sha256
 from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT, MetricsLog
@@ -627,7 +627,7 @@ class Trainer:
         path, state = found
         p = self.p
         p.raw_model.load_state_dict(state["model"])
-        p.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(p.optimizer, state["optimizer"])
         # On the CPU the optimizer keeps the loaded tensors themselves, mapped from the file:
         # copied, so that the file's purge frees its space (no .nfs file holds on to it).
         unmap(p.optimizer.state)

@@ -88,6 +88,43 @@ def test_lagged_sync_stops_with_the_same_error_after_max_bad_steps(tmp_path, cap
     assert error.findall(lagged.err + lagged.out) == error.findall(eager.err + eager.out) != []
 
 
+@pytest.mark.parametrize("optim", [["optim=sgd", "optim.momentum=0.9"], ["optim=adam"]])
+def test_a_state_saved_by_the_plain_step_resumes_with_the_fused_one(tmp_path, capsys, optim) -> None:
+    """A run saved by the plain (non-fused) step, e.g. on the CPU, resumed where the fused
+    step and its on-device skip are used (a GPU node; here trainer.lagged_sync=true). torch
+    would load the saved groups' fused=False and its plain step would refuse the skip's
+    found_inf; the resumed run keeps the fused step, skips the same NaN batches, and its
+    checkpoints say fused. The other way round the plain step stays plain."""
+    from hpcdl.checkpoint import CheckpointStore
+    from hpcdl.cli.main import main
+
+    def resume(run: Path, *overrides: str) -> None:
+        code = main(["resume", str(run), *overrides, "trainer.max_steps=null"])
+        out = capsys.readouterr()
+        assert code == 0, out.err + out.out
+
+    def fused_groups(run: Path) -> list[bool]:
+        found = CheckpointStore(run / "checkpoints").load_latest()
+        assert found is not None
+        return [bool(group.get("fused")) for group in found[1]["optimizer"]["param_groups"]]
+
+    whole = tmp_path / "whole"
+    train_here(whole, [*optim, *EAGER], capsys)
+    plain = tmp_path / "plain"
+    train_here(plain, [*optim, "optim.fused=false", "trainer.lagged_sync=false", "trainer.max_steps=3"], capsys)
+    assert fused_groups(plain) == [False]
+    resume(plain, "optim.fused=auto", "trainer.lagged_sync=true")
+    assert fused_groups(plain) == [True]
+    assert summary(plain)["steps"] == 24
+    assert summary(plain)["num_skipped_steps"] == summary(whole)["num_skipped_steps"]
+
+    fused = tmp_path / "fused"
+    train_here(fused, [*optim, *EAGER, "trainer.max_steps=3"], capsys)
+    assert fused_groups(fused) == [True]
+    resume(fused, "optim.fused=false")
+    assert fused_groups(fused) == [False]
+
+
 @pytest.mark.slow
 def test_two_ranks_act_on_a_signal_one_step_later_together_and_resume_exactly(hpcdl, tmp_path):
     """SIGTERM after step 7 on both ranks: step 8's sums carry the stop (the eager mode

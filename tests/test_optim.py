@@ -358,6 +358,43 @@ def test_zero_momentum_buffers_give_torchs_own_first_step_bit_for_bit() -> None:
     assert torch.equal(ends[0], ends[1])
 
 
+def test_a_plain_state_loads_into_a_fused_sgd_with_zero_buffers_and_its_skip() -> None:
+    """load_optimizer_state keeps the live optimizer's kernel (torch would take the saved
+    group's fused=False) and gives a fused SGD the momentum buffers a state saved before
+    any step lacks: a first step skipped on the device then leaves zeros, not memory."""
+    from hpcdl.optim import load_optimizer_state
+
+    param = torch.nn.Parameter(torch.ones(4))
+    saved = build_optimizer(SgdConfig(), [param]).state_dict()  # plain, no step yet
+    assert saved["state"] == {} and saved["param_groups"][0]["fused"] is None
+    fused = build_optimizer(SgdConfig(), [param], fused=True)
+    load_optimizer_state(fused, saved)
+    assert fused.param_groups[0]["fused"] is True
+    assert torch.equal(fused.state[param]["momentum_buffer"], torch.zeros(4))
+    param.grad = torch.full((4,), 2.0)
+    fused.grad_scale, fused.found_inf = None, torch.ones(())  # type: ignore[attr-defined]
+    fused.step()  # skipped on the device: nothing changes, and no error
+    assert torch.equal(param.detach(), torch.ones(4))
+    fused.found_inf = torch.zeros(())  # type: ignore[attr-defined]
+    fused.step()
+    assert torch.equal(param.detach(), torch.ones(4) - 0.01 * 2.0)
+
+
+def test_a_fused_state_loads_into_a_plain_optimizer_as_plain() -> None:
+    from hpcdl.optim import load_optimizer_state
+
+    param = torch.nn.Parameter(torch.ones(4))
+    fused = build_optimizer(AdamConfig(), [param], fused=True)
+    param.grad = torch.ones(4)
+    fused.step()
+    plain = build_optimizer(AdamConfig(), [param])
+    load_optimizer_state(plain, fused.state_dict())
+    assert not plain.param_groups[0]["fused"]
+    assert plain.state[param]["step"].item() == 1.0
+    plain.step()
+    assert plain.state[param]["step"].item() == 2.0
+
+
 def test_restored_state_takes_its_parameters_layout() -> None:
     """A checkpoint saved without channels_last resumed with it: each state tensor gets its
     parameter's strides (torch's fused CUDA steps refuse others), with the same values."""

@@ -131,6 +131,15 @@ def test_local_cluster_ranks() -> None:
     assert cfg.world_size == 3
 
 
+def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
+    """Two ranks on one GPU: NCCL refuses them (refused above); on the CPU, and for a
+    script's own launch, the GPUs are not hpcdl's to hand out."""
+    cfg = compose_config(["cluster=local", "cluster.gpus_per_node=1", "trainer.device=cpu"])
+    assert cfg.world_size == 2
+    cfg = compose_config(["cluster=rivanna_a100", "cluster.gpus_per_node=4"])
+    assert cfg.world_size == 4
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -154,6 +163,14 @@ def test_local_cluster_ranks() -> None:
         ),
         (["trainer.precision=fp8"], "trainer.precision"),
         (["cluster.tasks_per_node=2"], "cluster=debug runs one rank in-process"),
+        (
+            ["cluster=rivanna_a100", "cluster.gpus_per_node=2", "cluster.tasks_per_node=4"],
+            "cluster.tasks_per_node=4: more ranks than cluster.gpus_per_node=2",
+        ),
+        (
+            ["cluster=local", "cluster.gpus_per_node=1"],
+            "each rank needs a GPU of its own; set cluster.tasks_per_node=1",
+        ),
         (["data.fold=3", "data.num_folds=3"], "data.fold=3: must be in [0, data.num_folds=3)"),
         (["trainer.early_stopping.monitor=acc"], "trainer.early_stopping.monitor='acc'"),
     ],

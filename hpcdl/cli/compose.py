@@ -10,7 +10,7 @@ import copy
 import os
 import re
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -169,8 +169,15 @@ def hydra_message(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def compose_config(overrides: list[str], config_dirs: Optional[list[str]] = None) -> schema.Config:
+def compose_config(
+    overrides: list[str],
+    config_dirs: Optional[list[str]] = None,
+    script: Optional[schema.ScriptConfig] = None,
+) -> schema.Config:
+    """The typed, validated config; ``script``: `hpcdl run`'s program, validated with it."""
     config = _typed_config(compose(overrides, config_dirs), overrides)
+    if script is not None:
+        config = replace(config, script=script)
     validate(config)
     return config
 

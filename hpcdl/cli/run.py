@@ -32,7 +32,7 @@ def run_program(args: argparse.Namespace) -> int:
     from hpcdl.runlock import hold
 
     script, overrides = script_from(args.overrides, list(args.program))
-    cfg = replace(compose_config(overrides, args.config_dir), script=script)
+    cfg = compose_config(overrides, args.config_dir, script=script)
     check_script(script, cfg.cluster)
     if args.multirun:
         return launch_sweep(plan_program_sweep(cfg, args, overrides), args)

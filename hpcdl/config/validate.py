@@ -30,6 +30,7 @@ def validate(cfg: schema.Config) -> None:
     check_lagged_sync(cfg.trainer, cfg.optim)
     _check_monitor(cfg.trainer.early_stopping.monitor, cfg.task)
     _check_cluster(cfg.cluster)
+    _check_gpu_per_rank(cfg)
     _check_logger(cfg.logger, cfg.cluster)
     _check_model_fits_data(cfg.model, cfg.data)
     if cfg.init_from is not None and not Path(cfg.init_from).expanduser().exists():
@@ -406,6 +407,22 @@ def _check_cluster(c: schema.ClusterConfig) -> None:
         raise ConfigError(
             f"cluster.signal_delay_s={c.signal_delay_s}: must be shorter than "
             f"cluster.timeout_min={c.timeout_min} minutes"
+        )
+
+
+def _check_gpu_per_rank(cfg: schema.Config) -> None:
+    """hpcdl's ranks on GPUs take one each (local rank modulo the GPUs): more ranks on a node
+    than GPUs would put two on one GPU, which NCCL refuses at the job's start ("Duplicate
+    GPU detected"). A script (`hpcdl run`) picks its own backend and is left to it."""
+    c = cfg.cluster
+    ranks = schema.tasks_per_node(c)
+    if cfg.script is not None or cfg.trainer.device == schema.Device.cpu:
+        return
+    if 0 < c.gpus_per_node < ranks:
+        raise ConfigError(
+            f"cluster.tasks_per_node={ranks}: more ranks than cluster.gpus_per_node="
+            f"{c.gpus_per_node} on a node, and each rank needs a GPU of its own; set "
+            f"cluster.tasks_per_node={c.gpus_per_node} (or trainer.device=cpu)"
         )
 
 

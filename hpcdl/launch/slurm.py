@@ -18,6 +18,7 @@ from typing import Any, Optional
 from hpcdl.config.schema import (
     ClusterConfig,
     Config,
+    Device,
     Requeue,
     ScriptLauncher,
     slurm_tasks_per_node,
@@ -154,6 +155,7 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
             }
             for node in range(c.nodes)
         ]
+    gpus = 0 if cfg.trainer.device == Device.cpu else c.gpus_per_node
     rows = []
     for rank in range(c.nodes * per_node):
         node, local = divmod(rank, per_node)
@@ -165,8 +167,8 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
                 "NODE(SLURM_NODEID)": str(node),
                 "MASTER_ADDR": "<first host of SLURM_JOB_NODELIST>",
                 "MASTER_PORT": "15000 + SLURM_JOB_ID % 15000",
-                "BACKEND": "nccl" if c.gpus_per_node else "gloo",
-                "DEVICE": f"cuda:{local} of CUDA_VISIBLE_DEVICES" if c.gpus_per_node else "cpu",
+                "BACKEND": "nccl" if gpus else "gloo",
+                "DEVICE": f"cuda:{local % gpus} of CUDA_VISIBLE_DEVICES" if gpus else "cpu",
                 **{k: str(v) for k, v in c.env.items()},
             }
         )

@@ -835,7 +835,10 @@ def capture_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "cuda": [],
     }
-    if torch.cuda.is_available():
+    # Only where this process uses CUDA: reading the states would start CUDA (a context,
+    # ~0.5 GB of GPU memory, refused on exclusive-process GPUs) in a CPU run on a GPU node.
+    # A process that never started it drew no CUDA random numbers to restore.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 

@@ -657,6 +657,22 @@ def test_rng_restore_repeats_the_same_draws() -> None:
     assert draw_numbers() == first
 
 
+def test_a_process_that_never_started_cuda_does_not_start_it_for_the_rng(monkeypatch) -> None:
+    """A CPU run on a GPU node (CUDA available, never used): reading the CUDA generators
+    would create a CUDA context on every rank at its first save; there is nothing to keep."""
+
+    def started(*_: object) -> None:
+        raise AssertionError("the CUDA generators were read")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", started)
+    assert capture_rng_state()["cuda"] == []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(AssertionError, match="generators were read"):
+        capture_rng_state()
+
+
 def test_rng_state_survives_the_store_with_weights_only(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     store.save({"rng": [capture_rng_state()]}, 1)

@@ -35,10 +35,13 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if deterministic:
-        # cuBLAS needs this workspace setting for deterministic matmuls (CUDA docs).
+        # cuBLAS needs this workspace setting for deterministic matmuls (CUDA docs); it is
+        # read at the process's first cuBLAS call, so set it before any GPU work.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+    # Set either way: a run in a process where an earlier one was deterministic (the Python
+    # API, a notebook, a test session) would otherwise inherit the slower kernels.
+    torch.use_deterministic_algorithms(deterministic)
 
 
 def warm_start_checkpoint(ref: str) -> Path:

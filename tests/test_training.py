@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from hpcdl.threads import usable_cpus
 
@@ -152,3 +153,18 @@ def test_nccl_single_rank_local(hpcdl, tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr + out.stdout
     assert summary(tmp_path / "run")["versions"].get("gpu")
+
+
+def test_deterministic_mode_is_the_runs_own_setting() -> None:
+    """A run after a deterministic one in the same process (the Python API, a notebook, a
+    test session) does not inherit torch's deterministic mode."""
+    from hpcdl.build import seed_everything
+
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        seed_everything(0, True)
+        assert torch.are_deterministic_algorithms_enabled()
+        seed_everything(0, False)
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before)

@@ -22,7 +22,7 @@ from hpcdl.config.schema import Config, Precision
 from hpcdl.data.feed import TensorFeed, build_feed
 from hpcdl.errors import ConfigError
 from hpcdl.models import build_model
-from hpcdl.optim import build_optimizer
+from hpcdl.optim import build_optimizer, use_fused
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,9 @@ def time_steps(cfg: Config, device: torch.device, batch: int, steps: int, rounds
     torch.manual_seed(cfg.trainer.seed)
     x, y = feed.data.x_train.to(device), feed.data.y_train.to(device)
     model = build_model(cfg.model, feed.input_shape, feed.num_classes).to(device)
-    optimizer = build_optimizer(cfg.optim, model.parameters())
+    # The optimizer step the trainer would take here (fused on CUDA where the model allows).
+    fused = use_fused(cfg.optim, cfg.trainer.lagged_sync, device, model)
+    optimizer = build_optimizer(cfg.optim, model.parameters(), fused)
     dtype = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}.get(
         cfg.trainer.precision
     )

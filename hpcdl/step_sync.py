@@ -54,7 +54,7 @@ def send_to_host(step: int, reduced: torch.Tensor) -> InFlight:
     host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
     host.copy_(reduced, non_blocking=True)
     event = torch.cuda.Event()
-    event.record()
+    event.record(torch.cuda.current_stream(reduced.device))  # the copy's stream, whatever the current device
     return InFlight(step, host, event)
 
 

@@ -635,7 +635,13 @@ class Trainer:
         # parameter's layout: torch's fused CUDA steps refuse tensors whose strides differ.
         match_parameter_layout(p.optimizer)
         p.scheduler.load_state_dict(state["scheduler"])
-        p.scaler.load_state_dict(state["scaler"])
+        if p.scaler.is_enabled() and not state["scaler"]:  # saved in fp32 or bf16
+            p.reporter.message(
+                f"{path}: saved without trainer.precision=fp16; the fp16 loss scale starts "
+                "at its initial value"
+            )
+        else:
+            p.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_dict(state["progress"])
         rng = state["rng"]
         if len(rng) == self.env.world_size:

@@ -168,3 +168,20 @@ def test_deterministic_mode_is_the_runs_own_setting() -> None:
         assert not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize(("first", "then"), [("fp32", "fp16"), ("fp16", "bf16"), ("bf16", "fp16")])
+def test_a_run_resumes_in_another_precision(tmp_path: Path, capsys, first: str, then: str) -> None:
+    """Continuing a run in fp16 (on a GPU node, say) from a checkpoint saved in fp32 or
+    bf16, which holds no loss scale: the scaler starts afresh, with a message; the other
+    way, the saved scale is not needed."""
+    from hpcdl.cli.main import main
+
+    run = tmp_path / "run"
+    assert main(["train", f"run_dir={run}", "trainer.max_steps=5", f"trainer.precision={first}"]) == 0
+    capsys.readouterr()
+    assert main(["resume", str(run), "trainer.max_steps=20", f"trainer.precision={then}"]) == 0
+    out = capsys.readouterr()
+    fresh = "saved without trainer.precision=fp16; the fp16 loss scale starts at its initial value"
+    assert (fresh in out.out + out.err) == (first != "fp16" and then == "fp16")
+    assert summary(run)["steps"] == 20

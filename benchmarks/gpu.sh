@@ -2,7 +2,7 @@
 # bash benchmarks/gpu.sh      on a machine with NVIDIA GPUs, in one call (a GPU session):
 #   1. the gpu test tier: bf16, fp16 + GradScaler, compile, channels_last (and its resume
 #      with the fused step), NCCL with one rank and with one rank per visible GPU, CUDA RNG
-#      state in exact resume (pytest -m gpu);
+#      state in exact resume, a CPU run continued on the GPU (pytest -m gpu);
 #   2. hpcdl bench devices for the MLP and the CNN (the course's CPU-vs-GPU table);
 #   3. every benchmark of the suite on the GPU (python -m benchmarks.run --all);
 #   4. what lagged sync is worth: hpcdl bench overhead with trainer.lagged_sync on and off

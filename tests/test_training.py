@@ -123,6 +123,23 @@ def test_channels_last_resumes_on_the_gpu_with_the_fused_step(hpcdl, tmp_path: P
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_run_started_on_the_cpu_continues_on_the_gpu(hpcdl, tmp_path: Path, precision: str) -> None:
+    """The CPU's plain SGD state, resumed where the fused step, lagged sync's skip on the
+    device and (fp16) a fresh loss scale are used."""
+    base = ["model=cnn", "data=digits"]
+    out = hpcdl("train", "run_dir=run", *base, "trainer.device=cpu", "trainer.max_steps=5")
+    assert out.returncode == 0, out.stderr + out.stdout
+    out = hpcdl(
+        "resume", "run", "trainer.device=auto", f"trainer.precision={precision}",
+        "trainer.max_steps=null", "trainer.max_epochs=2",
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    s = summary(tmp_path / "run")
+    assert s["epochs"] == 2 and s["versions"].get("gpu")
+
+
+@pytest.mark.gpu
 def test_nccl_on_every_visible_gpu(hpcdl, tmp_path: Path) -> None:
     """One rank per visible GPU (on a one-GPU machine, one rank: as below, without fp16)."""
     import torch

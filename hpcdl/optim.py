@@ -22,7 +22,7 @@ from hpcdl.config.schema import (
     SgdConfig,
 )
 from hpcdl.config.validate import check_optim, check_schedule
-from hpcdl.errors import ConfigError
+from hpcdl.errors import CheckpointError, ConfigError
 
 ParamsT = Iterable[Any]  # tensors or param-group dicts, as torch.optim accepts
 
@@ -108,23 +108,55 @@ def zero_missing_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
                 state["momentum_buffer"] = torch.zeros_like(param)
 
 
-# What torch's load_state_dict would take from the saved param groups, and which step runs.
-KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
+# Keys of a param group that name its parameters; every other key is a setting.
+GROUP_PARAMS = ("params", "param_names")
+# The per-parameter state each optimizer family keeps (Adam and AdamW share theirs).
+STATE_KINDS = (("exp_avg", "adam"), ("square_avg", "rmsprop"), ("momentum_buffer", "sgd"))
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-    """A checkpoint's optimizer state into ``optimizer``, which keeps its own kernel choice.
+def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
+    """sgd, adam (Adam or AdamW: the same state), rmsprop, or the class name."""
+    for cls, kind in ((torch.optim.Adam, "adam"), (torch.optim.AdamW, "adam"),
+                      (torch.optim.RMSprop, "rmsprop"), (torch.optim.SGD, "sgd")):  # fmt: skip
+        if isinstance(optimizer, cls):
+            return kind
+    return type(optimizer).__name__
 
-    torch takes every param-group key but the params from the saved groups, ``fused`` and
-    ``foreach`` included: a state saved by the plain step (a CPU run, optim.fused=false)
-    would turn off the fused step built here, and trainer.lagged_sync's or fp16's skip on
-    the device would then fail in torch's plain step ("Expected grad_scale and found_inf to
-    be None"). The saved hyperparameters (lr, momentum, ...) are loaded as torch loads them;
-    Adam's step counts go where this optimizer's kernel keeps them. A fused SGD then gets
-    zeros for the momentum buffers the saved state lacks (saved before any step)."""
+
+def saved_kind(saved: dict[str, Any]) -> Optional[str]:
+    """The optimizer family whose per-parameter state ``saved`` holds; None if it holds none
+    (no step yet, or SGD without momentum)."""
+    for state in saved.get("state", {}).values():
+        for key, kind in STATE_KINDS:
+            if key in state:
+                return kind
+    return None
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], where: str) -> None:
+    """A checkpoint's per-parameter optimizer state (momentum buffers, Adam's moments and
+    step counts) into ``optimizer``, whose settings all stay as this run's config built them.
+
+    torch takes every param-group key but the params from the saved groups: the lr,
+    momentum, betas, weight decay of the run that saved it (a resume with optim.lr changed
+    would have gone on with the old one, while config.yaml showed the new), and ``fused`` /
+    ``foreach``: a state saved by the plain step (a CPU run, optim.fused=false) would turn off
+    the fused step built here, and trainer.lagged_sync's or fp16's skip on the device would
+    then fail in torch's plain step. For an unchanged config the settings are the saved ones.
+    A fused SGD then gets zeros for the momentum buffers a state saved before any step lacks.
+    A state of another optimizer family is refused (``where``: the checkpoint, for the
+    message)."""
+    live_kind, kind = optimizer_kind(optimizer), saved_kind(saved)
+    if kind is not None and kind != live_kind:
+        raise CheckpointError(
+            f"{where}: holds {kind} optimizer state, and this run's {type(optimizer).__name__} "
+            f"keeps {live_kind} state; "
+            f"resume with optim={kind}, or start a new run from these weights with "
+            f"init_from={where}"
+        )
     live, groups = optimizer.param_groups, saved.get("param_groups")
     if isinstance(groups, list) and len(groups) == len(live):  # else torch's own error
-        mine = [{key: group[key] for key in KERNEL_KEYS if key in group} for group in live]
+        mine = [{k: v for k, v in group.items() if k not in GROUP_PARAMS} for group in live]
         saved = {**saved, "param_groups": [{**g, **m} for g, m in zip(groups, mine, strict=True)]}
     optimizer.load_state_dict(saved)
     zero_missing_momentum_buffers(optimizer)
@@ -167,8 +199,9 @@ class StepSchedule:
     Why not LambdaLR itself: stepping it costs a tiny model's step several percent (its
     wrapper around ``optimizer.step``, its checks and lists), and ``schedule=none`` paid
     that too. A constant schedule here only counts the step. ``state_dict()`` has
-    LambdaLR's keys (checkpoints written with LambdaLR load here, and the other way round);
-    as with LambdaLR, the saved base lrs win over the optimizer's on resume.
+    LambdaLR's keys (checkpoints written with LambdaLR load here, and the other way round).
+    Unlike LambdaLR, the config's lrs win over the saved base lrs on resume: a run resumed
+    with optim.lr changed takes the new lr from its next step, on the same schedule.
     """
 
     def __init__(
@@ -220,8 +253,8 @@ class StepSchedule:
                 f"the saved schedule has {len(base_lrs)} param groups, the optimizer "
                 f"{len(self.optimizer.param_groups)}"
             )
-        self.base_lrs = base_lrs
         self.last_epoch = int(state["last_epoch"])
+        self._apply()  # this step's lr from the configured base lrs (the saved one, unchanged)
 
 
 def lr_multiplier(

@@ -27,7 +27,7 @@ from hpcdl.data.sharding import EpochSharder
 from hpcdl.deferred_stats import DeferredStats
 from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.env import RankEnv
-from hpcdl.errors import HpcdlError, RunDirError
+from hpcdl.errors import CheckpointError, HpcdlError, RunDirError
 from hpcdl.evaluation import EvalResult, evaluate
 from hpcdl.hooks import StepEvent, StepHook
 from hpcdl.optim import StepSchedule, load_optimizer_state, match_parameter_layout
@@ -626,8 +626,16 @@ class Trainer:
             return
         path, state = found
         p = self.p
-        p.raw_model.load_state_dict(state["model"])
-        load_optimizer_state(p.optimizer, state["optimizer"])
+        try:
+            p.raw_model.load_state_dict(state["model"])
+        except RuntimeError as exc:  # torch lists every mismatch, one line each
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
+            raise CheckpointError(
+                f"{path} does not fit this run's model ({lines[min(1, len(lines) - 1)]}); resume "
+                "with the model and data config it was saved with, or start a new run from "
+                f"the weights that fit with init_from={path}"
+            ) from None
+        load_optimizer_state(p.optimizer, state["optimizer"], str(path))
         # On the CPU the optimizer keeps the loaded tensors themselves, mapped from the file:
         # copied, so that the file's purge frees its space (no .nfs file holds on to it).
         unmap(p.optimizer.state)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -312,6 +313,48 @@ def test_resume_refuses_a_broken_model_override_before_saving_it(
         "error: model.target='mymod:broken': raised ValueError: no layer fits"
     ]
     assert {name: (run / name).read_text() for name in before} == before
+
+
+def test_resume_refuses_another_optimizer_before_saving_it(hpcdl, tmp_path: Path) -> None:
+    """A run's checkpoints hold SGD's momentum buffers: Adam cannot continue from them (the
+    job used to fail on its first step with KeyError: 'step'). Refused in one line,
+    config.yaml as it was; the job refuses a hand-edited config.yaml too."""
+    out = hpcdl("train", "run_dir=run", "trainer.max_epochs=1")
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "run"
+    before = (run / "config.yaml").read_text()
+    out = hpcdl("resume", "run", "optim=adam", "trainer.max_epochs=2")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"error: optim=adam: {run}'s checkpoints hold optim=sgd state, which adam cannot "
+        f"continue from; resume with optim=sgd, or start a new run from its weights: "
+        f"hpcdl train init_from={run} optim=adam"
+    ]
+    assert (run / "config.yaml").read_text() == before
+    edited = yaml.safe_load(before)  # optim switched by hand: the job refuses it
+    edited["optim"] = {"name": "adam", "lr": 0.001}
+    (run / "config.yaml").write_text(yaml.safe_dump(edited))
+    out = hpcdl("resume", "run", "trainer.max_epochs=2")
+    assert out.returncode != 0
+    assert "holds sgd optimizer state, and this run's Adam keeps adam state" in out.stderr
+
+
+def test_resume_with_another_lr_uses_it_and_another_model_is_one_line(
+    hpcdl, tmp_path: Path
+) -> None:
+    """The config is what runs: optim.lr changed on resume takes effect from the next step
+    (torch's load_state_dict would have restored the old lr). A model the checkpoint does
+    not fit is one line naming the checkpoint and what to do."""
+    out = hpcdl("train", "run_dir=run", "trainer.max_epochs=1")
+    assert out.returncode == 0, out.stderr
+    out = hpcdl("resume", "run", "optim.lr=0.003", "trainer.max_epochs=2")
+    assert out.returncode == 0, out.stderr
+    assert [row["lr"] for row in read_csv(tmp_path / "run" / "metrics.csv")] == ["0.01", "0.003"]
+    out = hpcdl("resume", "run", "model.hidden_sizes=[10]", "trainer.max_epochs=3")
+    assert out.returncode != 0
+    error = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "does not fit this run's model" in error[0], out.stderr
+    assert "resume with the model and data config it was saved with" in error[0]
 
 
 def test_slurm_profiles_leave_the_model_check_to_the_job(tmp_path: Path) -> None:

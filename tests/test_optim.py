@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -368,7 +368,7 @@ def test_a_plain_state_loads_into_a_fused_sgd_with_zero_buffers_and_its_skip() -
     saved = build_optimizer(SgdConfig(), [param]).state_dict()  # plain, no step yet
     assert saved["state"] == {} and saved["param_groups"][0]["fused"] is None
     fused = build_optimizer(SgdConfig(), [param], fused=True)
-    load_optimizer_state(fused, saved)
+    load_optimizer_state(fused, saved, "ckpt")
     assert fused.param_groups[0]["fused"] is True
     assert torch.equal(fused.state[param]["momentum_buffer"], torch.zeros(4))
     param.grad = torch.full((4,), 2.0)
@@ -388,11 +388,65 @@ def test_a_fused_state_loads_into_a_plain_optimizer_as_plain() -> None:
     param.grad = torch.ones(4)
     fused.step()
     plain = build_optimizer(AdamConfig(), [param])
-    load_optimizer_state(plain, fused.state_dict())
+    load_optimizer_state(plain, fused.state_dict(), "ckpt")
     assert not plain.param_groups[0]["fused"]
     assert plain.state[param]["step"].item() == 1.0
     plain.step()
     assert plain.state[param]["step"].item() == 2.0
+
+
+def test_a_resumed_optimizer_and_schedule_take_the_configs_settings() -> None:
+    """The saved per-parameter state, the config's settings: with the same config the lrs
+    go on exactly as uninterrupted; with optim.lr or momentum changed, the new values run
+    from the next step, on the same schedule (torch would have kept the saved ones)."""
+    from hpcdl.optim import load_optimizer_state
+
+    cfg = ScheduleConfig(name="cosine", warmup_steps=2)
+    total, per_epoch, stop_at = 20, 5, 7
+
+    def run(lr: float, momentum: float, saved: Optional[dict]) -> tuple[list[float], dict]:
+        param = torch.nn.Parameter(torch.ones(3))
+        opt = build_optimizer(SgdConfig(lr=lr, momentum=momentum), [param])
+        sched = build_scheduler(cfg, opt, total, per_epoch)
+        if saved is not None:
+            load_optimizer_state(opt, saved["optimizer"], "ckpt")
+            sched.load_state_dict(saved["scheduler"])
+        assert opt.param_groups[0]["momentum"] == momentum
+        used = []
+        for _ in range(stop_at if saved is None else total - stop_at):
+            used.append(opt.param_groups[0]["lr"])
+            param.grad = torch.ones(3)
+            opt.step()
+            sched.step()
+        return used, {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+
+    first, saved = run(0.1, 0.9, None)
+    assert first + run(0.1, 0.9, saved)[0] == lrs(cfg, total, per_epoch)  # LR: the same floats
+    opt = torch.optim.SGD(params(), lr=0.05)
+    at_005 = used_lrs(opt, build_scheduler(cfg, opt, total, per_epoch), total)
+    assert run(0.05, 0.5, saved)[0] == at_005[stop_at:]
+
+
+def test_another_optimizers_state_is_refused_in_one_line() -> None:
+    from hpcdl.errors import CheckpointError
+    from hpcdl.optim import load_optimizer_state
+
+    param = torch.nn.Parameter(torch.ones(3))
+    sgd = build_optimizer(SgdConfig(), [param])
+    param.grad = torch.ones(3)
+    sgd.step()
+    adam = build_optimizer(AdamConfig(), [param])
+    with pytest.raises(
+        CheckpointError, match=r"^ckpt: holds sgd optimizer state, and this run's Adam keeps adam"
+    ):
+        load_optimizer_state(adam, sgd.state_dict(), "ckpt")
+    adamw = build_optimizer(AdamWConfig(), [param])
+    adam.step()
+    load_optimizer_state(adamw, adam.state_dict(), "ckpt")  # the same state: allowed
+    assert adamw.param_groups[0]["weight_decay"] == AdamWConfig().weight_decay
+    plain = build_optimizer(SgdConfig(momentum=0.0), [param])
+    plain.step()  # no momentum: no state, nothing to refuse
+    load_optimizer_state(build_optimizer(AdamConfig(), [param]), plain.state_dict(), "ckpt")
 
 
 def test_restored_state_takes_its_parameters_layout() -> None:

@@ -472,6 +472,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         cfg = apply_overrides(cfg, args.overrides, args.config_dir)
         if (cfg.model, cfg.data, cfg.task) != (stored.model, stored.data, stored.task):
             probe_user_code(cfg)  # before the changed config is saved
+        refuse_another_optimizer(stored, cfg, run_dir)
     preflight(cfg, args.no_preflight)
     if not args.from_scratch:
         refuse_lost_checkpoints(run_dir)
@@ -482,6 +483,22 @@ def cmd_resume(args: argparse.Namespace) -> int:
         run_dir.record_command("resume")
         print(f"resuming run dir: {run_dir.path}", flush=True)
         return launch(cfg, run_dir)
+
+
+def refuse_another_optimizer(stored: Config, cfg: Config, run_dir: RunDir) -> None:
+    """A run's checkpoints hold its optimizer's state (momentum buffers, Adam's moments),
+    which another optimizer cannot continue from: refused before config.yaml changes (the
+    job refuses it too). Adam and AdamW keep the same state."""
+    family = {"adamw": "adam"}
+    before, after = stored.optim.name, cfg.optim.name
+    if family.get(before, before) == family.get(after, after):
+        return
+    if any(run_dir.checkpoint_dir.glob("step_*")):
+        raise HpcdlError(
+            f"optim={after}: {run_dir.path}'s checkpoints hold optim={before} state, which "
+            f"{after} cannot continue from; resume with optim={before}, or start a new run "
+            f"from its weights: hpcdl train init_from={run_dir.path} optim={after}"
+        )
 
 
 def refuse_lost_checkpoints(run_dir: RunDir) -> None:

@@ -133,7 +133,9 @@ def saved_kind(saved: dict[str, Any]) -> Optional[str]:
     return None
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], where: str) -> None:
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, saved: dict[str, Any], where: str
+) -> None:
     """A checkpoint's per-parameter optimizer state (momentum buffers, Adam's moments and
     step counts) into ``optimizer``, whose settings all stay as this run's config built them.
 
@@ -150,9 +152,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]
     if kind is not None and kind != live_kind:
         raise CheckpointError(
             f"{where}: holds {kind} optimizer state, and this run's {type(optimizer).__name__} "
-            f"keeps {live_kind} state; "
-            f"resume with optim={kind}, or start a new run from these weights with "
-            f"init_from={where}"
+            f"keeps {live_kind} state; resume with optim={kind}, or start a new run from these "
+            f"weights with init_from={where}"
         )
     live, groups = optimizer.param_groups, saved.get("param_groups")
     if isinstance(groups, list) and len(groups) == len(live):  # else torch's own error

@@ -54,7 +54,8 @@ def send_to_host(step: int, reduced: torch.Tensor) -> InFlight:
     host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
     host.copy_(reduced, non_blocking=True)
     event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(reduced.device))  # the copy's stream, whatever the current device
+    # On the copy's stream (the sums' GPU), whichever device is current.
+    event.record(torch.cuda.current_stream(reduced.device))
     return InFlight(step, host, event)
 
 

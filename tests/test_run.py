@@ -36,6 +36,47 @@ def test_expand_token() -> None:
     assert expand_token("plain") == ["plain"] and expand_token("{single}") == ["{single}"]
 
 
+SHOW_GPUS = """\
+import os
+path = os.path.join(os.environ["HPCDL_RUN_DIR"], "gpus-" + os.environ["RANK"])
+with open(path, "w") as f:
+    f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+"""
+
+
+@pytest.mark.parametrize(
+    ("shell", "gpus", "ranks_see"),
+    [
+        ("2,3", 2, "2,3"),  # an interactive allocation's, or a shared machine's choice
+        ("GPU-aa11,GPU-bb22,GPU-cc33", 1, "GPU-aa11"),  # UUIDs (MIG- ones alike)
+        (None, 2, "0,1"),  # none set: the machine's first, as submitit gives them
+    ],
+)
+def test_local_ranks_get_the_gpus_the_shell_shows(hpcdl, tmp_path: Path, shell, gpus, ranks_see):
+    """cluster=local hands the ranks the first cluster.gpus_per_node of the launching
+    shell's CUDA_VISIBLE_DEVICES (submitit's local executor would give them GPUs 0..n-1
+    of the machine, someone else's on a shared one). Seen by a script on each rank."""
+    (tmp_path / "show.py").write_text(SHOW_GPUS)
+    args = ["cluster=local", f"cluster.gpus_per_node={gpus}", "run_dir=run", "--"]
+    out = hpcdl("run", *args, "python", "show.py", env={"CUDA_VISIBLE_DEVICES": shell})
+    assert out.returncode == 0, out.stderr + out.stdout
+    seen = [(tmp_path / "run" / f"gpus-{rank}").read_text() for rank in (0, 1)]
+    assert seen == [ranks_see, ranks_see]
+
+
+def test_more_local_gpus_than_the_shell_shows_is_refused_before_anything(hpcdl, tmp_path):
+    out = hpcdl(
+        "train", "cluster=local", "cluster.gpus_per_node=2", "run_dir=run",
+        env={"CUDA_VISIBLE_DEVICES": "3"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr + out.stdout
+    assert out.stderr.strip().splitlines() == [
+        "error: cluster.gpus_per_node=2: CUDA_VISIBLE_DEVICES='3' shows 1 GPU(s); ask for at "
+        "most 1, or unset CUDA_VISIBLE_DEVICES to use the machine's first GPUs"
+    ]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_plain_ddp_script_on_two_local_ranks(hpcdl, tmp_path: Path) -> None:
     (tmp_path / "ddp.py").write_text(DDP_SCRIPT)

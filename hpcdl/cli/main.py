@@ -389,6 +389,10 @@ def rerun_failed(sweep_dir: Path) -> tuple[list[int], int]:
 def preflight(cfg: Config, skip: bool) -> None:
     from hpcdl.config.schema import Launcher
 
+    if cfg.cluster.launcher == Launcher.local:  # the GPUs this shell shows (no query)
+        from hpcdl.launch.local import local_gpus
+
+        local_gpus(cfg, os.environ)
     if cfg.cluster.launcher == Launcher.slurm and not skip:
         from hpcdl.launch.preflight import check
 

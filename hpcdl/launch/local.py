@@ -13,13 +13,16 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hpcdl.config.schema import Config, tasks_per_node
+from hpcdl.errors import HpcdlError
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from hpcdl.launch.diagnose import ERROR_LINE, root_cause
 from hpcdl.launch.logtail import copy_new
+from hpcdl.launch.rank_main import LOCAL_GPUS_VAR
 from hpcdl.rundir import RunDir
 
 # How often the foreground process polls the job and copies rank 0's log to the terminal.
@@ -30,6 +33,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def local_gpus(cfg: Config, environ: Mapping[str, str]) -> Optional[str]:
+    """The CUDA_VISIBLE_DEVICES of the ranks: the first cluster.gpus_per_node of the GPUs
+    the launching shell (or cluster.env) shows, as indices or GPU-/MIG- UUIDs, so a run on a
+    shared machine or an interactive allocation stays on the GPUs it was given; None
+    without a setting (the machine's first GPUs, as submitit's local executor gives them)."""
+    visible = cfg.cluster.env.get("CUDA_VISIBLE_DEVICES", environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible is None:
+        return None
+    wanted = cfg.cluster.gpus_per_node
+    entries = [entry.strip() for entry in str(visible).split(",") if entry.strip()]
+    if wanted > len(entries):
+        raise HpcdlError(
+            f"cluster.gpus_per_node={wanted}: CUDA_VISIBLE_DEVICES={visible!r} shows "
+            f"{len(entries)} GPU(s); ask for at most {len(entries)}, or unset "
+            "CUDA_VISIBLE_DEVICES to use the machine's first GPUs"
+        )
+    return ",".join(entries[:wanted])
 
 
 def run_local(cfg: Config, run_dir: RunDir) -> int:
@@ -57,6 +79,9 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
     os.environ.update(cfg.cluster.env)
+    gpus = local_gpus(cfg, os.environ)
+    if gpus is not None:
+        os.environ[LOCAL_GPUS_VAR] = gpus
     # The controller must not see the terminal's Ctrl-C: on SIGINT it kills ranks after 1 s,
     # which could cut a checkpoint save short. It inherits SIG_IGN; the ranks install their
     # own handlers, and we forward a SIGTERM to it ourselves.

@@ -23,6 +23,9 @@ import threading
 from typing import NoReturn, Optional
 
 USAGE = "usage: python -m hpcdl.launch.rank_main LOG_DIR"
+# cluster=local: the GPUs the ranks get, as the launching shell named them (submitit's local
+# executor would give them the machine's first ones, 0..gpus_per_node-1).
+LOCAL_GPUS_VAR = "HPCDL_LOCAL_CUDA_VISIBLE_DEVICES"
 
 
 def rank_command(python: str, folder: str) -> str:
@@ -63,6 +66,8 @@ def leave(code: int) -> NoReturn:
 def run(folder: str) -> NoReturn:
     from submitit.core.submission import process_job
 
+    if os.environ.get("SUBMITIT_EXECUTOR") == "local" and LOCAL_GPUS_VAR in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[LOCAL_GPUS_VAR]  # before CUDA starts
     try:
         process_job(folder)
     except SystemExit as stop:

@@ -21,6 +21,10 @@ class CheckpointError(HpcdlError):
     """A checkpoint is missing, corrupt, or does not match the model."""
 
 
+class DeviceMemoryError(HpcdlError):
+    """Training ran out of GPU (or CPU) memory; the message names what to lower."""
+
+
 class RunDirError(HpcdlError):
     """A run directory collides with an existing one or is not a run directory."""
 

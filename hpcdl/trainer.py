@@ -27,7 +27,7 @@ from hpcdl.data.sharding import EpochSharder
 from hpcdl.deferred_stats import DeferredStats
 from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.env import RankEnv
-from hpcdl.errors import CheckpointError, HpcdlError, RunDirError
+from hpcdl.errors import CheckpointError, DeviceMemoryError, HpcdlError, RunDirError
 from hpcdl.evaluation import EvalResult, evaluate
 from hpcdl.hooks import StepEvent, StepHook
 from hpcdl.optim import StepSchedule, load_optimizer_state, match_parameter_layout
@@ -149,10 +149,19 @@ class Trainer:
     def fit(self) -> FitResult:
         try:
             return self._fit()
-        except BaseException:
+        except BaseException as exc:
             self._wait_for_checkpoint_after_error()
             self.p.logger.close(failed=True)
-            raise
+            short = out_of_memory(exc)
+            if short is None:
+                raise
+            t = self.t
+            raise DeviceMemoryError(
+                f"out of {self.p.device.type} memory at global step {self.progress.global_step} "
+                f"(trainer.batch_size={t.batch_size}, trainer.precision={t.precision.value}): "
+                "lower trainer.batch_size, train in trainer.precision=bf16, or spread the batch "
+                f"over more GPUs (cluster.gpus_per_node); the checkpoints are intact ({short})"
+            ) from exc
 
     def _fit(self) -> FitResult:
         # The loaded state is dropped once restored: its tensors are mapped from the file.
@@ -746,6 +755,16 @@ class Trainer:
         self.p.store.wait()
         self.p.reporter.close()
         return FitResult(Outcome.completed, self.progress, None, path)
+
+
+def out_of_memory(exc: BaseException) -> Optional[str]:
+    """torch's own first words for running out of device (or host) memory; None for any
+    other error."""
+    text = str(exc)
+    if isinstance(exc, torch.OutOfMemoryError) or "DefaultCPUAllocator: can't allocate" in text:
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        return ". ".join(first.split(". ")[:2])[:200]  # "CUDA out of memory. Tried to allocate 2.00 GiB"
+    return None
 
 
 def lagged_sync(choice: str, device: torch.device, optimizer: torch.optim.Optimizer) -> bool:

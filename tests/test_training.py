@@ -124,15 +124,21 @@ def test_channels_last_resumes_on_the_gpu_with_the_fused_step(hpcdl, tmp_path: P
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_a_run_started_on_the_cpu_continues_on_the_gpu(hpcdl, tmp_path: Path, precision: str) -> None:
+def test_a_run_started_on_the_cpu_continues_on_the_gpu(
+    hpcdl, tmp_path: Path, precision: str
+) -> None:
     """The CPU's plain SGD state, resumed where the fused step, lagged sync's skip on the
     device and (fp16) a fresh loss scale are used."""
     base = ["model=cnn", "data=digits"]
     out = hpcdl("train", "run_dir=run", *base, "trainer.device=cpu", "trainer.max_steps=5")
     assert out.returncode == 0, out.stderr + out.stdout
     out = hpcdl(
-        "resume", "run", "trainer.device=auto", f"trainer.precision={precision}",
-        "trainer.max_steps=null", "trainer.max_epochs=2",
+        "resume",
+        "run",
+        "trainer.device=auto",
+        f"trainer.precision={precision}",
+        "trainer.max_steps=null",
+        "trainer.max_epochs=2",
     )
     assert out.returncode == 0, out.stderr + out.stdout
     s = summary(tmp_path / "run")
@@ -195,10 +201,45 @@ def test_a_run_resumes_in_another_precision(tmp_path: Path, capsys, first: str, 
     from hpcdl.cli.main import main
 
     run = tmp_path / "run"
-    assert main(["train", f"run_dir={run}", "trainer.max_steps=5", f"trainer.precision={first}"]) == 0
+    assert (
+        main(["train", f"run_dir={run}", "trainer.max_steps=5", f"trainer.precision={first}"]) == 0
+    )
     capsys.readouterr()
     assert main(["resume", str(run), "trainer.max_steps=20", f"trainer.precision={then}"]) == 0
     out = capsys.readouterr()
     fresh = "saved without trainer.precision=fp16; the fp16 loss scale starts at its initial value"
     assert (fresh in out.out + out.err) == (first != "fp16" and then == "fp16")
     assert summary(run)["steps"] == 20
+
+
+class RunsOutOfMemory(torch.nn.Module):
+    """A model whose third forward pass runs out of (GPU) memory, as torch reports it."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(input_shape[0], num_classes)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 3:
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                "79.10 GiB of which 1.02 GiB is free. Including non-PyTorch memory, ..."
+            )
+        return self.linear(x)
+
+
+def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path: Path, capsys) -> None:
+    from hpcdl.cli.main import main
+
+    args = ["train", f"run_dir={tmp_path / 'run'}", "model=custom"]
+    code = main([*args, "model.target=tests.test_training:RunsOutOfMemory"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [
+        "error: out of cpu memory at global step 2 (trainer.batch_size=32, trainer.precision=fp32): "
+        "lower trainer.batch_size, train in trainer.precision=bf16, or spread the batch over more "
+        "GPUs (cluster.gpus_per_node); the checkpoints are intact (CUDA out of memory. Tried to "
+        "allocate 2.00 GiB)"
+    ]

@@ -65,10 +65,19 @@ def process_group(
         timeout=timedelta(seconds=collective_timeout_s or timeout_s),
         **kwargs,
     )
+    failed = False
     try:
         yield
+    except Exception:
+        failed = True
+        raise
     finally:
-        dist.destroy_process_group()
+        # NCCL's teardown is collective: a rank that fails alone (out of memory, an error in
+        # rank 0's save) would wait in it, without limit and before its error is printed,
+        # for peers still in the step's collectives. Such a rank leaves without it
+        # (hpcdl.launch.rank_main prints the error and exits at once); gloo's is local.
+        if not (failed and backend == "nccl"):
+            dist.destroy_process_group()
 
 
 # A candidate port that a probe cannot connect to within this, or whose listener does not

@@ -11,12 +11,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_STALLED
+
+# A stalled rank's report (stacks, the attempt record, a requeue) gets this long before the
+# rank exits anyway.
+STALL_EXIT_S = 60.0
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
@@ -117,6 +122,24 @@ def _share_cpus(cfg: Config, env: RankEnv) -> None:
         torch.set_num_threads(threads)
 
 
+def requeue_after_stall(job_id: str, path: RunDir, max_requeues: int) -> str:
+    """cluster.requeue_on_stall, at most cluster.max_requeues times in a run: a stall that
+    comes back at the same place (a peer's repeatable error, with NCCL a waiting rank's
+    stall) would otherwise requeue, and idle the job's GPUs, without end."""
+    from hpcdl.requeue import requeue
+
+    def requeued(record: dict[str, Any]) -> bool:
+        action = str(record.get("action", ""))
+        return action.startswith("requeue") and not action.startswith("requeue failed")
+
+    done = 0
+    with contextlib.suppress(OSError):
+        done = sum(1 for a in path.read_attempts() if a.get("event") == "stall" and requeued(a))
+    if done >= max_requeues:
+        return f"not requeued: cluster.max_requeues={max_requeues} stall requeues reached"
+    return requeue(job_id, path)
+
+
 def stall_watchdog(cfg: Config, env: RankEnv, path: RunDir) -> Watchdog:
     """trainer.stall_timeout_s: a rank without progress dumps its stacks, records the
     stall in the run dir, maybe requeues the job (cluster.requeue_on_stall), and exits
@@ -124,6 +147,11 @@ def stall_watchdog(cfg: Config, env: RankEnv, path: RunDir) -> Watchdog:
     from hpcdl.watchdog import Watchdog, dump_stacks
 
     def on_stall(stall: Stall) -> None:
+        # What follows writes to the run dir, whose file system may be what hangs: the
+        # rank leaves within STALL_EXIT_S whatever happens.
+        backstop = threading.Timer(STALL_EXIT_S, os._exit, (EXIT_STALLED,))
+        backstop.daemon = True
+        backstop.start()
         dump_stacks(env.rank, stall)
         record = {
             "event": "stall",
@@ -133,9 +161,7 @@ def stall_watchdog(cfg: Config, env: RankEnv, path: RunDir) -> Watchdog:
             "seconds": round(stall.seconds, 1),
         }
         if cfg.cluster.requeue_on_stall and env.is_main and env.job_id:
-            from hpcdl.requeue import requeue
-
-            record["action"] = requeue(env.job_id, path)
+            record["action"] = requeue_after_stall(env.job_id, path, cfg.cluster.max_requeues)
         with contextlib.suppress(OSError):  # the run dir's file system may be what hangs
             path.append_attempt(record)
         sys.stdout.flush()

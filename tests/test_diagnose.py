@@ -119,3 +119,9 @@ def test_of_several_tasks_srun_saw_die_the_one_without_an_error_of_its_own_is_na
         3,
         "died of Segmentation fault on n2: Fatal Python error: Segmentation fault",
     )
+
+
+def test_ranks_are_read_in_rank_order_past_nine(tmp_path: Path) -> None:
+    """Rank 2's own error comes before rank 10's (the logs' names sort 10 first)."""
+    folder = logs(tmp_path, "5", {10: "ValueError: ten\n", 2: "ValueError: two\n"})
+    assert root_cause(folder, "5") == (2, "ValueError: two")

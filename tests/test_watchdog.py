@@ -100,3 +100,26 @@ def test_one_hanging_rank_of_two_ends_the_whole_local_job(tmp_path) -> None:
     assert (1, "training") in {(r["rank"], r["phase"]) for r in records}
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
     assert left.stdout.strip() == "", "orphaned rank processes"
+
+
+def test_requeue_on_stall_stops_after_max_requeues(tmp_path, monkeypatch) -> None:
+    """A stall that comes back at the same place (with NCCL, a rank waiting on a peer's
+    repeatable error) requeues at most cluster.max_requeues times; failed requeues do not
+    count."""
+    import hpcdl.requeue
+    from hpcdl.job import requeue_after_stall
+    from hpcdl.rundir import RunDir
+
+    asked: list[str] = []
+    monkeypatch.setattr(
+        hpcdl.requeue, "requeue", lambda job, path: (asked.append(job), "requeued")[1]
+    )
+    run = RunDir(tmp_path)
+    run.append_attempt({"event": "stall", "action": "requeue failed: no such job"})
+    for _ in range(2):
+        assert requeue_after_stall("7", run, max_requeues=2) == "requeued"
+        run.append_attempt({"event": "stall", "action": "requeued"})
+    assert requeue_after_stall("7", run, max_requeues=2) == (
+        "not requeued: cluster.max_requeues=2 stall requeues reached"
+    )
+    assert asked == ["7", "7"]

@@ -41,11 +41,11 @@ def rank_logs(log_dir: Path, job_id: str) -> dict[int, str]:
     submitit numbers tasks across the job)."""
     texts: dict[int, str] = {}
     prefix = f"{job_id}_"
-    for path in sorted(log_dir.glob(f"{job_id}_*_log.out")):
+    for path in log_dir.glob(f"{job_id}_*_log.out"):
         task = path.name[len(prefix) : -len("_log.out")]
         if task.isdigit():
             texts[int(task)] = path.read_text(errors="replace")
-    return texts
+    return dict(sorted(texts.items()))  # by rank: 2 before 10
 
 
 def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]]:

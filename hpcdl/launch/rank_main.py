@@ -9,7 +9,8 @@ marks a job whose ranks all finished their work FAILED (exit 6:0, "srun: error: 
 Aborted"). A rank whose job has returned has nothing left to do; once its result is
 pickled, its non-daemon threads have finished and its output is flushed, it exits with
 ``os._exit``. A ``sys.exit(n)`` from the job (a stop after a checkpoint, bad input) leaves
-the same way with n; an exception takes Python's normal way out (traceback, exit 1).
+the same way with n; an exception prints its traceback and leaves with 1 (with an NCCL
+process group the failing rank has not destroyed, the teardown could also wait on peers).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import shlex
 import sys
 import threading
+import traceback
 from typing import NoReturn, Optional
 
 USAGE = "usage: python -m hpcdl.launch.rank_main LOG_DIR"
@@ -72,6 +74,9 @@ def run(folder: str) -> NoReturn:
         process_job(folder)
     except SystemExit as stop:
         leave(exit_status(stop.code))
+    except Exception:  # as the interpreter would report it, then out without its teardown
+        traceback.print_exc()
+        leave(1)
     leave(0)
 
 

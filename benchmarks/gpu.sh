@@ -8,7 +8,8 @@
 #   4. what lagged sync is worth: hpcdl bench overhead with trainer.lagged_sync on and off
 #      (the same fused kernel both times), MLP and CNN (lagged.md).
 # bash benchmarks/gpu.sh tests devices   runs only the steps named (tests, devices, suite,
-# lagged), e.g. in two calls where one call's time limit is too short for all four;
+# lagged, and faults: benchmarks/gpu_faults.sh, what a failing GPU rank does, ~3-9 min, only
+# when named), e.g. in two calls where one call's time limit is too short for all four;
 # BENCHMARKS="overhead mfu" bash benchmarks/gpu.sh suite   runs only those benchmarks;
 # REPEATS=3 sets the suite's measured rounds (default 5). The suite's files are rewritten
 # after each benchmark: a call killed at its time limit keeps the benchmarks that finished.
@@ -20,7 +21,7 @@
 set -uo pipefail
 STEPS=" ${*:-tests devices suite lagged} "
 for name in $STEPS; do
-    case $name in tests|devices|suite|lagged) ;; *) echo "gpu.sh: no step '$name' (tests, devices, suite, lagged)" >&2; exit 2;; esac
+    case $name in tests|devices|suite|lagged|faults) ;; *) echo "gpu.sh: no step '$name' (tests, devices, suite, lagged, faults)" >&2; exit 2;; esac
 done
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results/gpu-$(date +%F)}"
@@ -61,4 +62,5 @@ step lagged bash -c "set -o pipefail; { rc=0; \
     for sync in true false; do echo \"### \$case trainer.lagged_sync=\$sync\"; \
     python3 -m hpcdl.cli.main bench overhead --repeats 5 \$case optim.fused=true trainer.lagged_sync=\$sync || rc=1; \
     echo; done; done; exit \$rc; } | tee '$OUT/lagged.md'"
+step faults bash -c "set -o pipefail; OUT='$OUT/faults' bash benchmarks/gpu_faults.sh 2>&1 | tee '$OUT/faults.log'"
 exit $status

@@ -206,7 +206,8 @@ class Trainer:
         requested = float(self.stop.requested)
         if self.env.world_size > 1:
             flag = torch.tensor([requested], dtype=torch.float64, device=self.p.device)
-            requested = float(all_reduce_sum(flag).item())
+            with self._waiting("the start"):
+                requested = float(all_reduce_sum(flag).item())
         return requested > 0
 
     def batches(self) -> Iterator[TrainBatch]:
@@ -216,6 +217,13 @@ class Trainer:
     def _beat(self, phase: str = "training", allowance_s: Optional[float] = None) -> None:
         if self.watchdog is not None:
             self.watchdog.beat(phase, allowance_s)
+
+    def _waiting(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """A wait on the other ranks, as the stall watchdog names it (hpcdl.watchdog); one
+        rank waits on none (its lagged read waits on its own GPU)."""
+        if self.watchdog is None or self.env.world_size == 1:
+            return contextlib.nullcontext()
+        return self.watchdog.waiting(what)
 
     def _take_batches(self) -> Iterator[TrainBatch]:
         pending, self._pending = self._pending, None
@@ -306,7 +314,8 @@ class Trainer:
     def _eager_step(self, stats: list[Value], mine: dict[str, Value]) -> tuple[int, StepSums]:
         """Read the step's all-reduced sums on the host now, then step (or skip a non-finite
         one)."""
-        sums = StepSums.unpack(all_reduce_sum(StepSums.pack(self.p.device, stats, **mine)))
+        with self._waiting("step sums"):
+            sums = StepSums.unpack(all_reduce_sum(StepSums.pack(self.p.device, stats, **mine)))
         self._step_unless_nonfinite(sums)
         return self.progress.global_step + 1, sums
 
@@ -329,7 +338,10 @@ class Trainer:
             skip_on_device(p.optimizer, found_inf)
         self._optimizer_step()
         older, self._in_flight = self._in_flight, send_to_host(self.progress.global_step + 1, packed)
-        return [] if older is None else [(older.step, older.read())]
+        if older is None:
+            return []
+        with self._waiting("step sums"):
+            return [(older.step, older.read())]
 
     def _must_settle(self, flags: dict[str, bool]) -> bool:
         """Whether this boundary reads the steps still in flight first: when it acts on
@@ -343,7 +355,9 @@ class Trainer:
         """Read and count the step still in flight; its flags join ``flags``."""
         started = time.monotonic()
         older, self._in_flight = self._in_flight, None
-        settled = self._account([] if older is None else [(older.step, older.read())])
+        with self._waiting("step sums"):
+            ready = [] if older is None else [(older.step, older.read())]
+        settled = self._account(ready)
         elapsed = time.monotonic() - started  # the wait for the last step's kernels
         self.progress.epoch_s += elapsed
         self.progress.train_s += elapsed
@@ -605,7 +619,8 @@ class Trainer:
         if self._in_flight is not None:  # the loop settles first; a checkpoint holds all sums
             self._settle()
         self._count_deferred()
-        rng_states = all_gather_objects(capture_rng_state())
+        with self._waiting("checkpoint"):
+            rng_states = all_gather_objects(capture_rng_state())
         self._last_save = time.monotonic()
         step = self.progress.global_step
         if not self.env.is_main:

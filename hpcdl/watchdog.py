@@ -15,12 +15,16 @@ import faulthandler
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
 # How often the watchdog thread looks, as a fraction of the shortest allowance.
 CHECKS_PER_ALLOWANCE = 10
+# The phase of a rank blocked until the other ranks arrive (a collective, the step sums'
+# read): its stall is most likely another rank's doing (hpcdl.launch.diagnose).
+WAITING = "waiting for the other ranks"
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,18 @@ class Watchdog:
         with self._lock:
             self._phase, self._since = phase, time.monotonic()
             self._allowance = allowance_s if allowance_s is not None else self.timeout_s
+
+    @contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Mark a wait on the other ranks (``what``: for which) without a beat: the deadline
+        stays, and a stall inside names the phase as a wait."""
+        with self._lock:
+            before, self._phase = self._phase, f"{WAITING} ({what})"
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._phase = before
 
     def __enter__(self) -> Watchdog:
         self.beat("start")

@@ -55,7 +55,9 @@ def test_array_tasks_and_other_jobs_logs_are_kept_apart(tmp_path: Path) -> None:
 def test_a_rank_that_timed_out_in_a_collective_is_named_before_those_that_lost_it(
     tmp_path: Path,
 ) -> None:
-    waited = "[rank{}]: RuntimeError: [../unbound_buffer.cc:78] Timed out waiting 10000ms for recv\n"
+    waited = (
+        "[rank{}]: RuntimeError: [../unbound_buffer.cc:78] Timed out waiting 10000ms for recv\n"
+    )
     folder = logs(tmp_path, "3", {0: PEER, 1: waited.format(1)})
     rank, detail = root_cause(folder, "3") or (None, "")
     assert rank == 1 and detail.startswith("hung in a collective until its timeout")
@@ -66,10 +68,11 @@ def test_a_rank_that_timed_out_in_a_collective_is_named_before_those_that_lost_i
     assert (root_cause(folder, "4") or (None, ""))[0] == 1
     # Rank 2 timed out first and left: rank 1, still in its barrier, lost a peer instead.
     lost = in_hook + PEER.replace("rank0", "rank1")
-    folder = logs(tmp_path, "6", {0: in_step + waited.format(0), 1: lost, 2: in_step + waited.format(2)})
+    folder = logs(
+        tmp_path, "6", {0: in_step + waited.format(0), 1: lost, 2: in_step + waited.format(2)}
+    )
     rank, detail = root_cause(folder, "6") or (None, "")
     assert rank == 1 and detail.startswith("hung in a collective until its timeout")
-
 
 
 def test_a_task_srun_saw_die_of_a_signal_is_named_with_its_own_last_fatal_line(
@@ -125,3 +128,30 @@ def test_ranks_are_read_in_rank_order_past_nine(tmp_path: Path) -> None:
     """Rank 2's own error comes before rank 10's (the logs' names sort 10 first)."""
     folder = logs(tmp_path, "5", {10: "ValueError: ten\n", 2: "ValueError: two\n"})
     assert root_cause(folder, "5") == (2, "ValueError: two")
+
+
+WAITING_STALL = (
+    "hpcdl: rank {} made no progress for 1800s in 'waiting for the other ranks (step sums)' "
+    "(allowance 1800s, trainer.stall_timeout_s); stacks of every thread follow\n"
+)
+
+
+def test_with_nccl_a_rank_stalled_waiting_is_named_after_the_rank_that_failed(tmp_path) -> None:
+    """NCCL gives a rank waiting for a failed or dead peer no error of its own: its
+    watchdog's stall (while waiting for the others) is a consequence."""
+    a, b, c, d = (tmp_path / name for name in "abcd")
+    for folder in (a, b, c, d):
+        folder.mkdir()
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert root_cause(logs(a, "5", {0: WAITING_STALL.format(0), 1: oom}), "5") == (1, oom.strip())
+    hung = "hpcdl: rank 2 made no progress for 1800s in 'training' (allowance 1800s, x); s\n"
+    rank, detail = root_cause(logs(b, "6", {0: WAITING_STALL.format(0), 2: hung}), "6") or (0, "")
+    assert rank == 2 and "in 'training'" in detail
+    rank, detail = root_cause(logs(c, "7", {0: WAITING_STALL.format(0), 1: "step 3\n"}), "7") or (
+        0,
+        "",
+    )
+    assert rank == 1 and detail.startswith("ended without an error of its own")
+    both = {3: WAITING_STALL.format(3), 1: WAITING_STALL.format(1)}
+    rank, detail = root_cause(logs(d, "8", both), "8") or (0, "")
+    assert rank == 1 and "waiting for the other ranks" in detail

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hpcdl.exit_codes import EXIT_STALLED
@@ -24,7 +25,8 @@ def after_step(event):
 """
 
 
-def test_beats_keep_it_quiet_and_a_missing_beat_names_the_phase() -> None:
+def recorded_stalls() -> tuple[list[Stall], threading.Event, Callable[[Stall], None]]:
+    """(the stalls seen, set at the first, the on_stall that records them)."""
     stalls: list[Stall] = []
     fired = threading.Event()
 
@@ -32,6 +34,11 @@ def test_beats_keep_it_quiet_and_a_missing_beat_names_the_phase() -> None:
         stalls.append(stall)
         fired.set()
 
+    return stalls, fired, on_stall
+
+
+def test_beats_keep_it_quiet_and_a_missing_beat_names_the_phase() -> None:
+    stalls, fired, on_stall = recorded_stalls()
     with Watchdog(0.5, on_stall) as dog:
         for _ in range(10):
             time.sleep(0.1)
@@ -40,6 +47,16 @@ def test_beats_keep_it_quiet_and_a_missing_beat_names_the_phase() -> None:
         dog.beat("evaluation")
         assert fired.wait(5)
     assert stalls[0].phase == "evaluation" and stalls[0].seconds > 0.5
+
+
+def test_a_wait_for_the_other_ranks_keeps_the_deadline_and_is_named() -> None:
+    stalls, fired, on_stall = recorded_stalls()
+    with Watchdog(0.5, on_stall) as dog:
+        dog.beat()
+        with dog.waiting("step sums"):  # no beat: the step's deadline still counts
+            assert fired.wait(5)
+    assert stalls[0].phase == "waiting for the other ranks (step sums)"
+    assert stalls[0].seconds > 0.5
 
 
 def run_hanging(
@@ -98,6 +115,7 @@ def test_one_hanging_rank_of_two_ends_the_whole_local_job(tmp_path) -> None:
     assert took < 120
     records = stall_records(tmp_path / "run")
     assert (1, "training") in {(r["rank"], r["phase"]) for r in records}
+    assert "rank 1 failed: stalled: rank 1 made no progress" in out.stdout + out.stderr
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
     assert left.stdout.strip() == "", "orphaned rank processes"
 

@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from hpcdl.watchdog import WAITING
+
 # A rank whose peer died fails in the collective with one of these: a consequence, not the
 # cause, which is another rank's own error (or its death, or its stall).
 PEER_GONE = (
@@ -49,16 +51,22 @@ def rank_logs(log_dir: Path, job_id: str) -> dict[int, str]:
 
 
 def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]]:
-    """(rank, what happened) for a failed job: a stall the watchdog reported, else an error
-    that is not a peer's disappearance, else a rank that timed out in a collective, else a
-    task srun saw die of a signal, else a rank that ended without any error (killed), else
-    the first error, else the first line of a log that reads like an error (the job
-    died before Python started); None when the logs say nothing."""
+    """(rank, what happened) for a failed job: a stall the watchdog reported (not one of a
+    rank waiting for the others), else an error that is not a peer's disappearance, else a
+    rank that timed out in a collective, else a task srun saw die of a signal, else a rank
+    that ended without any error (killed), else a rank stalled waiting for the others (with
+    NCCL a peer's death or failure leaves them no error of their own), else the first
+    error, else the first line of a log that reads like an error (the job died before
+    Python started); None when the logs say nothing."""
     logs = rank_logs(log_dir, job_id)
     errors: dict[int, str] = {}
     silent: list[int] = []
+    waiting: list[tuple[int, str]] = []  # stalled while waiting for the other ranks
     for rank, text in logs.items():
         stalled = STALL_LINE.search(text)
+        if stalled and WAITING in stalled.group(1):
+            waiting.append((rank, f"stalled: {stalled.group(1)} (its stacks are in its log)"))
+            continue
         if stalled:
             return rank, f"stalled: {stalled.group(1)} (its stacks are in its log)"
         found = ERROR_LINE.findall(text)
@@ -86,11 +94,14 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
     died = died_of_a_signal(logs, silent)
     if died is not None:
         return died
-    if silent and errors:
+    if silent and (errors or waiting):
+        lost = next(iter(errors.values())) if errors else waiting[0][1]
         return silent[0], (
             "ended without an error of its own (killed by a signal, or out of memory?); "
-            f"the other ranks then lost it: {next(iter(errors.values()))[:120]}"
+            f"the other ranks then lost it: {lost[:120]}"
         )
+    if waiting:  # every stalled rank was waiting for the others: the first of them
+        return waiting[0]
     if errors:
         return next(iter(errors.items()))
     for rank, text in logs.items():

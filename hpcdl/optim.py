@@ -114,13 +114,14 @@ GROUP_PARAMS = ("params", "param_names")
 STATE_KINDS = (("exp_avg", "adam"), ("square_avg", "rmsprop"), ("momentum_buffer", "sgd"))
 
 
+# The optimizer families by class (Adam and AdamW keep the same state).
+KINDS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adam", "RMSprop": "rmsprop"}
+
+
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
-    """sgd, adam (Adam or AdamW: the same state), rmsprop, or the class name."""
-    for cls, kind in ((torch.optim.Adam, "adam"), (torch.optim.AdamW, "adam"),
-                      (torch.optim.RMSprop, "rmsprop"), (torch.optim.SGD, "sgd")):  # fmt: skip
-        if isinstance(optimizer, cls):
-            return kind
-    return type(optimizer).__name__
+    """sgd, adam (Adam or AdamW), rmsprop, or the class name."""
+    name = type(optimizer).__name__
+    return KINDS.get(name, name)
 
 
 def saved_kind(saved: dict[str, Any]) -> Optional[str]:

@@ -653,9 +653,10 @@ class Trainer:
         try:
             p.raw_model.load_state_dict(state["model"])
         except RuntimeError as exc:  # torch lists every mismatch, one line each
-            lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            first = lines[1] if len(lines) > 1 else str(exc)  # after "Error(s) in loading ..."
             raise CheckpointError(
-                f"{path} does not fit this run's model ({lines[min(1, len(lines) - 1)]}); resume "
+                f"{path} does not fit this run's model ({first}); resume "
                 "with the model and data config it was saved with, or start a new run from "
                 f"the weights that fit with init_from={path}"
             ) from None
@@ -778,7 +779,8 @@ def out_of_memory(exc: BaseException) -> Optional[str]:
     text = str(exc)
     if isinstance(exc, torch.OutOfMemoryError) or "DefaultCPUAllocator: can't allocate" in text:
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        return ". ".join(first.split(". ")[:2])[:200]  # "CUDA out of memory. Tried to allocate 2.00 GiB"
+        # "CUDA out of memory. Tried to allocate 2.00 GiB"
+        return ". ".join(first.split(". ")[:2])[:200]
     return None
 
 

@@ -414,10 +414,10 @@ def _check_gpu_per_rank(cfg: schema.Config) -> None:
     """hpcdl's ranks on GPUs take one each (local rank modulo the GPUs): more ranks on a node
     than GPUs would put two on one GPU, which NCCL refuses at the job's start ("Duplicate
     GPU detected"). A script (`hpcdl run`) picks its own backend and is left to it."""
-    c = cfg.cluster
-    ranks = schema.tasks_per_node(c)
     if cfg.script is not None or cfg.trainer.device == schema.Device.cpu:
         return
+    c = cfg.cluster
+    ranks = schema.tasks_per_node(c)
     if 0 < c.gpus_per_node < ranks:
         raise ConfigError(
             f"cluster.tasks_per_node={ranks}: more ranks than cluster.gpus_per_node="

@@ -45,7 +45,8 @@ def process_group(
 ) -> Iterator[None]:
     """Form the process group (NCCL on CUDA, gloo on CPU) for any launched job; the in-process
     debug rank runs without one. timeout_s bounds the rendezvous; collective_timeout_s
-    (default: the same) every collective after it, so a hung one ends the job."""
+    (default: the same) every collective after it, so a hung one ends the job
+    (set_collective_timeout changes it)."""
     if env.world_size == 1 and env.launcher == "debug":
         yield
         return
@@ -78,6 +79,15 @@ def process_group(
         # (hpcdl.launch.rank_main prints the error and exits at once); gloo's is local.
         if not (failed and backend == "nccl"):
             dist.destroy_process_group()
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """Bound the collectives started from now on (the job starts with the first step's
+    allowance, hpcdl.watchdog.first_step_allowance); nothing without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(timedelta(seconds=seconds))
 
 
 # A candidate port that a probe cannot connect to within this, or whose listener does not

@@ -81,13 +81,16 @@ def _train_model(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
     from hpcdl.env import rank_env_from
     from hpcdl.finalize import finalize_run, write_curves
     from hpcdl.trainer import Outcome
+    from hpcdl.watchdog import first_step_allowance
 
     started = time.monotonic()
     env = rank_env_from(os.environ)
     _share_cpus(cfg, env)
     device = pick_device(cfg.trainer.device.value, env.local_rank)
-    timeouts = (cfg.cluster.rendezvous_timeout_s, cfg.trainer.stall_timeout_s)
-    with process_group(env, device, *timeouts):
+    # Until the first step is done (the trainer then sets trainer.stall_timeout_s), the
+    # collectives wait as long as the watchdog's first-step allowance.
+    first = first_step_allowance(cfg.trainer.stall_timeout_s, cfg.trainer.stall_first_step_s)
+    with process_group(env, device, cfg.cluster.rendezvous_timeout_s, first):
         trainer = build_trainer(cfg, env, path, device, stop)
         with stall_watchdog(cfg, env, path) as watchdog:
             trainer.watchdog = watchdog

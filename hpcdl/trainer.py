@@ -25,7 +25,7 @@ from hpcdl.data.feed import Feed, TrainBatch
 from hpcdl.data.loader import channels_last_inputs
 from hpcdl.data.sharding import EpochSharder
 from hpcdl.deferred_stats import DeferredStats
-from hpcdl.dist import all_gather_objects, all_reduce_sum
+from hpcdl.dist import all_gather_objects, all_reduce_sum, set_collective_timeout
 from hpcdl.env import RankEnv
 from hpcdl.errors import CheckpointError, DeviceMemoryError, HpcdlError, RunDirError
 from hpcdl.evaluation import EvalResult, evaluate
@@ -46,7 +46,7 @@ from hpcdl.step_sync import (
 from hpcdl.tasks import BatchStats, ClassificationTask, RegressionTask, Task, check_monitor
 from hpcdl.telemetry import Telemetry
 from hpcdl.trackers.base import Logger, NullLogger
-from hpcdl.watchdog import Watchdog
+from hpcdl.watchdog import Watchdog, first_step_allowance
 
 FORMAT_VERSION = 1
 
@@ -130,6 +130,7 @@ class Trainer:
         self._last_saved_step = -1
         self._last_saved_path: Optional[Path] = None
         self._monitor_checked = False
+        self._steady = False  # the collectives' timeout is the first step's allowance
         self._start = start or Start(checkpoint=parts.store.load_latest(mmap=True))
         # An epoch's batches whose loader has started reading ahead (see Start).
         self._pending: Optional[Iterator[TrainBatch]] = self._start.batches
@@ -168,7 +169,7 @@ class Trainer:
         found, self._start.checkpoint = self._start.checkpoint, None
         self.restore(found)
         del found  # not held for the whole loop: a purged file's space must be freed
-        first = self.t.stall_first_step_s or 2 * self.t.stall_timeout_s
+        first = first_step_allowance(self.t.stall_timeout_s, self.t.stall_first_step_s)
         self._beat("first step", first)  # imports, compilation, the first collective
         if self._stop_before_first_step():
             return self.interrupt()
@@ -271,6 +272,9 @@ class Trainer:
             ready = [self._one_rank_step(out, local_flags)]
         else:
             ready = self._exchange(out, local_flags)
+        if not self._steady:  # the first step is done: its allowance ends for collectives too
+            set_collective_timeout(self.t.stall_timeout_s)
+            self._steady = True
         pr.global_step += 1
         pr.step_in_epoch += 1
         flags = self._account(ready)

@@ -27,6 +27,14 @@ CHECKS_PER_ALLOWANCE = 10
 WAITING = "waiting for the other ranks"
 
 
+def first_step_allowance(timeout_s: float, first_step_s: Optional[float]) -> float:
+    """The first step's allowance (trainer.stall_first_step_s; None: twice the timeout):
+    imports, compilation and the first collective, on the slowest rank. The job's
+    collectives get it too until the first step is done, so that a rank waiting for a slow
+    peer is not ended by its collective's timeout first."""
+    return first_step_s or 2 * timeout_s
+
+
 @dataclass(frozen=True)
 class Stall:
     phase: str  # what the rank was doing: "first step", "training", "evaluation", ...

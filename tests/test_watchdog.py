@@ -141,3 +141,63 @@ def test_requeue_on_stall_stops_after_max_requeues(tmp_path, monkeypatch) -> Non
         "not requeued: cluster.max_requeues=2 stall requeues reached"
     )
     assert asked == ["7", "7"]
+
+
+# A model whose first forward on rank 1 takes longer than trainer.stall_timeout_s (as a
+# compilation or a cold file system can), well within the first step's allowance (2x).
+SLOW_FIRST_STEP = """\
+import os, time
+import torch
+import torch.distributed as dist
+
+class SlowStart(torch.nn.Module):
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.layer = torch.nn.Linear(input_shape[0], num_classes)
+        self.slept = False
+
+    def forward(self, x):
+        if not self.slept and dist.is_initialized() and dist.get_rank() == 1:
+            time.sleep(float(os.environ["SLOW_FOR"]))
+        self.slept = True
+        return self.layer(x)
+
+
+def after_step(event):  # the collectives' timeout after each step, as rank 0 sees it
+    if event.rank == 0:
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+        with open("timeouts.txt", "a") as out:
+            out.write(f"{backend.options._timeout.total_seconds()}\\n")
+"""
+
+
+def test_a_slow_first_step_on_one_rank_is_allowed_in_the_collectives_too(tmp_path) -> None:
+    # Rank 0 waits for rank 1's first step in the step's collectives: they must wait as
+    # long as the watchdog's first-step allowance (2 x stall_timeout_s), not time out
+    # after stall_timeout_s; later steps' collectives are bounded by stall_timeout_s again.
+    (tmp_path / "slow.py").write_text(SLOW_FIRST_STEP)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcdl.cli.main",
+            "train",
+            "run_dir=run",
+            "model=custom",
+            "model.target=slow:SlowStart",
+            "cluster=local",
+            "cluster.tasks_per_node=2",
+            "trainer.max_epochs=1",
+            "trainer.stall_timeout_s=4",
+            "trainer.step_hooks=[slow:after_step]",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path), "SLOW_FOR": "6"},
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert (tmp_path / "run" / "summary.json").exists()
+    seen = set((tmp_path / "timeouts.txt").read_text().split())
+    assert seen == {"4.0"}, seen  # from the first step's end on

@@ -363,7 +363,8 @@ class TrainerConfig:
     device: Device = Device.auto
     # A rank with no optimizer step for this long dumps its stacks and exits (the stall
     # watchdog); the first step gets stall_first_step_s (null: twice this), an evaluation
-    # this much again from its start. Also the timeout of every collective.
+    # this much again from its start. Also the timeout of every collective (the first
+    # step's allowance until the first step is done).
     stall_timeout_s: float = 1800.0
     stall_first_step_s: Optional[float] = None
     # Telemetry (RUN_DIR/telemetry, `hpcdl status`): warn when the GPU stays below this.

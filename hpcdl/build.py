@@ -121,7 +121,7 @@ def build_trainer(
         ),
     )
     # Last: starting a tracker can take seconds (W&B's service), while the loader reads ahead.
-    parts.logger.start(cfg, run_dir, start.progress.global_step)
+    parts.logger.start(cfg, run_dir, start.progress(parts.sharder).global_step)
     return Trainer(cfg, env, parts, stop, start)
 
 
@@ -133,7 +133,7 @@ def first_batches(
     device, wrapped and restored (the loader draws nothing from the global RNG streams, so
     the model's initial weights are the same). Not when the run has nothing left to do."""
     start = Start(checkpoint=store.load_latest(mmap=True))
-    progress = start.progress
+    progress = start.progress(sharder)
     t = cfg.trainer
     if progress.early_stopped or progress.epoch >= t.max_epochs:
         return start

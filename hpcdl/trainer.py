@@ -100,11 +100,35 @@ class Start:
     checkpoint: Optional[tuple[Path, dict[str, Any]]] = None
     batches: Optional[Iterator[TrainBatch]] = None
 
-    @property
-    def progress(self) -> Progress:
+    def progress(self, sharder: EpochSharder) -> Progress:
         if self.checkpoint is None:
             return Progress()
-        return Progress.from_dict(self.checkpoint[1]["progress"])
+        return resumed_progress(*self.checkpoint, sharder)
+
+
+def resumed_progress(path: Path, state: dict[str, Any], sharder: EpochSharder) -> Progress:
+    """Where a checkpoint's run goes on. Saved mid-epoch with another trainer.batch_size
+    (lowered after running out of memory, say), the epoch goes on at the same sample of
+    its permutation, so that each sample is still trained once per epoch, when a batch of
+    the new size can start there; else refused (samples would be skipped or repeated).
+    Checkpoints saved before they recorded their batch size are taken as they are."""
+    progress = Progress.from_dict(state["progress"])
+    saved = state.get("batch_size")
+    if saved is None or saved == sharder.global_batch_size or progress.step_in_epoch == 0:
+        return progress
+    consumed = min(progress.step_in_epoch * saved, sharder.num_samples)
+    step = sharder.step_starting_at(consumed)
+    if step is None:
+        fits = " or ".join(map(str, sharder.batch_sizes_starting_at(consumed)))
+        raise CheckpointError(
+            f"{path} was saved {consumed} samples into epoch {progress.epoch + 1} with "
+            f"trainer.batch_size={saved}; batches of {sharder.global_batch_size} cannot start "
+            f"there (samples would be skipped or repeated): resume with "
+            f"trainer.batch_size={saved}{f' or {fits}' if fits else ''}, and change it when "
+            f"the epoch is over (trainer.max_epochs={progress.epoch + 1}, then resume again)"
+        )
+    progress.step_in_epoch = step
+    return progress
 
 
 class Trainer:
@@ -609,6 +633,7 @@ class Trainer:
             "progress": self.progress.to_dict(),
             "rng": rng_states,
             "world_size": self.env.world_size,
+            "batch_size": self.t.batch_size,  # step_in_epoch counts batches of this size
             "config_hash": self.p.config_hash,
             "model_config": self.p.model_config,
             "data_info": self.p.feed.info(),
@@ -679,7 +704,13 @@ class Trainer:
             )
         else:
             p.scaler.load_state_dict(state["scaler"])
-        self.progress = Progress.from_dict(state["progress"])
+        self.progress = resumed_progress(path, state, p.sharder)
+        if self.progress.step_in_epoch != state["progress"]["step_in_epoch"]:
+            p.reporter.message(
+                f"trainer.batch_size {state['batch_size']} -> {self.t.batch_size}: epoch "
+                f"{self.progress.epoch + 1} goes on at the same sample, step "
+                f"{self.progress.step_in_epoch} of the epoch"
+            )
         rng = state["rng"]
         if len(rng) == self.env.world_size:
             restore_rng_state(rng[self.env.rank])

@@ -357,6 +357,32 @@ def test_resume_with_another_lr_uses_it_and_another_model_is_one_line(
     assert "resume with the model and data config it was saved with" in error[0]
 
 
+def test_resume_mid_epoch_with_another_batch_size_goes_on_at_the_same_sample(
+    hpcdl, tmp_path: Path
+) -> None:
+    """A smaller batch after running out of memory: 5 steps of 32 are 10 of 16. Batches of 48
+    cannot start at sample 160: one line, exit 2, the checkpoint kept for the next try."""
+    out = hpcdl("train", "run_dir=run", "trainer.max_steps=5")
+    assert out.returncode == 0, out.stderr
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000000005.pt"
+    saved = checkpoint.read_bytes()
+    out = hpcdl("resume", "run", "trainer.batch_size=48", "trainer.max_steps=null")
+    assert out.returncode == 2, out.stdout + out.stderr
+    error = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert error == [
+        f"error: {checkpoint} was saved 160 samples into epoch 1 with trainer.batch_size=32; "
+        "batches of 48 cannot start there (samples would be skipped or repeated): resume "
+        "with trainer.batch_size=32 or 40 or 80, and change it when the epoch is over "
+        "(trainer.max_epochs=1, then resume again)"
+    ], out.stderr
+    assert checkpoint.read_bytes() == saved
+    out = hpcdl("resume", "run", "trainer.batch_size=16", "trainer.max_epochs=1")
+    assert out.returncode == 0, out.stderr
+    assert "epoch 1 goes on at the same sample, step 10 of the epoch" in out.stdout
+    steps = json.loads((tmp_path / "run" / "summary.json").read_text())["steps"]
+    assert steps == 5 + (25 - 10)  # 398 samples: 25 steps of 16, the first 10 done before
+
+
 def test_slurm_profiles_leave_the_model_check_to_the_job(tmp_path: Path) -> None:
     # The login node never imports torch: a model=custom target is not even imported there.
     code = (

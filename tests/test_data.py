@@ -570,3 +570,15 @@ def test_dataset_batches_leave_the_global_rng_alone_and_are_seeded_per_sample(nu
     assert [s for s, _, _ in resumed] == [2, 3]
     for (_, a, _), (_, b, _) in zip(full[2:], resumed, strict=True):
         assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"])  # same augmentation
+
+
+def test_where_batches_of_another_size_start_in_an_epoch() -> None:
+    # 160 samples into the epoch (5 steps of 32): batches of 16 start there at step 10,
+    # batches of 48 do not (40 and 80 would); at the end, the epoch's step count.
+    sharder = EpochSharder(398, 16, rank=0, world_size=2, seed=0)
+    assert sharder.step_starting_at(160) == 10
+    assert sharder.step_starting_at(398) == sharder.num_steps_per_epoch == 25
+    wide = EpochSharder(398, 48, rank=0, world_size=2, seed=0)
+    assert wide.step_starting_at(160) is None
+    assert wide.batch_sizes_starting_at(160) == [40, 80]
+    assert EpochSharder(398, 48, rank=0, world_size=8, seed=0).batch_sizes_starting_at(7) == []

@@ -337,7 +337,12 @@ def build(root):
 
 
 @pytest.mark.slow
-def test_a_resumed_epoch_reads_only_the_samples_not_yet_consumed(hpcdl, tmp_path, cells) -> None:
+@pytest.mark.parametrize("resumed_batch", [BATCH_SIZE, BATCH_SIZE // 2])
+def test_a_resumed_epoch_reads_only_the_samples_not_yet_consumed(
+    hpcdl, tmp_path, cells, resumed_batch
+) -> None:
+    # Also with a smaller batch on resume (as after running out of memory): the epoch goes
+    # on at the same sample.
     (tmp_path / "readlog.py").write_text(LOGGED_DATASET)
     log = tmp_path / "reads.txt"
     overrides = [
@@ -354,7 +359,9 @@ def test_a_resumed_epoch_reads_only_the_samples_not_yet_consumed(hpcdl, tmp_path
     before = [int(i) for i in log.read_text().split()]
     log.write_text("")
 
-    final = hpcdl("resume", "run", env={**user_env(tmp_path), "MYLAB_READ_LOG": str(log)})
+    smaller = [f"trainer.batch_size={resumed_batch}"] if resumed_batch != BATCH_SIZE else []
+    env = {**user_env(tmp_path), "MYLAB_READ_LOG": str(log)}
+    final = hpcdl("resume", "run", *smaller, env=env)
     assert final.returncode == 0, final.stderr + final.stdout
     after = [int(i) for i in log.read_text().split()]
 

@@ -73,3 +73,19 @@ class EpochSharder:
             )
         start = step_in_epoch * self.global_batch_size
         return start, min(start + self.global_batch_size, self.num_samples)
+
+    def step_starting_at(self, sample: int) -> Optional[int]:
+        """The step of the epoch whose batch starts at this place of the permutation (the
+        step count at its end for the end), or None when no batch starts there."""
+        if sample >= self.num_samples:
+            return self.num_steps_per_epoch
+        step, rest = divmod(sample, self.global_batch_size)
+        return None if rest else step
+
+    def batch_sizes_starting_at(self, sample: int) -> list[int]:
+        """The batch sizes next to this one (below, above) with a batch starting at sample,
+        at least one sample per rank."""
+        fits = [b for b in range(self.world_size, sample + 1) if sample % b == 0]
+        below = [b for b in fits if b < self.global_batch_size][-1:]
+        above = [b for b in fits if b > self.global_batch_size][:1]
+        return below + above

@@ -111,6 +111,20 @@ def _from_torchrun(environ: Mapping[str, str]) -> RankEnv:
     )
 
 
+def torchrun_variables(env: RankEnv, per_node: int) -> dict[str, str]:
+    """The per-rank variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, ...), for code
+    that reads them: users' models and datasets in hpcdl's ranks, programs under `hpcdl run`."""
+    return {
+        "RANK": str(env.rank),
+        "LOCAL_RANK": str(env.local_rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(per_node),
+        "NODE_RANK": str(env.node_rank),
+        "GROUP_RANK": str(env.node_rank),
+        "GROUP_WORLD_SIZE": str(env.num_nodes),  # nodes, as torchrun names it
+    }
+
+
 # `cluster.requeue=chain`: set in a continuation job's script to its place in the chain.
 CHAIN_LINK = "HPCDL_CHAIN_LINK"
 

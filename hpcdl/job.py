@@ -77,14 +77,17 @@ def _train(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
 
 def _train_model(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
     from hpcdl.build import build_trainer
+    from hpcdl.config.schema import tasks_per_node
     from hpcdl.dist import pick_device, process_group
-    from hpcdl.env import rank_env_from
+    from hpcdl.env import rank_env_from, torchrun_variables
     from hpcdl.finalize import finalize_run, write_curves
     from hpcdl.trainer import Outcome
     from hpcdl.watchdog import first_step_allowance
 
     started = time.monotonic()
     env = rank_env_from(os.environ)
+    if env.launcher != "debug":  # a rank's own process: torchrun's variables for users' code
+        os.environ.update(torchrun_variables(env, tasks_per_node(cfg.cluster)))
     _share_cpus(cfg, env)
     device = pick_device(cfg.trainer.device.value, env.local_rank)
     # Until the first step is done (the trainer then sets trainer.stall_timeout_s), the

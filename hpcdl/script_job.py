@@ -125,6 +125,7 @@ def program_env(cfg: Config, env: RankEnv, run_dir: RunDir, stop_file: Any) -> d
     """The variables torch.distributed (env://) and torchrun-style scripts read, and
     hpcdl's own."""
     from hpcdl.config.schema import tasks_per_node
+    from hpcdl.env import torchrun_variables
     from hpcdl.threads import THREADS_VAR, threads_per_rank, usable_cpus
 
     per_node = tasks_per_node(cfg.cluster)
@@ -139,18 +140,8 @@ def program_env(cfg: Config, env: RankEnv, run_dir: RunDir, stop_file: Any) -> d
     }
     if cfg.script is not None and cfg.script.launcher.value == "torchrun":
         return variables  # torchrun sets the per-worker ones itself
-    variables.update(
-        {
-            "RANK": str(env.rank),
-            "LOCAL_RANK": str(env.local_rank),
-            "WORLD_SIZE": str(env.world_size),
-            "LOCAL_WORLD_SIZE": str(per_node),
-            "NODE_RANK": str(env.node_rank),
-            "GROUP_RANK": str(env.node_rank),
-            "GROUP_WORLD_SIZE": str(env.num_nodes),  # nodes, as torchrun names it
-            "HPCDL_DEVICE": f"cuda:{env.local_rank % gpus}" if gpus else "cpu",
-        }
-    )
+    variables.update(torchrun_variables(env, per_node))
+    variables["HPCDL_DEVICE"] = f"cuda:{env.local_rank % gpus}" if gpus else "cpu"
     # The node's CPUs shared among its ranks, as torchrun does (hpcdl.threads).
     threads = threads_per_rank(os.environ, env.launcher, per_node, usable_cpus())
     if threads is not None:

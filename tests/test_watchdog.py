@@ -157,7 +157,10 @@ class SlowStart(torch.nn.Module):
         self.slept = False
 
     def forward(self, x):
-        if not self.slept and dist.is_initialized() and dist.get_rank() == 1:
+        if not self.slept and dist.is_initialized():  # in a rank: torchrun's variables
+            assert os.environ["RANK"] == os.environ["LOCAL_RANK"] == str(dist.get_rank())
+            assert os.environ["WORLD_SIZE"] == os.environ["LOCAL_WORLD_SIZE"] == "2"
+        if not self.slept and os.environ.get("RANK") == "1":
             time.sleep(float(os.environ["SLOW_FOR"]))
         self.slept = True
         return self.layer(x)
@@ -175,6 +178,7 @@ def test_a_slow_first_step_on_one_rank_is_allowed_in_the_collectives_too(tmp_pat
     # Rank 0 waits for rank 1's first step in the step's collectives: they must wait as
     # long as the watchdog's first-step allowance (2 x stall_timeout_s), not time out
     # after stall_timeout_s; later steps' collectives are bounded by stall_timeout_s again.
+    # The model also reads torchrun's variables (RANK, ...), as users' code may.
     (tmp_path / "slow.py").write_text(SLOW_FIRST_STEP)
     out = subprocess.run(
         [

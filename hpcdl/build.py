@@ -12,7 +12,7 @@ from torch import nn
 
 from hpcdl.checkpoint import CheckpointStore, read_checkpoint, resolve_checkpoint
 from hpcdl.config.convert import config_hash, to_plain
-from hpcdl.config.schema import Config, Precision, RegressionTaskConfig
+from hpcdl.config.schema import Config, Precision
 from hpcdl.data import EpochSharder
 from hpcdl.data.feed import Feed, build_feed
 from hpcdl.env import RankEnv
@@ -59,8 +59,7 @@ def build_trainer(
     # The model is built from the same seed on every rank (DDP also broadcasts rank 0's
     # weights); dropout and other randomness then differ per rank.
     seed_everything(t.seed, t.deterministic)
-    regression = isinstance(cfg.task, RegressionTaskConfig)
-    feed = build_feed(cfg.data, device, seed=t.seed, regression=regression)
+    feed = build_feed(cfg.data, device, seed=t.seed, task=cfg.task)
     sharder = EpochSharder(
         num_samples=feed.num_samples("train"),
         global_batch_size=t.batch_size,

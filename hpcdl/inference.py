@@ -57,7 +57,7 @@ def evaluate_checkpoint(cfg: Config, run_dir: RunDir, which: str) -> dict[str, A
     state = read_checkpoint(path, mmap=True)
     device = torch.device("cpu")
     regression = isinstance(cfg.task, RegressionTaskConfig)
-    feed = build_feed(cfg.data, device, seed=cfg.trainer.seed, regression=regression)
+    feed = build_feed(cfg.data, device, seed=cfg.trainer.seed, task=cfg.task)
     if feed.num_samples("test") == 0:
         raise ConfigError(
             f"hpcdl evaluate: {run_dir.path} has no test split (data.test_fraction=0, or no "
@@ -196,8 +196,7 @@ def _row_batches(state: dict[str, Any], input_path: str) -> Iterator[tuple[torch
 def _split_batches(cfg: Config, split: str) -> Iterator[Any]:
     """Every sample of one of the run's splits, rebuilt from its config, in order."""
     device = torch.device("cpu")
-    regression = isinstance(cfg.task, RegressionTaskConfig)
-    feed = build_feed(cfg.data, device, seed=cfg.trainer.seed, regression=regression)
+    feed = build_feed(cfg.data, device, seed=cfg.trainer.seed, task=cfg.task)
     if feed.num_samples(split) == 0:
         raise ConfigError(f"--split {split}: the run's {split} split is empty")
     return feed.eval_batches(split, 0, 1, device, cfg.trainer.batch_size)

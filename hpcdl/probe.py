@@ -20,7 +20,6 @@ from hpcdl.config.schema import (
     CustomModelConfig,
     CustomTaskConfig,
     Launcher,
-    RegressionTaskConfig,
 )
 
 # Built-in sources that read files the user points data.path at (the others are bundled).
@@ -53,9 +52,8 @@ def probe_user_code(cfg: Config) -> None:
 
     device = torch.device("cpu")
     # One batch: no worker processes needed.
-    regression = isinstance(cfg.task, RegressionTaskConfig)
     data = replace(cfg.data, num_workers=0)
-    feed = build_feed(data, device, seed=cfg.trainer.seed, regression=regression)
+    feed = build_feed(data, device, seed=cfg.trainer.seed, task=cfg.task)
     model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     if cfg.init_from is not None:  # as the job's warm start does (hpcdl.build)
         from hpcdl.build import warm_start_checkpoint

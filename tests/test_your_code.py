@@ -413,6 +413,20 @@ def labels():
     return Labels(), Labels()
 
 
+class LateLabel(Labels):
+    '''One label out of range, far into the data.'''
+
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, i):
+        return torch.zeros(4), 3 if i == 150 else i % 3
+
+
+def late_label():
+    return LateLabel(), LateLabel()
+
+
 def missing(root):
     raise FileNotFoundError(f"{root}/images.npy: no such file")
 
@@ -471,6 +485,24 @@ def test_a_class_label_out_of_range_is_one_line_and_no_run_dir(hpcdl, tmp_path) 
     )
     assert_refused(out, tmp_path, "data.num_classes")
     assert "outside [0, 3)" in out.stderr
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_batchs_labels_are_checked_before_they_reach_the_device(
+    hpcdl, tmp_path, workers
+) -> None:
+    # On a GPU, cross_entropy's check is a device-side assert that ends the process without
+    # naming the label: the batch is checked on the host first (also when the probe's batch
+    # happens to hold it, before the run dir exists).
+    (tmp_path / "badcode.py").write_text(BAD_CODE)
+    args = ["data=custom", "data.target=badcode:late_label", f"data.num_workers={workers}"]
+    out = hpcdl("train", "run_dir=run", *args, env=user_env(tmp_path))
+    assert out.returncode != 0
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: data.target='badcode:late_label': a batch holds label 3, outside [0, 3) "
+        "classes; labels must be class indices (set data.num_classes if it is wrong)"
+    ], out.stderr
 
 
 def assert_refused(out: subprocess.CompletedProcess, cwd: Path, key: str) -> None:

@@ -14,7 +14,13 @@ from typing import Any, Optional
 import torch
 from torch.utils.data import Subset
 
-from hpcdl.config.schema import CustomDataConfig, DataConfig, ImageFolderConfig
+from hpcdl.config.schema import (
+    ClassificationTaskConfig,
+    CustomDataConfig,
+    DataConfig,
+    ImageFolderConfig,
+    RegressionTaskConfig,
+)
 from hpcdl.data.build import DataSplits, build_data
 from hpcdl.data.loader import (
     LoaderSettings,
@@ -24,6 +30,7 @@ from hpcdl.data.loader import (
 )
 from hpcdl.data.sharding import EpochSharder
 from hpcdl.errors import DataError
+from hpcdl.samples import input_target_pair
 from hpcdl.targets import resolve_callable
 
 # Samples per forward pass when evaluating in-memory tensors, per rank.
@@ -174,18 +181,25 @@ def _named_collate_errors(batches: Iterator[Any]) -> Iterator[Any]:
         raise
 
 
-def build_feed(
-    cfg: DataConfig, device: torch.device, seed: int, *, regression: bool = False
-) -> Feed:
-    """regression: the samples carry one numeric target (the model gets one output)."""
+def build_feed(cfg: DataConfig, device: torch.device, seed: int, *, task: Any = None) -> Feed:
+    """task: the run's task config. A regression target gives the model one output; the
+    built-in classification's labels are checked batch by batch on the host, before they
+    move to the device (on a GPU a label out of range is a device-side assert, which ends
+    the process without saying which label)."""
+    regression = isinstance(task, RegressionTaskConfig)
     if isinstance(cfg, (CustomDataConfig, ImageFolderConfig)):
-        return build_dataset_feed(cfg, seed, regression=regression)
+        classes = isinstance(task, ClassificationTaskConfig)
+        return build_dataset_feed(cfg, seed, regression=regression, check_labels=classes)
     data = build_data(cfg, regression=regression)
     return TensorFeed(data, device, in_memory=cfg.in_memory, num_workers=cfg.num_workers)
 
 
 def build_dataset_feed(
-    cfg: CustomDataConfig | ImageFolderConfig, seed: int, *, regression: bool = False
+    cfg: CustomDataConfig | ImageFolderConfig,
+    seed: int,
+    *,
+    regression: bool = False,
+    check_labels: bool = False,
 ) -> DatasetFeed:
     from hpcdl.config.validate import check_data
     from hpcdl.data.custom import build_custom_datasets, first_sample_info, num_classes_of
@@ -213,6 +227,7 @@ def build_dataset_feed(
         prefetch_factor=cfg.prefetch_factor,
         collate_fn=collate,
         seed=seed,
+        check_batch=LabelCheck(num_classes, where) if check_labels and num_classes > 0 else None,
     )
     return DatasetFeed(
         datasets,
@@ -229,10 +244,36 @@ def _check_label(label: Any, num_classes: int, where: str) -> None:
         return
     value = label.item() if isinstance(label, torch.Tensor) and label.numel() == 1 else label
     if isinstance(value, int) and not 0 <= value < num_classes:
-        raise DataError(
-            f"{where}: the first training sample has label {value}, outside [0, {num_classes}) "
-            "classes; labels must be class indices (set data.num_classes if it is wrong)"
-        )
+        raise _label_out_of_range(where, "the first training sample has", value, num_classes)
+
+
+def _label_out_of_range(where: str, holder: str, value: int, num_classes: int) -> DataError:
+    return DataError(
+        f"{where}: {holder} label {value}, outside [0, {num_classes}) classes; labels must be "
+        "class indices (set data.num_classes if it is wrong)"
+    )
+
+
+class LabelCheck:
+    """Every batch's class labels in range, on the host, before the batch moves to the
+    device: one reduction over a batch of integers (labels of other kinds are left to the
+    task's own errors)."""
+
+    def __init__(self, num_classes: int, where: str) -> None:
+        self.num_classes = num_classes
+        self.where = where
+
+    def __call__(self, batch: Any) -> None:
+        pair = input_target_pair(batch)
+        labels = pair[1] if pair is not None else None
+        if not isinstance(labels, torch.Tensor) or labels.numel() == 0:
+            return
+        if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.is_cuda:
+            return
+        low, high = (int(v) for v in torch.aminmax(labels))
+        if low < 0 or high >= self.num_classes:
+            bad = low if low < 0 else high
+            raise _label_out_of_range(self.where, "a batch holds", bad, self.num_classes)
 
 
 def build_imagefolder_datasets(cfg: ImageFolderConfig) -> tuple[dict[str, Any], list[str]]:

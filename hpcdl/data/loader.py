@@ -273,6 +273,9 @@ class LoaderSettings:
     prefetch_factor: int
     collate_fn: Optional[Callable[[list[Any]], Any]]
     seed: int
+    # Called with each batch on the host before it moves to the device (hpcdl.data.feed's
+    # LabelCheck); raises to refuse it.
+    check_batch: Optional[Callable[[Any], None]] = None
 
 
 def dataset_batches(
@@ -301,14 +304,14 @@ def dataset_batches(
     _WARM_LOADERS.add(loader)
     if not cold or len(steps) < 2:
         sampler.epoch, sampler.start_step = epoch, start_step  # read when iteration starts
-        return _on_device(iter(loader), sharder, steps, device)
+        return _on_device(iter(loader), sharder, steps, device, settings.check_batch)
     # Workers that have yet to start (a new run, a resume) take ~10-50 ms per worker before
     # their first batch: they start on the second batch, and this process reads the first
     # meanwhile (the same samples and augmentation: SeededSamples seeds each one).
     sampler.epoch, sampler.start_step = epoch, start_step + 1
     rest = iter(loader)
     first = read_batch(loader, sharder.local_indices(epoch, start_step).tolist(), epoch)
-    return _on_device(itertools.chain([first], rest), sharder, steps, device)
+    return _on_device(itertools.chain([first], rest), sharder, steps, device, settings.check_batch)
 
 
 # Loaders whose workers have started (persistent: they stay until the loader goes).
@@ -323,9 +326,15 @@ def read_batch(loader: DataLoader[Any], indices: list[int], epoch: int) -> Any:
 
 
 def _on_device(
-    batches: Iterator[Any], sharder: EpochSharder, steps: range, device: torch.device
+    batches: Iterator[Any],
+    sharder: EpochSharder,
+    steps: range,
+    device: torch.device,
+    check: Optional[Callable[[Any], None]],
 ) -> Iterator[tuple[int, Any, int]]:
     for step, batch in zip(steps, batches, strict=True):
+        if check is not None:
+            check(batch)
         yield step, move_to(batch, device), sharder.global_batch_count(step)
 
 
@@ -379,4 +388,6 @@ def dataset_eval_batches(
         generator=torch.Generator(),  # see QUIET_GENERATOR_NOTE
     )
     for batch in loader:
+        if settings.check_batch is not None:
+            settings.check_batch(batch)
         yield move_to(batch, device)

@@ -90,6 +90,12 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
             run_dir.write_summary(summary)
         return JobOutcome(env.rank, True, None, summary if env.is_main else {}, 0)
     if stopped:
+        if code != EXIT_INTERRUPTED:  # hpcdl cannot know whether the program saved
+            print(
+                f"hpcdl: the program exited with status {_status(code)} when asked to stop; "
+                "status 3 would confirm that it saved (docs/scripts.md)",
+                flush=True,
+            )
         return JobOutcome(env.rank, False, stop.signal_name, {}, 0)
     print(f"hpcdl: the program exited with status {code}", flush=True)
     return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=_status(code))

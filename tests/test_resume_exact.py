@@ -188,15 +188,27 @@ def test_a_resumed_run_keeps_no_checkpoint_file_mapped(hpcdl, tmp_path):
     assert [s for s in steps if s["mapped"]] == []
 
 
+# Slurm's scancel, preemption and time limit signal every process of the job step, the
+# DataLoader's workers too (data read by workers: data.in_memory=false).
+TO_ALL_WITH_WORKERS = [*LOCAL2, "data.in_memory=false", "data.num_workers=1"]
+
+
 @pytest.mark.parametrize(
     ("launcher", "signum"),
-    [([], signal.SIGINT), (LOCAL2, signal.SIGTERM), (LOCAL2, signal.SIGINT)],
-    ids=["debug-ctrl-c", "local-sigterm", "local-ctrl-c"],
+    [
+        ([], signal.SIGINT),
+        (LOCAL2, signal.SIGTERM),
+        (LOCAL2, signal.SIGINT),
+        (TO_ALL_WITH_WORKERS, signal.SIGTERM),
+    ],
+    ids=["debug-ctrl-c", "local-sigterm", "local-ctrl-c", "sigterm-to-all-with-workers"],
 )
 def test_signal_to_the_foreground_command_stops_every_rank_with_a_checkpoint(
     tmp_path, launcher, signum
 ):
-    """Ctrl-C / SIGTERM to `hpcdl train` itself (not to a rank): all ranks save and stop."""
+    """Ctrl-C / SIGTERM to `hpcdl train` itself, or to every process: all ranks save and
+    stop (torch's DataLoader workers die of a SIGTERM that is not their parent's, and their
+    rank then failed)."""
     run_dir = tmp_path / "run"
     # Long enough (~100k steps; 350 per epoch) that the signal always lands mid-training.
     cmd = [
@@ -226,13 +238,13 @@ def test_signal_to_the_foreground_command_stops_every_rank_with_a_checkpoint(
         )
         time.sleep(0.2)
     # A terminal's Ctrl-C reaches the whole foreground process group; SIGTERM just the command.
-    if signum == signal.SIGINT:
+    if signum == signal.SIGINT or launcher is TO_ALL_WITH_WORKERS:
         os.killpg(proc.pid, signum)
     else:
         proc.send_signal(signum)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 3, output
-    assert "Continue with: hpcdl resume" in output
+    assert "error" not in output and "Continue with: hpcdl resume" in output
     assert list((run_dir / "checkpoints").glob("step_*.pt"))
     assert not (run_dir / "summary.json").exists()
 

@@ -554,10 +554,9 @@ def launch(cfg: Config, run_dir: RunDir) -> int:
     if code == EXIT_OK:
         print(f"done: {run_dir.summary_file}", flush=True)
     elif code == EXIT_INTERRUPTED:
-        print(
-            f"interrupted; checkpoint saved. Continue with: hpcdl resume {run_dir.path}",
-            flush=True,
-        )
+        # A program under `hpcdl run` saves its own checkpoints (it says so with status 3).
+        saved = "" if cfg.script is not None else "; checkpoint saved"
+        print(f"interrupted{saved}. Continue with: hpcdl resume {run_dir.path}", flush=True)
     return code
 
 

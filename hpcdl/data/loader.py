@@ -10,6 +10,7 @@ starts with exactly the next batch without reading the consumed ones.
 from __future__ import annotations
 
 import itertools
+import signal
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -142,6 +143,16 @@ class EpochBatchSampler:
         return self.sharder.num_steps_per_epoch - self.start_step
 
 
+def worker_ignores_sigterm(_worker_id: int) -> None:
+    """Every hpcdl DataLoader's worker_init_fn. Slurm's scancel, preemption and time limit
+    send SIGTERM to every process of the job step; torch's workers die of one that is not
+    their parent's, and their rank then fails at its next batch instead of stopping at the
+    step boundary with a checkpoint. The rank stops them itself (its stop ends the loader:
+    the workers leave as they do at the end of any run; one that does not is SIGKILLed by
+    Slurm at the end of the step)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 @dataclass
 class _CachedLoader:
     loader: DataLoader[tuple[torch.Tensor, torch.Tensor]]
@@ -176,6 +187,7 @@ def _loader_for(
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
         generator=torch.Generator(),  # see QUIET_GENERATOR_NOTE
+        worker_init_fn=worker_ignores_sigterm,
     )
     _LOADERS[sharder] = _CachedLoader(loader, dataset, num_workers, pin_memory)
     return loader
@@ -359,6 +371,7 @@ def _dataset_loader_for(
         persistent_workers=workers > 0,
         prefetch_factor=settings.prefetch_factor if workers > 0 else None,
         generator=torch.Generator(),  # see QUIET_GENERATOR_NOTE
+        worker_init_fn=worker_ignores_sigterm,
     )
     _DATASET_LOADERS[sharder] = (dataset, loader)
     return loader
@@ -386,6 +399,7 @@ def dataset_eval_batches(
         pin_memory=device.type == "cuda",
         prefetch_factor=settings.prefetch_factor if settings.num_workers > 0 else None,
         generator=torch.Generator(),  # see QUIET_GENERATOR_NOTE
+        worker_init_fn=worker_ignores_sigterm,
     )
     for batch in loader:
         if settings.check_batch is not None:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from hpcdl.config.schema import Config, tasks_per_node
 from hpcdl.errors import HpcdlError
-from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from hpcdl.launch.diagnose import ERROR_LINE, root_cause
 from hpcdl.launch.logtail import copy_new
 from hpcdl.launch.rank_main import LOCAL_GPUS_VAR
@@ -119,10 +119,10 @@ def _wait(job: Any) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    return _exit_code(job, stopping)
+    return _exit_code(job)
 
 
-def _exit_code(job: Any, stopping: list[int]) -> int:
+def _exit_code(job: Any) -> int:
     try:
         outcomes = job.results()
     except Exception as err:  # submitit wraps the rank's exception in its own types
@@ -138,5 +138,7 @@ def _exit_code(job: Any, stopping: list[int]) -> int:
             detail = errors[-1] if errors else text.strip().splitlines()[0]
         who = f"rank {rank}" if rank is not None else "a rank"
         print(f"error: {who} failed: {detail} (logs: {logs})", file=sys.stderr)
-        return EXIT_INTERRUPTED if stopping else EXIT_FAILED
+        # Also while stopping: the stop's checkpoint may not have been saved ("interrupted;
+        # checkpoint saved" would say it was); resume uses the newest valid one either way.
+        return EXIT_FAILED
     return max(o.exit_code for o in outcomes)

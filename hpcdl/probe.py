@@ -12,7 +12,11 @@ there the job finds such errors on its first batch.
 
 from __future__ import annotations
 
+import inspect
+import math
+import traceback
 from dataclasses import replace
+from typing import Any, Optional
 
 from hpcdl.config.schema import (
     DATASET_SOURCES,
@@ -21,6 +25,8 @@ from hpcdl.config.schema import (
     CustomTaskConfig,
     Launcher,
 )
+from hpcdl.errors import ConfigError, HpcdlError
+from hpcdl.models.custom import raised
 
 # Built-in sources that read files the user points data.path at (the others are bundled).
 FILE_SOURCES = ("files", "mnist", "cifar10")
@@ -72,10 +78,47 @@ def probe_user_code(cfg: Config) -> None:
     )
     batches = feed.train_batches(sharder, 0, 0, device)
     _, batch, _ = next(iter(batches))
-    out = task.batch_stats(model, batch)
-    out.loss_sum.backward()
+    try:
+        out = task.batch_stats(model, batch)
+        loss = float(out.loss_sum.detach())
+        out.loss_sum.backward()
+    except HpcdlError:
+        raise
+    except Exception as exc:  # the user's forward or step: one line naming which
+        raise ConfigError(
+            f"{culprit(cfg, exc, model, task)}: the first training batch failed: {raised(exc)}"
+        ) from None
+    if not math.isfinite(loss):
+        raise ConfigError(
+            f"{culprit(cfg, None, model, task)}: the loss of the first training batch is {loss}, "
+            "before any training step: check the loss function and the data for NaN/inf"
+        )
     check_monitor(cfg.trainer.early_stopping.monitor, task)
     if isinstance(cfg.task, CustomTaskConfig) and cfg.task.predict is not None:
         model.eval()
         with torch.no_grad():
             build_prediction(cfg.task).outputs(model, batch)
+
+
+def culprit(cfg: Config, exc: Optional[BaseException], model: Any, task: Any) -> str:
+    """The key whose code failed: the one whose source file holds the deepest frame of the
+    traceback (model.target's forward, task.target's step), else the user's step, model or
+    data, in that order."""
+    mine: dict[str, str] = {}
+    if isinstance(cfg.model, CustomModelConfig):
+        mine[_source(type(model))] = f"model.target={cfg.model.target!r}"
+    if isinstance(cfg.task, CustomTaskConfig):
+        fn = getattr(task.fn, "func", task.fn)  # task.kwargs: a partial
+        mine[_source(fn)] = f"task.target={cfg.task.target!r}"
+    frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
+    for frame in reversed(frames):
+        if frame.filename in mine:
+            return mine[frame.filename]
+    return next(reversed(mine.values()), f"data={cfg.data.name}")
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsourcefile(obj) or ""
+    except TypeError:
+        return ""

@@ -4,6 +4,7 @@ trainer.step_hooks, ...): imported inside the job only, never on the login node.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -38,3 +39,39 @@ def resolve_callable(key: str, target: str) -> Callable[..., Any]:
             f"{key}={target!r}: {target.partition(':')[2]!r} is a {type(found).__name__}, not callable"
         )
     return cast(Callable[..., Any], found)
+
+
+def accepts(signature: inspect.Signature, name: str) -> bool:
+    """Whether `name=...` may be passed: a parameter of that name, or a **kwargs."""
+    param = signature.parameters.get(name)
+    if param is not None:
+        return param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+    return any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+
+
+def parameter_names(signature: inspect.Signature) -> str:
+    names = [star(p) + p.name for p in signature.parameters.values()]
+    return ", ".join(names) or "none"
+
+
+def star(param: inspect.Parameter) -> str:
+    if param.kind == param.VAR_POSITIONAL:
+        return "*"
+    return "**" if param.kind == param.VAR_KEYWORD else ""
+
+
+def check_step_kwargs(key: str, target: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """A one-line ConfigError naming the `<key>.kwargs` that a step function called as
+    fn(model, batch, **kwargs) does not take (what it takes, too)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    unknown = [k for k in kwargs if not accepts(signature, k)]
+    if unknown:
+        name = target.partition(":")[2]
+        raise ConfigError(
+            f"{key}.target={target!r}: {name} takes no "
+            f"{', '.join(f'{key}.kwargs.{k}' for k in unknown)}; its parameters: "
+            f"{parameter_names(signature)}"
+        )

@@ -35,7 +35,7 @@ from hpcdl.config.schema import (
 from hpcdl.errors import ConfigError, DataError
 from hpcdl.samples import input_target_pair
 from hpcdl.step_sums import Value
-from hpcdl.targets import resolve_callable
+from hpcdl.targets import check_step_kwargs, resolve_callable
 
 
 @dataclass
@@ -414,6 +414,7 @@ def build_task(cfg: TaskConfig, target_stats: Optional[tuple[float, float]] = No
     if isinstance(cfg, CustomTaskConfig):
         fn = resolve_callable("task.target", cfg.target)
         if cfg.kwargs:
+            check_step_kwargs("task", cfg.target, fn, dict(cfg.kwargs))
             fn = functools.partial(fn, **cfg.kwargs)
         return CustomTask(cfg.target, fn)
     raise ConfigError(f"task.name={getattr(cfg, 'name', cfg)!r}: unknown task")

@@ -444,6 +444,24 @@ def metrics_as_list(model, batch):
 
 def mean_over_batch(model, batch):
     return {"probability": torch.sigmoid(model(batch["image"])).mean()}
+
+class Exploding(torch.nn.Module):
+    '''A model whose forward raises.'''
+
+    def __init__(self, base=4):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 1, 3, padding=1)
+
+    def forward(self, x):
+        raise RuntimeError("the model failed on purpose")
+
+
+def wrong_key(model, batch):
+    return model(batch["pixels"]).mean(), {}
+
+
+def nan_loss(model, batch):
+    return (model(batch["image"]) * float("nan")).mean(), {}
 """
 
 
@@ -462,6 +480,10 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         (["trainer.early_stopping.monitor=val_nosuch"], "trainer.early_stopping.monitor"),
         (["data.target=badcode:missing", "data.kwargs.root=/nowhere"], "data.target"),
         (["task.predict=badcode:mean_over_batch"], "task.predict='badcode:mean_over_batch'"),
+        (["model.target=badcode:Exploding"], "model.target='badcode:Exploding': the first "),
+        (["task.target=badcode:wrong_key"], "task.target='badcode:wrong_key': the first "),
+        (["task.kwargs.pos_wieght=3"], "segmentation_step takes no task.kwargs.pos_wieght"),
+        (["task.target=badcode:nan_loss"], "task.target='badcode:nan_loss': the loss of the"),
     ],
     ids=[
         "ragged-samples",
@@ -470,6 +492,10 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         "monitor",
         "data-target-raises",
         "predict-not-per-sample",
+        "forward-raises",
+        "step-raises",
+        "task-kwargs-typo",
+        "nan-loss",
     ],
 )
 def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, changes, key) -> None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from hpcdl.config.schema import CustomModelConfig
 from hpcdl.errors import ConfigError
-from hpcdl.targets import resolve_callable
+from hpcdl.targets import accepts, parameter_names, resolve_callable
 
 
 def build_custom(
@@ -63,14 +63,6 @@ def readable_signature(factory: Callable[..., Any]) -> Optional[inspect.Signatur
         return None
 
 
-def accepts(signature: inspect.Signature, name: str) -> bool:
-    """Whether `name=...` may be passed: a parameter of that name, or a **kwargs."""
-    param = signature.parameters.get(name)
-    if param is not None:
-        return param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
-    return any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
-
-
 def check_kwargs_fit(
     cfg: CustomModelConfig, signature: inspect.Signature, data_kwargs: dict[str, Any]
 ) -> None:
@@ -100,17 +92,6 @@ def check_kwargs_fit(
     raise ConfigError(
         f"model.target={cfg.target!r}: {problem}; its parameters: {parameter_names(signature)}"
     )
-
-
-def parameter_names(signature: inspect.Signature) -> str:
-    names = [star(p) + p.name for p in signature.parameters.values()]
-    return ", ".join(names) or "none"
-
-
-def star(param: inspect.Parameter) -> str:
-    if param.kind == param.VAR_POSITIONAL:
-        return "*"
-    return "**" if param.kind == param.VAR_KEYWORD else ""
 
 
 def raised(exc: BaseException) -> str:

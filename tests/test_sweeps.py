@@ -186,7 +186,11 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
         "trainer.max_epochs=3",
     )
     sweep = tmp_path / "sw"
-    assert out.returncode == 0, out.stderr + out.stdout
+    assert out.returncode == 1, out.stderr + out.stdout  # a failed trial is the sweep's failure
+    assert f"3 of 6 trials failed: hpcdl sweep status {sweep}" in out.stdout
+    assert "trial 3 failed: data.path: cannot read 'broken.npz' as .npz: not a NumPy file" in (
+        out.stdout
+    ), out.stdout
     ledger = json.loads((sweep / "sweep.json").read_text())
     assert len(ledger["trials"]) == 6
     states = {t["index"]: t["state"] for t in ledger["trials"]}
@@ -197,6 +201,7 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
 
     status = hpcdl("sweep", "status", str(sweep))
     assert status.returncode == 0 and "3 COMPLETED, 3 FAILED" in status.stdout
+    assert "trial 5 failed: data.path: cannot read 'broken.npz'" in status.stdout  # the cause
 
     # Fix the cause, rerun only the failed trials: the completed ones are not touched.
     mtimes = {i: (sweep / str(i) / "summary.json").stat().st_mtime for i in range(3)}

@@ -186,14 +186,22 @@ def load_npz(file: Path, key: str) -> dict[str, np.ndarray]:
         with np.load(file, allow_pickle=False) as arrays:
             return {name: arrays[name] for name in arrays.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # a cut or foreign file
-        raise DataError(f"{key}: cannot read '{file}' as .npz: {exc}") from exc
+        raise DataError(f"{key}: cannot read '{file}' as .npz: {_numpy_reason(exc)}") from exc
 
 
 def load_npy(file: Path, key: str) -> np.ndarray:
     try:
         return np.asarray(np.load(file, allow_pickle=False))
     except (OSError, ValueError, EOFError) as exc:
-        raise DataError(f"{key}: cannot read '{file}' as .npy: {exc}") from exc
+        raise DataError(f"{key}: cannot read '{file}' as .npy: {_numpy_reason(exc)}") from exc
+
+
+def _numpy_reason(exc: BaseException) -> str:
+    """NumPy's error, but for a file that is no NumPy file at all: np.load then takes it for
+    a pickle and suggests allow_pickle, which hpcdl never uses on data (it runs code)."""
+    if "pickled" in str(exc):
+        return "not a NumPy file (neither .npy nor a zip of arrays); save it with np.savez"
+    return str(exc)
 
 
 def read_csv(file: Path, key: str) -> tuple[Optional[list[str]], list[list[str]]]:

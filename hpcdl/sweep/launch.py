@@ -24,7 +24,7 @@ from typing import Any, Optional
 from hpcdl.config.convert import to_plain
 from hpcdl.config.schema import Config, Launcher
 from hpcdl.errors import HpcdlError, RunDirError, os_error_reason
-from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from hpcdl.rundir import RunDir, SweepDir, create_run_dir, default_run_dir, open_run_dir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.ledger import Ledger, TrialRecord
@@ -157,7 +157,9 @@ def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
     if not env.get(THREADS_VAR):
         at_once = min(num_workers, len(indices))
         env[THREADS_VAR] = str(max(1, cpus // (at_once * widest)))
-    print(f"running {len(indices)} trials locally, {num_workers} at a time", flush=True)
+    trials = f"{len(indices)} trial{'s' if len(indices) != 1 else ''}"
+    print(f"running {trials} locally, {num_workers} at a time", flush=True)
+    failed: list[int] = []
     waiting = list(indices)
     running: dict[int, subprocess.Popen[Any]] = {}
     stopping: list[int] = []
@@ -176,14 +178,20 @@ def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
             for i, proc in list(running.items()):
                 if proc.poll() is not None:
                     del running[i]
-                    _finish_trial(sweep_dir, i, proc.returncode)
+                    if not _finish_trial(sweep_dir, i, proc.returncode):
+                        failed.append(i)
             if stopping and not running:
                 break
             time.sleep(0.2)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    return EXIT_INTERRUPTED if stopping else EXIT_OK
+    if stopping:
+        return EXIT_INTERRUPTED
+    if failed:  # a script (or CI) running the sweep must see it
+        print(f"{len(failed)} of {trials} failed: hpcdl sweep status {sweep_dir}", flush=True)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def _start_trial(
@@ -210,8 +218,9 @@ def _start_trial(
     return proc
 
 
-def _finish_trial(sweep_dir: Path, index: int, code: int) -> None:
-    from hpcdl.sweep.report import trial_metric
+def _finish_trial(sweep_dir: Path, index: int, code: int) -> bool:
+    """Record a trial's end; whether it completed or was interrupted (not failed)."""
+    from hpcdl.sweep.report import last_error, trial_metric
 
     with ledger_mod.locked(sweep_dir) as led:
         trial = led.trial(index)
@@ -219,9 +228,14 @@ def _finish_trial(sweep_dir: Path, index: int, code: int) -> None:
         trial.state = {EXIT_OK: "COMPLETED", EXIT_INTERRUPTED: "INTERRUPTED"}.get(code, "FAILED")
         trial.metric = trial_metric(RunDir(Path(trial.run_dir)))
         print(f"trial {index}: {trial.state} (exit {code})", flush=True)
-        warning = _first_warning(RunDir(Path(trial.run_dir)).trial_log)
+        trial_log = RunDir(Path(trial.run_dir)).trial_log
+        warning = _first_warning(trial_log)
         if warning:
             print(f"trial {index}: {warning}", flush=True)
+        cause = last_error(trial_log) if trial.state == "FAILED" else None
+        if cause:
+            print(f"trial {index} failed: {cause}", flush=True)
+        return trial.state != "FAILED"
 
 
 def _first_warning(trial_log: Path) -> str:

@@ -167,11 +167,23 @@ def failure_causes(ledger: Ledger) -> list[tuple[int, str]]:
     for t in ledger.trials:
         if t.state not in FAILED_STATES or not t.job_id:
             continue
-        log_dir = RunDir(Path(t.run_dir)).rank_log(t.job_id, 0).parent
-        cause = describe(root_cause(log_dir, t.job_id))
+        run_dir = RunDir(Path(t.run_dir))
+        log_dir = run_dir.rank_log(t.job_id, 0).parent
+        cause = describe(root_cause(log_dir, t.job_id)) or last_error(run_dir.trial_log)
         if cause:
             found.append((t.index, cause))
     return found
+
+
+def last_error(trial_log: Path) -> Optional[str]:
+    """The last `error:` line of a local trial's log (its `hpcdl resume` command's output:
+    bad input found in the job, a rank's failure), without the prefix."""
+    try:
+        lines = trial_log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [line[len("error: ") :] for line in lines if line.startswith("error: ")]
+    return errors[-1] if errors else None
 
 
 def _markdown(rows: list[list[str]]) -> str:

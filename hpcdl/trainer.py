@@ -131,6 +131,12 @@ def resumed_progress(path: Path, state: dict[str, Any], sharder: EpochSharder) -
     return progress
 
 
+def saved_with(saved: dict[str, Any], now: dict[str, Any], group: str) -> str:
+    """' (model.hidden_sizes=[32, 16])': the saved config's values where this run's differ."""
+    keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    return f" ({' '.join(f'{group}.{k}={saved.get(k)}' for k in keys)})" if keys else ""
+
+
 class Trainer:
     # Set by the job payload (hpcdl.job): told of every step and of each phase with its
     # own allowance. None: no stall watchdog (tests, benchmarks driving the trainer).
@@ -684,10 +690,11 @@ class Trainer:
         except RuntimeError as exc:  # torch lists every mismatch, one line each
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
             first = lines[1] if len(lines) > 1 else str(exc)  # after "Error(s) in loading ..."
+            saved = saved_with(state.get("model_config") or {}, p.model_config, "model")
             raise CheckpointError(
                 f"{path} does not fit this run's model ({first}); resume "
-                "with the model and data config it was saved with, or start a new run from "
-                f"the weights that fit with init_from={path}"
+                f"with the model and data config it was saved with{saved}, or start a new run "
+                f"from the weights that fit with init_from={path}"
             ) from None
         load_optimizer_state(p.optimizer, state["optimizer"], str(path))
         # On the CPU the optimizer keeps the loaded tensors themselves, mapped from the file:

@@ -350,11 +350,17 @@ def test_resume_with_another_lr_uses_it_and_another_model_is_one_line(
     out = hpcdl("resume", "run", "optim.lr=0.003", "trainer.max_epochs=2")
     assert out.returncode == 0, out.stderr
     assert [row["lr"] for row in read_csv(tmp_path / "run" / "metrics.csv")] == ["0.01", "0.003"]
+    config = (tmp_path / "run" / "config.yaml").read_text()
     out = hpcdl("resume", "run", "model.hidden_sizes=[10]", "trainer.max_epochs=3")
-    assert out.returncode != 0
+    assert out.returncode == 2
     error = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "does not fit this run's model" in error[0], out.stderr
     assert "resume with the model and data config it was saved with" in error[0]
+    assert "(model.hidden_sizes=[30, 60])" in error[0]  # what it was saved with
+    # Refused by the job: config.yaml stays as it was, and a plain resume works.
+    assert (tmp_path / "run" / "config.yaml").read_text() == config
+    assert "config.yaml: left as it was, without these overrides" in out.stdout
+    assert hpcdl("resume", "run").returncode == 0
 
 
 def test_resume_mid_epoch_with_another_batch_size_goes_on_at_the_same_sample(
@@ -376,7 +382,10 @@ def test_resume_mid_epoch_with_another_batch_size_goes_on_at_the_same_sample(
         "(trainer.max_epochs=1, then resume again)"
     ], out.stderr
     assert checkpoint.read_bytes() == saved
-    out = hpcdl("resume", "run", "trainer.batch_size=16", "trainer.max_epochs=1")
+    assert "batch_size: 32" in (tmp_path / "run" / "config.yaml").read_text()  # as it was
+    out = hpcdl(
+        "resume", "run", "trainer.batch_size=16", "trainer.max_steps=null", "trainer.max_epochs=1"
+    )
     assert out.returncode == 0, out.stderr
     assert "epoch 1 goes on at the same sample, step 10 of the epoch" in out.stdout
     steps = json.loads((tmp_path / "run" / "summary.json").read_text())["steps"]

@@ -357,7 +357,7 @@ def test_disk_full_during_training_keeps_the_checkpoints(hpcdl, mount_tmpfs) -> 
 def test_disk_full_while_creating_a_sweep_leaves_nothing(hpcdl, mount_tmpfs) -> None:
     # Room for the first trial's run dir, not for the rest: no half-made sweep is left to
     # block a retry (which says "already exists") or a rerun (which finds no ledger).
-    fs = mount_tmpfs(128)
+    fs = mount_tmpfs(4096)  # once the filler is gone, room for the trials' checkpoints
     filler = fill(fs, pages_free=3)
     sweep = fs / "sweeps" / "s1"
     out = hpcdl("train", "-m", f"hydra.sweep.dir={sweep}", "trainer.seed=1,2,3,4,5,6", *FAST)
@@ -365,5 +365,5 @@ def test_disk_full_while_creating_a_sweep_leaves_nothing(hpcdl, mount_tmpfs) -> 
     assert tree(fs) == ["filler"]
     filler.unlink()
     out = hpcdl("train", "-m", f"hydra.sweep.dir={sweep}", "trainer.seed=1,2", *FAST)
-    assert out.returncode == EXIT_OK, out.stderr
+    assert out.returncode == EXIT_OK, out.stderr + out.stdout
     assert (sweep / "sweep.json").is_file()

@@ -483,10 +483,28 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with hold(run_dir):  # before anything is written: a second resume changes nothing
         if args.from_scratch:
             run_dir.clear_history()
+        stored_config = run_dir.config_file.read_bytes()
         cfg = run_dir.save_config(cfg)
         run_dir.record_command("resume")
         print(f"resuming run dir: {run_dir.path}", flush=True)
-        return launch(cfg, run_dir)
+        try:
+            code = launch(cfg, run_dir)
+        except HpcdlError:  # refused at submission (sbatch, the cluster)
+            keep_config(run_dir, stored_config, args.overrides)
+            raise
+        if code == EXIT_BAD_INPUT:  # refused by the job that ran here (its checkpoint
+            keep_config(run_dir, stored_config, args.overrides)  # does not fit, say)
+        return code
+
+
+def keep_config(run_dir: RunDir, stored: bytes, overrides: list[str]) -> None:
+    """A resume refused once launched leaves config.yaml as it was, so that a plain
+    `hpcdl resume` still works."""
+    from hpcdl.atomic import write_atomic
+
+    if overrides:
+        write_atomic(run_dir.config_file, stored)
+        print(f"{run_dir.config_file}: left as it was, without these overrides", flush=True)
 
 
 def refuse_another_optimizer(stored: Config, cfg: Config, run_dir: RunDir) -> None:

@@ -24,6 +24,8 @@ import threading
 import traceback
 from typing import NoReturn, Optional
 
+from hpcdl.errors import HpcdlError
+
 USAGE = "usage: python -m hpcdl.launch.rank_main LOG_DIR"
 # cluster=local: the GPUs the ranks get, as the launching shell named them (submitit's local
 # executor would give them the machine's first ones, 0..gpus_per_node-1).
@@ -74,6 +76,9 @@ def run(folder: str) -> NoReturn:
         process_job(folder)
     except SystemExit as stop:
         leave(exit_status(stop.code))
+    except HpcdlError as error:  # bad input found by the job: its one line, no traceback
+        print("".join(traceback.format_exception_only(error)).strip(), file=sys.stderr)
+        leave(1)
     except Exception:  # as the interpreter would report it, then out without its teardown
         traceback.print_exc()
         leave(1)

@@ -131,6 +131,12 @@ def test_entry_function_with_kwargs_and_exit_statuses(hpcdl, tmp_path: Path) -> 
     assert stopped.returncode == 3 and "Continue with: hpcdl resume" in stopped.stdout
     inline = hpcdl("run", "run_dir=d", "--", "python", "-X", "dev", "-c", "print('inline ok')")
     assert inline.returncode == 0 and "inline ok" in inline.stdout, inline.stderr
+    # A program's run: hpcdl cannot rebuild its model, so evaluate/predict say so.
+    for command, *how in (("evaluate",), ("predict", "--split", "test")):
+        out = hpcdl(command, "a", *how)
+        assert out.returncode == 2 and out.stderr.startswith(
+            f"error: hpcdl {command}: {tmp_path / 'a'} is an `hpcdl run` run"
+        ), out.stderr
 
 
 def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl, tmp_path):
@@ -358,6 +364,8 @@ def test_script_sweep_shows_and_ranks_by_the_programs_own_metric(hpcdl, tmp_path
         "--lr={0.1,0.3,0.9}",
     )
     assert out.returncode == 0, out.stderr + out.stdout
+    first_line = (tmp_path / "sw" / "0" / "trial.log").read_text().splitlines()[0]
+    assert first_line.startswith("starting run dir: ")  # its first attempt, not a resume
     status = hpcdl("sweep", "status", "sw")
     assert status.returncode == 0, status.stderr
     assert "| val_score |" in status.stdout.replace("  ", " ").replace("  ", " ")

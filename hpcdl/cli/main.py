@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import ConfigError, HpcdlError
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK
 
 if TYPE_CHECKING:
@@ -486,7 +486,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         stored_config = run_dir.config_file.read_bytes()
         cfg = run_dir.save_config(cfg)
         run_dir.record_command("resume")
-        print(f"resuming run dir: {run_dir.path}", flush=True)
+        # A sweep trial's first attempt goes through resume too: it starts.
+        verb = "resuming" if run_dir.read_attempts() else "starting"
+        print(f"{verb} run dir: {run_dir.path}", flush=True)
         try:
             code = launch(cfg, run_dir)
         except HpcdlError:  # refused at submission (sbatch, the cluster)
@@ -578,11 +580,23 @@ def launch(cfg: Config, run_dir: RunDir) -> int:
     return code
 
 
+def refuse_script_run(cfg: Config, run_dir: RunDir, command: str) -> None:
+    """evaluate and predict rebuild the model and data from config.yaml: an `hpcdl run`
+    run's program keeps its own, which hpcdl does not know."""
+    if cfg.script is not None:
+        raise ConfigError(
+            f"hpcdl {command}: {run_dir.path} is an `hpcdl run` run; its program keeps its "
+            f"own model and checkpoints, which hpcdl cannot rebuild: {command} them with "
+            f"your program (hpcdl {command} works on `hpcdl train` runs)"
+        )
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from hpcdl.inference import evaluate_checkpoint
     from hpcdl.rundir import open_run_dir
 
     cfg, run_dir = open_run_dir(args.run_dir)
+    refuse_script_run(cfg, run_dir, "evaluate")
     report = evaluate_checkpoint(cfg, run_dir, args.checkpoint)
     print(f"checkpoint: {report['checkpoint']}")
     metrics = "  ".join(
@@ -604,6 +618,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from hpcdl.rundir import open_run_dir
 
     cfg, run_dir = open_run_dir(args.run_dir)
+    refuse_script_run(cfg, run_dir, "predict")
     cfg = with_predict_function(cfg, args.overrides)
     count = predict_rows(cfg, run_dir, args.input, args.checkpoint, args.output, args.split)
     if args.output:

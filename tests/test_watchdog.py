@@ -4,6 +4,7 @@ and ends the job with EXIT_STALLED, instead of holding its nodes until the time 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -59,33 +60,31 @@ def test_a_wait_for_the_other_ranks_keeps_the_deadline_and_is_named() -> None:
     assert stalls[0].seconds > 0.5
 
 
+def train_in(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`hpcdl train run_dir=run ARGS` in tmp_path, with tmp_path's modules importable."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdl.cli.main", "train", "run_dir=run", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), **env},
+    )
+
+
 def run_hanging(
     tmp_path: Path, *extra: str, ranks: str = "0"
 ) -> tuple[subprocess.CompletedProcess, float]:
     (tmp_path / "hang.py").write_text(HANG)
     started = time.monotonic()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpcdl.cli.main",
-            "train",
-            "run_dir=run",
-            "trainer.max_epochs=3",
-            "trainer.stall_timeout_s=3",
-            "trainer.step_hooks=[hang:after_step]",
-            *extra,
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={
-            **__import__("os").environ,
-            "PYTHONPATH": str(tmp_path),
-            "HANG_AT": "5",
-            "HANG_RANKS": ranks,
-        },
+    out = train_in(
+        tmp_path,
+        "trainer.max_epochs=3",
+        "trainer.stall_timeout_s=3",
+        "trainer.step_hooks=[hang:after_step]",
+        *extra,
+        HANG_AT="5",
+        HANG_RANKS=ranks,
     )
     return out, time.monotonic() - started
 
@@ -180,26 +179,16 @@ def test_a_slow_first_step_on_one_rank_is_allowed_in_the_collectives_too(tmp_pat
     # after stall_timeout_s; later steps' collectives are bounded by stall_timeout_s again.
     # The model also reads torchrun's variables (RANK, ...), as users' code may.
     (tmp_path / "slow.py").write_text(SLOW_FIRST_STEP)
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpcdl.cli.main",
-            "train",
-            "run_dir=run",
-            "model=custom",
-            "model.target=slow:SlowStart",
-            "cluster=local",
-            "cluster.tasks_per_node=2",
-            "trainer.max_epochs=1",
-            "trainer.stall_timeout_s=4",
-            "trainer.step_hooks=[slow:after_step]",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path), "SLOW_FOR": "6"},
+    out = train_in(
+        tmp_path,
+        "model=custom",
+        "model.target=slow:SlowStart",
+        "cluster=local",
+        "cluster.tasks_per_node=2",
+        "trainer.max_epochs=1",
+        "trainer.stall_timeout_s=4",
+        "trainer.step_hooks=[slow:after_step]",
+        SLOW_FOR="6",
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert (tmp_path / "run" / "summary.json").exists()

@@ -261,6 +261,15 @@ class RunDir(JobDir):
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         write_json_atomic(self.summary_file, dict(summary))
 
+    def has_started(self) -> bool:
+        """Some attempt has run: an attempt record, a checkpoint or a metrics row."""
+        checkpoints = self.checkpoint_dir
+        return (
+            bool(self.read_attempts())
+            or (checkpoints.is_dir() and any(checkpoints.iterdir()))
+            or (self.path / self.METRICS).exists()
+        )
+
     def is_complete(self) -> bool:
         return self.summary_file.exists()
 

@@ -487,7 +487,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         cfg = run_dir.save_config(cfg)
         run_dir.record_command("resume")
         # A sweep trial's first attempt goes through resume too: it starts.
-        verb = "resuming" if run_dir.read_attempts() else "starting"
+        verb = "resuming" if run_dir.has_started() else "starting"
         print(f"{verb} run dir: {run_dir.path}", flush=True)
         try:
             code = launch(cfg, run_dir)

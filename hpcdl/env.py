@@ -111,6 +111,17 @@ def _from_torchrun(environ: Mapping[str, str]) -> RankEnv:
     )
 
 
+def slurm_job_ref(environ: Mapping[str, str], job_id: str) -> str:
+    """The id Slurm's commands (scontrol requeue, squeue -j, scontrol show job) take for this
+    job alone: `<array>_<task>` for the array task whose SLURM_JOB_ID is the array's own
+    id, which names every task of the array (`scontrol requeue` requeued them all, completed
+    ones included); else job_id."""
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task and job_id == environ.get("SLURM_JOB_ID"):
+        return f"{array}_{task}"
+    return job_id
+
+
 def torchrun_variables(env: RankEnv, per_node: int) -> dict[str, str]:
     """The per-rank variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, ...), for code
     that reads them: users' models and datasets in hpcdl's ranks, programs under `hpcdl run`."""

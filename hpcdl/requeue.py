@@ -5,9 +5,11 @@ stall (hpcdl.job, cluster.requeue_on_stall). Stdlib only."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
+from hpcdl.env import slurm_job_ref
 from hpcdl.rundir import RunDir
 
 
@@ -20,6 +22,10 @@ def requeue(job_id: str, path: RunDir) -> str:
         request.touch()
         return "requeue requested from the batch script (no scontrol here)"
     out = subprocess.run(
-        ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
+        ["scontrol", "requeue", slurm_job_ref(os.environ, job_id)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    return "requeued" if out.returncode == 0 else f"requeue failed: {out.stderr.strip()}"
+    reason = "; ".join(line.strip() for line in out.stderr.splitlines() if line.strip())
+    return "requeued" if out.returncode == 0 else f"requeue failed: {reason}"

@@ -145,3 +145,15 @@ def test_a_derived_port_has_candidates_and_a_set_one_has_only_itself() -> None:
     assert master_port_candidates(chosen) == [23456]
     local = rank_env_from({"SUBMITIT_LOCAL_JOB_ID": "77", "MASTER_PORT": "41000"})
     assert master_port_candidates(local) == [41000]
+
+
+def test_an_array_task_is_named_to_slurm_by_array_and_task() -> None:
+    from hpcdl.env import slurm_job_ref
+
+    # The task holding the array's own id: that id alone would name every task.
+    task = {"SLURM_JOB_ID": "22", "SLURM_ARRAY_JOB_ID": "22", "SLURM_ARRAY_TASK_ID": "1"}
+    assert slurm_job_ref(task, "22") == "22_1"
+    other = {"SLURM_JOB_ID": "23", "SLURM_ARRAY_JOB_ID": "22", "SLURM_ARRAY_TASK_ID": "0"}
+    assert slurm_job_ref(other, "23") == "22_0"
+    assert slurm_job_ref({"SLURM_JOB_ID": "7"}, "7") == "7"  # not an array
+    assert slurm_job_ref(task, "30") == "30"  # another job (a continuation): as given

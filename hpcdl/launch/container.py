@@ -69,8 +69,11 @@ def teardown_lines(cluster: ClusterConfig, job_dir: JobDir) -> list[str]:
     if not active(cluster):
         return []
     request = f"{shlex.quote(str(job_dir.log_dir))}/{requeue_request_name('$SLURM_JOB_ID')}"
+    # An array task by <array>_<task>: the array's own id would requeue every task.
+    this_job = "${SLURM_ARRAY_TASK_ID:+${SLURM_ARRAY_JOB_ID}_$SLURM_ARRAY_TASK_ID}"
     return [
-        f'if [ -e {request} ]; then rm -f {request}; scontrol requeue "$SLURM_JOB_ID"; fi',
+        f'if [ -e {request} ]; then rm -f {request}; job={this_job}; '
+        'scontrol requeue "${job:-$SLURM_JOB_ID}"; fi',
     ]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcdl.config.schema import Requeue
-from hpcdl.env import RankEnv, rank_env_from
+from hpcdl.env import RankEnv, rank_env_from, slurm_job_ref
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from hpcdl.requeue import requeue
 
@@ -76,7 +76,7 @@ def seconds_left(job_id: str) -> float | None:
 
     try:
         out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%S|%l"],
+            ["squeue", "-h", "-j", slurm_job_ref(os.environ, job_id), "-o", "%S|%l"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -98,7 +98,7 @@ def restarts_now(job_id: str) -> int | None:
     scancel it is unchanged."""
     try:
         out = subprocess.run(
-            ["scontrol", "-o", "show", "job", job_id],
+            ["scontrol", "-o", "show", "job", slurm_job_ref(os.environ, job_id)],
             capture_output=True,
             text=True,
             timeout=30,

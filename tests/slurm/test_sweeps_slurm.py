@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_hpcdl
-from tests.slurm.conftest import sacct_state, wait_until
+from tests.slurm.conftest import REPO, sacct_state, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -251,3 +251,45 @@ def test_status_and_rerun_work_on_a_cluster_without_accounting(
 def squeue_task_ids() -> list[str]:
     out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True)
     return out.stdout.split()
+
+
+REQUEUE_ONCE = """#!/bin/bash
+echo "$SLURM_ARRAY_TASK_ID ${SLURM_RESTART_COUNT:-0}" >> @OUT@/runs.txt
+if [ "$SLURM_JOB_ID" = "$SLURM_ARRAY_JOB_ID" ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then
+    sleep 4  # the other task has finished by now
+    @PYTHON@ -c "import os, pathlib; from hpcdl.requeue import requeue; \\
+from hpcdl.rundir import RunDir; \\
+print(requeue(os.environ['SLURM_JOB_ID'], RunDir(pathlib.Path('@OUT@'))))"
+    sleep 30  # ended by the requeue
+fi
+"""
+
+
+def test_an_array_task_that_requeues_itself_requeues_only_itself(devcluster, tmp_path) -> None:
+    """The task whose SLURM_JOB_ID is the array's own id requeues itself (a time limit, a
+    preemption, a stall in a sweep): by that id Slurm would requeue the whole array and
+    rerun trials that had completed."""
+    import sys
+
+    script = tmp_path / "task.sh"
+    script.write_text(
+        REQUEUE_ONCE.replace("@OUT@", str(tmp_path)).replace("@PYTHON@", sys.executable)
+    )
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--requeue", "--array=0-1", "-o", f"{tmp_path}/%A_%a.out",
+         str(script)],
+        capture_output=True, text=True, env={**devcluster.env, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    array = out.stdout.strip().split(";")[0]
+    wait_until(lambda: not array_queued(array), 180, f"array {array} to finish")
+    runs = sorted((tmp_path / "runs.txt").read_text().split("\n")[:-1])
+    requeued = [line for line in runs if line.endswith(" 1")]
+    assert len(requeued) == 1, runs  # the task that asked, once
+    task = requeued[0].split()[0]
+    assert runs.count(f"{task} 0") == 1 and len(runs) == 3, runs  # the other ran once
+
+
+def array_queued(array: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True)
+    return any(line.startswith(f"{array}_") for line in out.stdout.split())

@@ -261,6 +261,16 @@ class RunDir(JobDir):
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         write_json_atomic(self.summary_file, dict(summary))
 
+    def requeues(self) -> int:
+        """Runs started again after a stop (preemption, time limit, scontrol requeue, or the
+        next job of a chain): start records with a restart count > 0. A new job that
+        `hpcdl resume` submitted is not one."""
+        return sum(
+            1
+            for e in self.read_attempts()
+            if e.get("event") == "start" and (e.get("restart_count") or 0) > 0
+        )
+
     def has_started(self) -> bool:
         """Some attempt has run: an attempt record, a checkpoint or a metrics row."""
         checkpoints = self.checkpoint_dir

@@ -232,13 +232,12 @@ def test_a_job_that_left_the_queue_is_judged_by_its_run_dir(tmp_path: Path) -> N
     # What `hpcdl status` and `hpcdl sweep status` say on a cluster without accounting.
     from hpcdl.launch.monitor import state_from_run_dir as state_of
     from hpcdl.rundir import RunDir
-    from hpcdl.sweep.report import requeues as requeues_of
 
     def state_from_run_dir(path: Path) -> str:
         return state_of(RunDir(path))
 
     def requeues(path: Path) -> int:
-        return requeues_of(RunDir(path))
+        return RunDir(path).requeues()
 
     start = {"event": "start", "restart_count": 0}
     assert state_from_run_dir(tmp_path / "never") == "UNKNOWN"
@@ -254,6 +253,10 @@ def test_a_job_that_left_the_queue_is_judged_by_its_run_dir(tmp_path: Path) -> N
     (tmp_path / "done" / "summary.json").write_text("{}")
     assert state_from_run_dir(tmp_path / "done") == "COMPLETED"
     assert requeues(tmp_path / "done") == 1 and requeues(tmp_path / "crashed") == 0
+    # `hpcdl resume` after a cancel submits a new job: an attempt, not a requeue.
+    cancelled = {"event": "end", "reason": "cancelled", "action": "exit"}
+    _attempts(tmp_path / "resumed", start, cancelled, start, done)
+    assert requeues(tmp_path / "resumed") == 0
 
 
 def test_ledger_written_by_an_older_version_still_loads(tmp_path: Path) -> None:

@@ -123,10 +123,11 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     attempts = run_dir.read_attempts()
     starts = [a for a in attempts if a.get("event") == "start"]
     info["attempts"] = len(starts)
-    info["requeues"] = max(0, len(starts) - 1)
+    info["requeues"] = run_dir.requeues()
     ends = [a for a in attempts if a.get("event") == "end"]
     if ends:
-        info["last_end"] = f"{ends[-1].get('reason')} ({ends[-1].get('action', '')})".strip()
+        action = ends[-1].get("action")
+        info["last_end"] = f"{ends[-1].get('reason')}" + (f" ({action})" if action else "")
     last = run_dir.metrics.last_row()
     if last is not None:
         info["last_epoch"] = last.get("epoch")

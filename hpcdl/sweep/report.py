@@ -58,16 +58,6 @@ def slurm_states(array_ids: list[str]) -> SchedulerView:
     return SchedulerView(states, queue is not None, accounting is not None)
 
 
-def requeues(run_dir: RunDir) -> int:
-    """Runs started again after a stop (preemption, time limit, scontrol requeue, or the
-    next job of a chain): start records with a restart count > 0."""
-    return sum(
-        1
-        for e in run_dir.read_attempts()
-        if e.get("event") == "start" and (e.get("restart_count") or 0) > 0
-    )
-
-
 def current_job(run_dir: RunDir) -> Optional[str]:
     """The job the trial's run dir last recorded: its array task, or the newest link of
     its chain."""
@@ -123,7 +113,7 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
             run_dir = RunDir(Path(t.run_dir))
             if run_dir.is_complete():
                 t.state = COMPLETED
-            t.requeues = requeues(run_dir)
+            t.requeues = run_dir.requeues()
         metric = metric or default_metric(ledger)
         for t in ledger.trials:
             t.metric = trial_metric(RunDir(Path(t.run_dir)), metric)

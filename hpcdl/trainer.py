@@ -161,6 +161,7 @@ class Trainer:
         self._last_saved_path: Optional[Path] = None
         self._monitor_checked = False
         self._steady = False  # the collectives' timeout is the first step's allowance
+        self._asked: Optional[float] = None  # when fit() asked for the next batch
         self._start = start or Start(checkpoint=parts.store.load_latest(mmap=True))
         # An epoch's batches whose loader has started reading ahead (see Start).
         self._pending: Optional[Iterator[TrainBatch]] = self._start.batches
@@ -207,6 +208,7 @@ class Trainer:
             self.p.reporter.start_epoch(
                 self.progress.epoch, self.progress.step_in_epoch, self.p.sharder.num_steps_per_epoch
             )
+            self._asked = time.monotonic()  # for the epoch's first batch
             for step_in_epoch, batch, global_count in self._take_batches():
                 flags = self.train_step(batch, global_count)
                 self._beat()
@@ -224,6 +226,7 @@ class Trainer:
                     self.save()
                 if self.max_steps_reached():
                     break
+                self._asked = time.monotonic()  # for the next batch
             self._read_ahead_next_epoch()
             self.end_epoch()
         return self.complete()
@@ -280,7 +283,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def train_step(self, batch: Any, global_count: int) -> dict[str, bool]:
-        started = time.monotonic()
+        # An epoch's time counts the wait for its batches too (a data-bound run shows as
+        # one): from when fit() asked for this batch, else from now.
+        started = time.monotonic() if self._asked is None else self._asked
         p, pr = self.p, self.progress
         if self.t.channels_last:
             batch = channels_last_inputs(batch)

@@ -537,3 +537,39 @@ def assert_refused(out: subprocess.CompletedProcess, cwd: Path, key: str) -> Non
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
     assert key in lines[0], lines[0]
     assert not (cwd / "run").exists() and not (cwd / "outputs").exists()
+
+
+SLOW_READS = """
+import time
+import torch
+
+
+class SlowReads:
+    '''64 samples, each read in 10 ms: an epoch of this data takes at least 0.64 s.'''
+
+    classes = ["even", "odd"]
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.full((4,), float(i % 2)), i % 2
+
+
+def build():
+    return SlowReads(), SlowReads()
+"""
+
+
+def test_an_epochs_time_counts_the_wait_for_its_data(hpcdl, tmp_path) -> None:
+    # A data-bound run must look like one in metrics.csv (and the progress line): the
+    # epoch's seconds used to count only the steps, from batch in hand to step done.
+    (tmp_path / "slowreads.py").write_text(SLOW_READS)
+    args = ["data=custom", "data.target=slowreads:build", "data.num_workers=0"]
+    out = hpcdl("train", "run_dir=run", *args, "trainer.max_epochs=2", env=user_env(tmp_path))
+    assert out.returncode == 0, out.stderr + out.stdout
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    # Epoch 2 reads its 64 training samples (its first batch may be read ahead, during
+    # epoch 1's validation): at least 0.5 s, where its steps take a few milliseconds.
+    assert float(rows[1]["seconds"]) >= 0.5, rows[1]

@@ -155,3 +155,27 @@ def test_with_nccl_a_rank_stalled_waiting_is_named_after_the_rank_that_failed(tm
     both = {3: WAITING_STALL.format(3), 1: WAITING_STALL.format(1)}
     rank, detail = root_cause(logs(d, "8", both), "8") or (0, "")
     assert rank == 1 and "waiting for the other ranks" in detail
+
+
+def test_slurms_banner_of_an_earlier_requeue_is_no_cause(tmp_path: Path) -> None:
+    # A job requeued once (by its own time-limit stop) keeps the first attempt's banner in
+    # its log; the run then stopped itself again: nothing in the log is an error.
+    banner = "slurmstepd-n1: error: *** STEP 11.0 ON n1 CANCELLED AT 2026-11-25T22:00:01 DUE TO JOB REQUEUE ***\n"
+    folder = logs(tmp_path, "11", {0: f"epoch 1 step 5\n{banner}stopped by SIGUSR2\n"})
+    assert root_cause(folder, "11") is None
+
+
+def test_status_names_no_cause_for_a_job_that_stopped_itself(tmp_path: Path) -> None:
+    import json
+
+    from hpcdl.launch.monitor import stopped_itself
+    from hpcdl.rundir import RunDir
+
+    def ended(reason: str, job_id: str = "11") -> RunDir:
+        end = {"event": "end", "job_id": job_id, "reason": reason, "action": "not requeued"}
+        (tmp_path / "attempts.jsonl").write_text(json.dumps(end) + "\n")
+        return RunDir(tmp_path)
+
+    assert stopped_itself(ended("timeout"), "11")
+    assert not stopped_itself(ended("failed"), "11")
+    assert not stopped_itself(ended("timeout", job_id="10"), "11")  # an earlier job's end

@@ -35,7 +35,11 @@ FATAL_LINE = re.compile(
 )
 # What a job script or srun says when it dies before Python starts (module load, a
 # missing interpreter, a bad bind path): the first such line names the cause.
-SHELL_ERROR = re.compile(r"^.*(?:error|not found|No such file|Permission denied).*$", re.M | re.I)
+SHELL_ERROR = re.compile(
+    # not slurmstepd's banner of a step it ended (a requeue, a time limit, a cancel)
+    r"^(?!.*\bCANCELLED AT\b).*(?:error|not found|No such file|Permission denied).*$",
+    re.M | re.I,
+)
 
 
 def rank_logs(log_dir: Path, job_id: str) -> dict[int, str]:

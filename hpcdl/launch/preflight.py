@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from hpcdl.config.schema import ClusterConfig
+from hpcdl.config.schema import ClusterConfig, tasks_per_node
 from hpcdl.errors import ConfigError
 
 
@@ -130,6 +130,7 @@ def check(cluster: ClusterConfig) -> str:
                 f"cluster.gpus_per_node={cluster.gpus_per_node} (--gres={gres}): partition {name!r} "
                 f"nodes have at most {most} {kind or 'GPU'}{'s' if most != 1 else ''} (sinfo)"
             )
+    fitting = _with_cpus_and_memory(cluster, name, fitting)
     if cluster.nodes > len(fitting):
         raise ConfigError(
             f"cluster.nodes={cluster.nodes}: only {len(fitting)} nodes of partition {name!r} "
@@ -138,11 +139,47 @@ def check(cluster: ClusterConfig) -> str:
     return name
 
 
-def _partition_nodes(partition: str) -> list[tuple[str, set[str], dict[str, int]]]:
-    out = _run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%f|%G"])
+def _with_cpus_and_memory(cluster: ClusterConfig, partition: str, nodes: list[Node]) -> list[Node]:
+    """The nodes with the CPUs (tasks per node x cluster.cpus_per_task) and the memory
+    (cluster.mem_gb) asked for: sbatch queues a job no node can hold, pending forever on
+    (PartitionConfig) or refused in sbatch's own words. Unknown sizes (0) are let through."""
+    tasks = tasks_per_node(cluster)
+    cpus = tasks * cluster.cpus_per_task
+    fitting = [n for n in nodes if not n[3] or n[3] >= cpus]
+    if not fitting:
+        most = max(n[3] for n in nodes)
+        raise ConfigError(
+            f"cluster.cpus_per_task={cluster.cpus_per_task}: {tasks} task"
+            f"{'s' if tasks != 1 else ''} per node need {cpus} CPUs, and partition "
+            f"{partition!r} nodes have at most {most} (sinfo); lower cluster.cpus_per_task"
+        )
+    if cluster.mem_gb:
+        have = [n for n in fitting if not n[4] or n[4] >= cluster.mem_gb * 1024]
+        if not have:
+            most_gb = max(n[4] for n in fitting) / 1024
+            raise ConfigError(
+                f"cluster.mem_gb={cluster.mem_gb}: partition {partition!r} nodes have at most "
+                f"{most_gb:.1f} GB (sinfo's memory per node); lower cluster.mem_gb"
+            )
+        fitting = have
+    return fitting
+
+
+# A node as sinfo tells it: name, features, GRES, CPUs, memory (MB); 0: unknown.
+Node = tuple[str, set[str], dict[str, int], int, int]
+
+
+def _partition_nodes(partition: str) -> list[Node]:
+    out = _run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%f|%G|%c|%m"])
     nodes = {}
     for line in out.splitlines():
-        name, features, gres = [*line.split("|"), "", ""][:3]
+        name, features, gres, cpus, memory = [*line.split("|"), "", "", "", ""][:5]
         feats = {f for f in features.split(",") if f and f != "(null)"}
-        nodes[name] = (name, feats, parse_gres(gres))
+        nodes[name] = (name, feats, parse_gres(gres), _number(cpus), _number(memory))
     return list(nodes.values())
+
+
+def _number(text: str) -> int:
+    """sinfo's CPUs or memory ("8", "8000", "8000+" for a range's least); 0 when unknown."""
+    digits = text.strip().rstrip("+")
+    return int(digits) if digits.isdigit() else 0

@@ -312,6 +312,12 @@ def test_too_short_time_limit_requeues_itself_until_done(devcluster, tmp_path) -
             "cluster.timeout_min=120: partition 'gpu' allows at most 60 minutes",
         ),
         (["cluster.nodes=3"], "cluster.nodes=3: partition 'gpu' has 2 nodes"),
+        (
+            ["cluster.cpus_per_task=20"],
+            "cluster.cpus_per_task=20: 1 task per node need 20 CPUs, and partition 'gpu' "
+            "nodes have at most 8",
+        ),
+        (["cluster.mem_gb=100"], "cluster.mem_gb=100: partition 'gpu' nodes have at most 7.8 GB"),
     ],
 )
 def test_preflight_refuses_impossible_requests(devcluster, tmp_path, overrides, expected) -> None:

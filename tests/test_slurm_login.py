@@ -169,6 +169,26 @@ def test_snapshot_freezes_the_users_model_module_but_not_installed_ones(
     assert (code / "mymod_frz.py").read_text() == "def build(**kw): ...\n"
 
 
+def test_a_module_missing_from_the_users_package_is_refused_at_submit(hpcdl, tmp_path) -> None:
+    """The login node imports none of the user's code; a module its package lacks (a typo)
+    used to be frozen without it and fail in the job."""
+    from hpcdl.launch.snapshot import missing_submodule
+
+    (tmp_path / "labpkg_ms").mkdir()
+    (tmp_path / "labpkg_ms" / "__init__.py").write_text("raise RuntimeError('never run')\n")
+    (tmp_path / "labpkg_ms" / "data.py").write_text("def build(): ...\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    args = ["cluster=devcluster", "data=custom", "data.target=labpkg_ms.dta:build"]
+    out = hpcdl("train", "run_dir=run", *args, "--no-preflight", env=env)
+    assert out.returncode == 2, out.stderr + out.stdout
+    assert out.stderr.strip().splitlines() == [
+        f"error: data.target='labpkg_ms.dta:build': there is no module 'labpkg_ms.dta' in "
+        f"{tmp_path / 'labpkg_ms'}; check the module path"
+    ]
+    assert not (tmp_path / "run").exists()
+    assert missing_submodule("numpy.nosuch:x") is None  # installed: the job's environment decides
+
+
 def test_chain_mode_asks_for_no_requeue_and_links_count_as_restarts(monkeypatch) -> None:
     from hpcdl.env import CHAIN_LINK, rank_env_from
     from hpcdl.launch.slurm import outside_job_env

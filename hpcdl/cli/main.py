@@ -393,10 +393,24 @@ def preflight(cfg: Config, skip: bool) -> None:
         from hpcdl.launch.local import local_gpus
 
         local_gpus(cfg, os.environ)
+    if cfg.cluster.launcher == Launcher.slurm:
+        refuse_missing_modules(cfg)
     if cfg.cluster.launcher == Launcher.slurm and not skip:
         from hpcdl.launch.preflight import check
 
         check(cfg.cluster)
+
+
+def refuse_missing_modules(cfg: Config) -> None:
+    """A Slurm login node imports none of the user's code: a module missing from the user's
+    package, which would be frozen without it, is found by looking at its files instead."""
+    from hpcdl.launch.slurm import named_targets
+    from hpcdl.launch.snapshot import missing_submodule
+
+    for key, target in named_targets(cfg):
+        why = missing_submodule(target)
+        if why:
+            raise ConfigError(f"{key}={target!r}: {why}; check the module path")
 
 
 def dry_run(cfg: Config) -> int:

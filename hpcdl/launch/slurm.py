@@ -179,18 +179,27 @@ def custom_targets(*configs: Config) -> list[str]:
     """The user code the configs name (model.target, data.target, data.collate_fn,
     task.target, task.predict, trainer.step_hooks): those modules are frozen with the
     code."""
-    targets: list[str] = []
-    for c in configs:
-        named = [getattr(c.model, "target", None), getattr(c.task, "target", None)]
-        named.append(getattr(c.task, "predict", None))
-        if c.script is not None:
-            named.append(c.script.entry)
-            command = c.script.command
-            if "-m" in command[:-1]:  # `python -m pkg.mod`: freeze its package too
-                named.append(command[command.index("-m") + 1] + ":main")
-        named += [getattr(c.data, "target", None), getattr(c.data, "collate_fn", None)]
-        targets += [t for t in named if isinstance(t, str)] + list(c.trainer.step_hooks)
-    return targets
+    return [target for c in configs for _, target in named_targets(c)]
+
+
+def named_targets(cfg: Config) -> list[tuple[str, str]]:
+    """(key, 'package.module:name') for each piece of user code the config names."""
+    named = [
+        ("model.target", getattr(cfg.model, "target", None)),
+        ("task.target", getattr(cfg.task, "target", None)),
+        ("task.predict", getattr(cfg.task, "predict", None)),
+    ]
+    if cfg.script is not None:
+        named.append(("entry", cfg.script.entry))
+        command = cfg.script.command
+        if "-m" in command[:-1]:  # `python -m pkg.mod`: freeze its package too
+            named.append(("-m", command[command.index("-m") + 1] + ":main"))
+    named += [
+        ("data.target", getattr(cfg.data, "target", None)),
+        ("data.collate_fn", getattr(cfg.data, "collate_fn", None)),
+    ]
+    named += [(f"trainer.step_hooks[{i}]", t) for i, t in enumerate(cfg.trainer.step_hooks)]
+    return [(key, t) for key, t in named if isinstance(t, str)]
 
 
 class SubmitError(HpcdlError):

@@ -104,6 +104,27 @@ def find_top_level(name: str) -> Optional[ModuleSpec]:
         return None
 
 
+def missing_submodule(target: str) -> Optional[str]:
+    """Why the module of 'package.module:name' is missing from the user's package it would
+    be frozen from (found here without running any of it); None when it is there, or the
+    package is not the user's (installed, or not importable here: the job decides)."""
+    top, *rest = target.partition(":")[0].split(".")
+    spec = find_top_level(top) if rest else None
+    source = user_module_source(spec) if spec is not None else None
+    if source is None or not source.is_dir():
+        return None
+    folder = source
+    for depth, part in enumerate(rest, start=1):
+        if (folder / part).is_dir():
+            folder = folder / part
+        elif depth == len(rest) and any(folder.glob(f"{part}.*")):  # .py, or compiled
+            return None
+        else:
+            name = ".".join([top, *rest[:depth]])
+            return f"there is no module {name!r} in {folder}"
+    return None
+
+
 def user_module_source(spec: ModuleSpec) -> Optional[Path]:
     """The file or package folder of a top-level module when it is the user's own code
     (outside the installed and standard libraries); None otherwise."""

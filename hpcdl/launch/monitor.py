@@ -31,6 +31,11 @@ ACTIVE_STATES = (
     "COMPLETING",
     "RESIZING",
     "SUSPENDED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "STOPPED",
+    "SIGNALING",
+    "STAGE_OUT",
 )
 
 
@@ -219,6 +224,10 @@ def logs(ref: str, rank: int, follow: bool) -> int:
 
 def cancel(ref: str) -> int:
     job_id, _ = resolve_job(ref)
+    state = job_state(job_id)["state"]
+    if state != "UNKNOWN" and not is_active(state):  # scancel says nothing about those
+        print(f"job {job_id} has already ended ({state}); nothing to cancel")
+        return EXIT_OK
     out = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise HpcdlError(f"scancel {job_id} failed: {out.stderr.strip()}")

@@ -396,6 +396,8 @@ def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
     assert out.returncode == 0 and f"cancelled job {job_id}" in out.stdout
     wait_until(lambda: sacct_state(job_id).startswith("CANCELLED"), 60, "CANCELLED in sacct")
     assert not (run_dir / "summary.json").exists()
+    again = run_hpcdl("cancel", str(run_dir), cwd=tmp_path)  # scancel would say nothing
+    assert again.returncode == 0 and "has already ended (CANCELLED)" in again.stdout
     # squeue may show the job COMPLETING for KillWait seconds before it leaves the queue.
     wait_until(
         lambda: "CANCELLED" in run_hpcdl("status", job_id, cwd=tmp_path).stdout,

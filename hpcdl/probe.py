@@ -26,7 +26,6 @@ from hpcdl.config.schema import (
     Launcher,
 )
 from hpcdl.errors import ConfigError, HpcdlError
-from hpcdl.models.custom import raised
 
 # Built-in sources that read files the user points data.path at (the others are bundled).
 FILE_SOURCES = ("files", "mnist", "cifar10")
@@ -54,6 +53,7 @@ def probe_user_code(cfg: Config) -> None:
     from hpcdl.data.feed import build_feed
     from hpcdl.data.sharding import EpochSharder
     from hpcdl.models import build_model
+    from hpcdl.models.custom import raised
     from hpcdl.tasks import build_prediction, build_task, check_monitor
 
     device = torch.device("cpu")

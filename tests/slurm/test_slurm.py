@@ -264,17 +264,18 @@ def test_preemption_by_the_urgent_partition_requeues_and_resumes_exactly(
 
 def test_too_short_time_limit_requeues_itself_until_done(devcluster, tmp_path) -> None:
     # A 2-minute limit with the warning 30 s before it; Slurm may send it up to 60 s early,
-    # so each attempt trains 30-90 s. The run needs ~100 s of training: at least one
-    # time-limit stop, save, self-requeue and exact resume.
+    # so each attempt trains 30-90 s. The run needs over 90 s of training even alone on
+    # a quiet 2-core machine (36 epochs at ~2.9 s there; 24 were done in 73 s): at least
+    # one time-limit stop, save, self-requeue and exact resume.
     longer = [
         "data=synthetic",
         "data.num_samples=40000",
         "trainer.batch_size=4",
-        "trainer.max_epochs=24",
+        "trainer.max_epochs=36",
         "trainer.checkpoint_every_steps=2000",
         "trainer.log_every_steps=5000",
     ]
-    limits = ["cluster.timeout_min=2", "cluster.signal_delay_s=30", "cluster.max_requeues=4"]
+    limits = ["cluster.timeout_min=2", "cluster.signal_delay_s=30", "cluster.max_requeues=6"]
     _, run_dir, _ = submit(tmp_path, *limits, *longer)
     # The uninterrupted reference trains meanwhile (one thread each; the box has two cores).
     ref = tmp_path / "reference"
@@ -396,14 +397,14 @@ def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
     assert out.returncode == 0 and f"cancelled job {job_id}" in out.stdout
     wait_until(lambda: sacct_state(job_id).startswith("CANCELLED"), 60, "CANCELLED in sacct")
     assert not (run_dir / "summary.json").exists()
-    again = run_hpcdl("cancel", str(run_dir), cwd=tmp_path)  # scancel would say nothing
-    assert again.returncode == 0 and "has already ended (CANCELLED)" in again.stdout
     # squeue may show the job COMPLETING for KillWait seconds before it leaves the queue.
     wait_until(
         lambda: "CANCELLED" in run_hpcdl("status", job_id, cwd=tmp_path).stdout,
         60,
         "status CANCELLED",
     )
+    again = run_hpcdl("cancel", str(run_dir), cwd=tmp_path)  # scancel would say nothing
+    assert again.returncode == 0 and "has already ended (CANCELLED)" in again.stdout
     # Rerun it from its newest checkpoint on another profile: local ranks, same world size.
     local = run_hpcdl(
         "resume",

@@ -60,7 +60,9 @@ def star(param: inspect.Parameter) -> str:
     return "**" if param.kind == param.VAR_KEYWORD else ""
 
 
-def check_step_kwargs(key: str, target: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+def check_step_kwargs(
+    key: str, target: str, fn: Callable[..., Any], kwargs: dict[str, Any]
+) -> None:
     """A one-line ConfigError naming the `<key>.kwargs` that a step function called as
     fn(model, batch, **kwargs) does not take (what it takes, too)."""
     try:

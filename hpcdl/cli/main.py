@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
     resume.add_argument("run_dir")
-    resume.add_argument("overrides", nargs="*", default=[], help="e.g. trainer.max_epochs=50 cluster=local")
+    resume.add_argument(
+        "overrides", nargs="*", default=[], help="e.g. trainer.max_epochs=50 cluster=local"
+    )
     resume.add_argument("--config-dir", "-cd", action="append", default=[])
     resume.add_argument(
         "--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks"

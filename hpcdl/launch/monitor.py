@@ -173,8 +173,10 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
         if report["source"] == NO_ACCOUNTING and run_dir is not None:
             report["state"] = state_from_run_dir(run_dir)
             report["source"] = "run dir (not queued; no accounting)"
-        if run_dir is not None and report["state"] in FAILED_STATES and not stopped_itself(
-            run_dir, job_id
+        if (
+            run_dir is not None
+            and report["state"] in FAILED_STATES
+            and not stopped_itself(run_dir, job_id)
         ):
             log_dir = run_dir.rank_log(job_id, 0).parent
             report["cause"] = describe(root_cause(log_dir, job_id)) or (
@@ -188,18 +190,17 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
         print()
 
 
+# End reasons of a job that stopped on a stop it recorded (hpcdl.launch.slurm_job).
+STOPPED_ITSELF = ("timeout", "preempted", "cancelled", "requested", "requeued")
+
+
 def stopped_itself(run_dir: RunDir, job_id: str) -> bool:
     """The job's last attempt ended on a stop it recorded (a time limit past
     cluster.max_requeues, a preemption, a cancel): `last_end` says why; its logs hold no
     error to look for (Slurm's banner of an earlier requeue is none)."""
     ends = [a for a in run_dir.read_attempts() if a.get("event") == "end"]
-    return bool(ends) and ends[-1].get("job_id") == job_id and ends[-1].get("reason") in (
-        "timeout",
-        "preempted",
-        "cancelled",
-        "requested",
-        "requeued",
-    )
+    last = ends[-1] if ends else {}
+    return last.get("job_id") == job_id and last.get("reason") in STOPPED_ITSELF
 
 
 def logs(ref: str, rank: int, follow: bool) -> int:

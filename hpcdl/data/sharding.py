@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -85,7 +86,9 @@ class EpochSharder:
     def batch_sizes_starting_at(self, sample: int) -> list[int]:
         """The batch sizes next to this one (below, above) with a batch starting at sample,
         at least one sample per rank."""
-        fits = [b for b in range(self.world_size, sample + 1) if sample % b == 0]
+        small = [d for d in range(1, math.isqrt(sample) + 1) if sample % d == 0]
+        divisors = sorted({*small, *(sample // d for d in small)})  # O(sqrt) for large data
+        fits = [b for b in divisors if b >= self.world_size]
         below = [b for b in fits if b < self.global_batch_size][-1:]
         above = [b for b in fits if b > self.global_batch_size][:1]
         return below + above

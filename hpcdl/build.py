@@ -87,12 +87,8 @@ def build_trainer(
 
     fused = use_fused(cfg.optim, t.lagged_sync, device, raw_model)
     optimizer = build_optimizer(cfg.optim, raw_model.parameters(), fused)
-    scheduler = build_scheduler(
-        cfg.schedule,
-        optimizer,
-        total_steps(cfg, sharder.num_steps_per_epoch),
-        sharder.num_steps_per_epoch,
-    )
+    num_steps = total_steps(cfg, sharder.num_steps_per_epoch)
+    scheduler = build_scheduler(cfg.schedule, optimizer, num_steps, sharder.num_steps_per_epoch)
     parts = Parts(
         feed=feed,
         raw_model=raw_model,
@@ -104,7 +100,10 @@ def build_trainer(
         store=store,
         metrics=run_dir.metrics,
         reporter=ProgressReporter(
-            enabled=env.is_main, log_every_steps=t.log_every_steps, max_epochs=t.max_epochs
+            enabled=env.is_main,
+            log_every_steps=t.log_every_steps,
+            # The epochs this run reaches: trainer.max_steps can end it before max_epochs.
+            max_epochs=-(-num_steps // sharder.num_steps_per_epoch),
         ),
         device=device,
         config_hash=config_hash(cfg),

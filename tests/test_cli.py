@@ -370,6 +370,7 @@ def test_resume_mid_epoch_with_another_batch_size_goes_on_at_the_same_sample(
     cannot start at sample 160: one line, exit 2, the checkpoint kept for the next try."""
     out = hpcdl("train", "run_dir=run", "trainer.max_steps=5")
     assert out.returncode == 0, out.stderr
+    assert "epoch 1/1: train_loss" in out.stdout  # the epochs max_steps reaches, not 30
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000000005.pt"
     saved = checkpoint.read_bytes()
     out = hpcdl("resume", "run", "trainer.batch_size=48", "trainer.max_steps=null")

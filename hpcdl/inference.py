@@ -102,13 +102,15 @@ def predict_rows(
     for every sample of one of the run's splits (--split, with the true value beside it).
     task=custom: the columns its task.predict function returns. Returns the number of rows."""
     source = f"--input {input_path}" if input_path is not None else f"--split {split or 'test'}"
-    prediction = _custom_prediction(cfg, run_dir, source)
     path = _checkpoint_for(run_dir, which)
     reads = {path: "the checkpoint"}
     if input_path is not None:
         reads[Path(input_path).expanduser()] = "the --input file"
     target = _output_file(output, run_dir, reads)
     state = read_checkpoint(path, mmap=True)
+    if input_path is not None:
+        _refuse_input_without_rows(state, input_path)  # before task.predict's advice names it
+    prediction = _custom_prediction(cfg, run_dir, source)
     model = _model_from_checkpoint(state, str(path))
     if input_path is not None:
         batches = _row_batches(state, input_path)
@@ -179,13 +181,16 @@ def _relative_to(path: Path, folder: Path) -> Optional[Path]:
         return None
 
 
-def _row_batches(state: dict[str, Any], input_path: str) -> Iterator[tuple[torch.Tensor, None]]:
-    """--input rows, prepared as the training rows were, as label-less (x, None) batches."""
+def _refuse_input_without_rows(state: dict[str, Any], input_path: str) -> None:
     if not state.get("preprocessing"):
         raise ConfigError(
             f"--input {input_path!r}: this run's data (data=custom or imagefolder) is not feature "
             "rows; predict on one of its splits with --split test|val|train"
         )
+
+
+def _row_batches(state: dict[str, Any], input_path: str) -> Iterator[tuple[torch.Tensor, None]]:
+    """--input rows, prepared as the training rows were, as label-less (x, None) batches."""
     rows = load_feature_rows(input_path, tuple(state["data_info"]["input_shape"]))
     if len(rows) == 0:
         raise DataError(f"--input {input_path!r}: no rows to predict")

@@ -241,6 +241,10 @@ def test_predict_without_task_predict_says_how_to_add_it(mylab, cells, tmp_path,
     assert err.startswith(f"error: task.predict is not set: {run_dir} was trained with task=custom")
     fix = f"hpcdl predict {run_dir} task.predict=package.module:function --split test"
     assert err.strip().endswith(fix), err
+    # Rows from a file cannot go through images: that first, not advice that names --input.
+    code = main(["predict", str(run_dir), "--input", str(tmp_path / "rows.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not feature rows; predict on one of its splits with --split" in err
     # Named on the command line as the message says: the rows, and config.yaml unchanged.
     named = "task.predict=mylab.tasks:cell_fractions"
     code = main(["predict", str(run_dir), named, "--split", "test"])

@@ -381,7 +381,8 @@ def rerun_failed(sweep_dir: Path) -> tuple[list[int], int]:
 
         with ledger_mod.locked(sweep_dir) as led:
             arrays = submit_arrays(led, failed)
-        print(f"submitted job array {', '.join(arrays)}")
+        # submitit submits a lone task as a plain job, not an array of one
+        print(f"submitted {'job array' if len(failed) > 1 else 'job'} {', '.join(arrays)}")
         return failed, EXIT_OK
     from hpcdl.sweep.launch import run_local_pool
 

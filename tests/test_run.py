@@ -97,6 +97,9 @@ def test_plain_ddp_script_on_two_local_ranks(hpcdl, tmp_path: Path) -> None:
     assert summary["outcome"] == "completed"
     assert (summary["sum"], summary["world"], summary["local_world"]) == (3.0, 2, 2)
     assert summary["argv"] == ["--lr", "0.1"]
+    # Its config.yaml says which of its sections the job reads (model: mlp is not this job).
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert config.startswith("# hpcdl run: the job is the program in `script`"), config
 
 
 def test_entry_function_with_kwargs_and_exit_statuses(hpcdl, tmp_path: Path) -> None:

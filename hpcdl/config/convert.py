@@ -278,8 +278,18 @@ def _dumped(data: dict[str, Any]) -> str:
     return text
 
 
+# The config of an `hpcdl run` run holds every section, as every run's does; this says which
+# of them its job reads.
+SCRIPT_RUN_HEADER = (
+    "# hpcdl run: the job is the program in `script`, on the resources in `cluster`; the model,\n"
+    "# data, task, optim, schedule and trainer sections are hpcdl train's and unused here\n"
+    "# (on Slurm, trainer.device=cpu still requests no GPU)\n"
+)
+
+
 def save_config(cfg: schema.Config, path: Path) -> None:
-    write_atomic(path, to_yaml(cfg))
+    header = SCRIPT_RUN_HEADER if cfg.script is not None else ""
+    write_atomic(path, header + to_yaml(cfg))
 
 
 def yaml_message(err: yaml.YAMLError) -> str:

@@ -173,6 +173,11 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
         ),
         (["data.fold=3", "data.num_folds=3"], "data.fold=3: must be in [0, data.num_folds=3)"),
         (["trainer.early_stopping.monitor=acc"], "trainer.early_stopping.monitor='acc'"),
+        (
+            ["data=digits", "model.hidden_sizes=abc"],
+            "model.hidden_sizes='abc' is not a list; give one in brackets, "
+            "e.g. model.hidden_sizes=[30,60]",
+        ),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(overrides: list[str], expected: str) -> None:

@@ -135,7 +135,7 @@ def _converted(group: str, cls: type, node: dict[str, Any]) -> Any:
         merged = OmegaConf.merge(OmegaConf.structured(cls), node)
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        raise ConfigError(_omegaconf_message(group, cls, err)) from None
+        raise ConfigError(_omegaconf_message(group, cls, err, node)) from None
     return obj
 
 
@@ -163,7 +163,9 @@ def _frozen(value: Any) -> Optional[Hashable]:
     return None
 
 
-def _omegaconf_message(group: str, cls: type, err: OmegaConfBaseException) -> str:
+def _omegaconf_message(
+    group: str, cls: type, err: OmegaConfBaseException, node: dict[str, Any]
+) -> str:
     full_key = getattr(err, "full_key", None) or ""
     key = f"{group}.{full_key}" if full_key else group
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -171,7 +173,23 @@ def _omegaconf_message(group: str, cls: type, err: OmegaConfBaseException) -> st
         return _unknown_key_message(key, [f"{group}.{k}" for k in _field_names(cls)])
     if "missing mandatory value" in text.lower():
         return f"{key}: required value is missing; set it with {key}=..."
+    if "is not a ListConfig, list or tuple" in text:  # OmegaConf names its node classes
+        value = node.get(full_key, "") if isinstance(node, dict) else ""
+        example = ",".join(str(v) for v in _default_of(cls, full_key) or []) or "..."
+        return f"{key}={value!r} is not a list; give one in brackets, e.g. {key}=[{example}]"
     return f"{key}: {text}"
+
+
+def _default_of(cls: type, dotted: str) -> Any:
+    """The dataclass default of a dotted key, or None."""
+    head, _, rest = dotted.partition(".")
+    for f in fields(cls):
+        if f.name == head:
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            if rest:
+                return _default_of(type(default), rest) if is_dataclass(default) else None
+            return default
+    return None
 
 
 def _field_names(cls: type, prefix: str = "") -> list[str]:

@@ -38,7 +38,13 @@ import torch
 import xxhash
 
 from hpcdl.atomic import atomic_file, copy_atomic, purge_temp_files
-from hpcdl.errors import CheckpointError, ConfigError, WriteError, os_error_reason
+from hpcdl.errors import (
+    CheckpointError,
+    ConfigError,
+    HpcdlWarning,
+    WriteError,
+    os_error_reason,
+)
 from hpcdl.rundir import RunDir
 
 # magic (8 bytes), checksum of the payload (32 bytes), payload length (little-endian uint64):
@@ -81,7 +87,7 @@ _MAX_GAP_BYTES = 1 << 20
 PathLike = Union[str, Path]
 
 
-class CheckpointWarning(UserWarning):
+class CheckpointWarning(HpcdlWarning):
     """A checkpoint file was skipped because it is corrupt or unreadable."""
 
 

@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import TextIO
 
 
 class HpcdlError(Exception):
     """Base class: the message is one line naming the key or file and how to fix it."""
+
+
+class HpcdlWarning(UserWarning):
+    """Base class of hpcdl's warnings: one line, shown as `warning: ...` by the commands."""
+
+
+@contextlib.contextmanager
+def warnings_as_lines() -> Iterator[None]:
+    """HpcdlWarnings as one `warning: <message>` line on stderr, instead of Python's
+    `file:line: Category: message` and the source line; other warnings as Python shows them."""
+    shown = warnings.showwarning
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        if issubclass(category, HpcdlWarning):
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 class ConfigError(HpcdlError):

@@ -52,15 +52,17 @@ def run_job(run_dir: str, stop: Optional[StopFlag] = None) -> JobOutcome:
     """Train the run in `run_dir` as this rank. Stop-signal handlers go in before torch is
     even imported: a warning signal can come within the first seconds of a job (Slurm may
     send it up to 60 s early) and must only set the flag."""
+    from hpcdl.errors import warnings_as_lines
     from hpcdl.rundir import RunDir
     from hpcdl.signals import stop_on_signals
 
     path = RunDir(Path(run_dir))
     cfg = path.load_config()
-    if stop is not None:
-        return _train(cfg, path, stop)
-    with stop_on_signals(stop_signal_names(cfg.cluster.signal)) as flag:
-        return _train(cfg, path, flag)
+    with warnings_as_lines():
+        if stop is not None:
+            return _train(cfg, path, stop)
+        with stop_on_signals(stop_signal_names(cfg.cluster.signal)) as flag:
+            return _train(cfg, path, flag)
 
 
 def stop_signal_names(warning: str) -> tuple[str, ...]:

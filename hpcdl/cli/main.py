@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from hpcdl.errors import ConfigError, HpcdlError
+from hpcdl.errors import ConfigError, HpcdlError, warnings_as_lines
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK
 
 if TYPE_CHECKING:
@@ -180,7 +180,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             "bench": cmd_bench,
             "completion": cmd_completion,
         }[args.command]
-        return handler(args)
+        with warnings_as_lines():
+            return handler(args)
     except HpcdlError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

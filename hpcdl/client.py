@@ -153,7 +153,7 @@ class Job:
     def status(self) -> dict[str, Any]:
         """What `hpcdl status RUN_DIR` prints, as a dict: job_id, state, elapsed, source,
         attempts, requeues, last_end, last_epoch, last_metrics, test_accuracy, ..."""
-        from hpcdl.launch.monitor import NO_ACCOUNTING, job_state, run_status, state_from_run_dir
+        from hpcdl.launch.monitor import job_report, run_status
 
         run_dir = RunDir(self.run_dir)
         job_id = self.job_id
@@ -165,12 +165,7 @@ class Job:
                 "source": source,
                 **run_status(run_dir),
             }
-        # As hpcdl.launch.monitor.status builds its report.
-        report = {**job_state(job_id), **run_status(run_dir)}
-        if report["source"] == NO_ACCOUNTING:
-            report["state"] = state_from_run_dir(run_dir)
-            report["source"] = "run dir (not queued; no accounting)"
-        return report
+        return job_report(job_id, run_dir)
 
     def _foreground_state(self) -> str:
         run_dir = RunDir(self.run_dir)

@@ -22,6 +22,7 @@ MIN_REFRESH_S = 10.0
 
 
 NO_ACCOUNTING = "none (not queued; no accounting)"
+NOT_IN_ACCOUNTING = "none (not queued; sacct does not know it)"
 
 ACTIVE_STATES = (
     "PENDING",
@@ -102,8 +103,28 @@ def job_state(job_id: str) -> dict[str, str]:
     if out is None and query(["squeue", "-h", "-o", "%i"]) is None:
         # The controller does not answer at all: say so, guess nothing.
         return {"job_id": job_id, "state": "UNKNOWN", "source": "none (squeue failed)"}
-    # The controller answers but no longer knows the job: it left the queue.
-    return {"job_id": job_id, "state": "UNKNOWN", "source": NO_ACCOUNTING}
+    # The controller answers but no longer knows the job: it left the queue, and either
+    # there is no accounting (sacct failed) or accounting never had it (a wrong id).
+    source = NO_ACCOUNTING if out is None else NOT_IN_ACCOUNTING
+    return {"job_id": job_id, "state": "UNKNOWN", "source": source}
+
+
+def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
+    """What `hpcdl status` prints (and Job.status() returns): the scheduler's view, the run
+    dir's records, and the run dir's verdict once the scheduler has forgotten the job."""
+    report = {**job_state(job_id), **run_status(run_dir)}
+    if report["source"] not in (NO_ACCOUNTING, NOT_IN_ACCOUNTING):
+        return report
+    if run_dir is None:
+        if report["source"] == NOT_IN_ACCOUNTING:
+            raise HpcdlError(
+                f"job {job_id}: neither squeue nor sacct knows it; check the id "
+                "(`squeue --me` lists your queued jobs), or pass the run dir"
+            )
+        return report
+    report["state"] = state_from_run_dir(run_dir)
+    report["source"] = "run dir (" + report["source"].removeprefix("none (")
+    return report
 
 
 def state_from_run_dir(run_dir: RunDir) -> str:
@@ -169,10 +190,7 @@ def describe_sample(record: dict[str, Any]) -> str:
 def status(ref: str, watch_s: Optional[float] = None) -> int:
     job_id, run_dir = resolve_job(ref)
     while True:
-        report = {**job_state(job_id), **run_status(run_dir)}
-        if report["source"] == NO_ACCOUNTING and run_dir is not None:
-            report["state"] = state_from_run_dir(run_dir)
-            report["source"] = "run dir (not queued; no accounting)"
+        report = job_report(job_id, run_dir)
         if (
             run_dir is not None
             and report["state"] in FAILED_STATES

@@ -405,6 +405,10 @@ def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
     )
     again = run_hpcdl("cancel", str(run_dir), cwd=tmp_path)  # scancel would say nothing
     assert again.returncode == 0 and "has already ended (CANCELLED)" in again.stdout
+    # A job id neither squeue nor sacct knows (a typo) is named so, not "no accounting".
+    typo = run_hpcdl("status", str(int(job_id) + 9000), cwd=tmp_path)
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert f"job {int(job_id) + 9000}: neither squeue nor sacct knows it" in typo.stderr
     # Rerun it from its newest checkpoint on another profile: local ranks, same world size.
     local = run_hpcdl(
         "resume",

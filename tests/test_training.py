@@ -46,6 +46,9 @@ def test_digits_cnn_two_rank_gloo_ddp_reaches_95_percent(hpcdl, tmp_path: Path) 
     assert len(logs) == 2  # one log per rank
     # Only rank 0 writes the run's files; both ranks ran the same number of steps.
     assert "epoch 12/12" in out.stdout
+    # The terminal shows rank 0's own lines; submitit's start/end lines stay in its log.
+    assert "submitit INFO" not in out.stdout and "submitit INFO" in logs[0].read_text()
+    assert out.stdout.rstrip().endswith(f"done: {tmp_path / 'run' / 'summary.json'}")
 
 
 def test_early_stopping_target_stops_at_the_first_epoch_that_reaches_it(hpcdl, tmp_path) -> None:

@@ -21,12 +21,15 @@ from hpcdl.config.schema import Config, tasks_per_node
 from hpcdl.errors import HpcdlError
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from hpcdl.launch.diagnose import ERROR_LINE, root_cause
-from hpcdl.launch.logtail import copy_new
+from hpcdl.launch.logtail import LineEcho
 from hpcdl.launch.rank_main import LOCAL_GPUS_VAR
 from hpcdl.rundir import RunDir
 
 # How often the foreground process polls the job and copies rank 0's log to the terminal.
 POLL_S = 0.2
+# submitit's job-start and job-end lines in each rank's log: kept there, not echoed (a local
+# run's terminal shows rank 0's own output). Its warnings and errors are echoed.
+SUBMITIT_INFO = b"submitit INFO ("
 
 
 def free_port() -> int:
@@ -107,15 +110,14 @@ def _wait(job: Any) -> int:
             job._process.send_signal(signal.SIGTERM)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    log = Path(job.paths.stdout)  # rank 0's log
-    offset = 0
+    echo = LineEcho(Path(job.paths.stdout), hidden=SUBMITIT_INFO)  # rank 0's log
     try:
         while True:
-            offset = copy_new(log, offset)
+            echo.poll()
             if job.done():
                 break
             time.sleep(POLL_S)
-        offset = copy_new(log, offset)
+        echo.poll(final=True)
     finally:
         for s, h in old.items():
             signal.signal(s, h)

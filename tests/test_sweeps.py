@@ -206,6 +206,13 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
     # Fix the cause, rerun only the failed trials: the completed ones are not touched.
     mtimes = {i: (sweep / str(i) / "summary.json").stat().st_mtime for i in range(3)}
     np.savez(tmp_path / "broken.npz", x=x, y=y)
+    dry = hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run")
+    assert dry.returncode == 0, dry.stderr + dry.stdout
+    assert dry.stdout.splitlines() == [
+        "would rerun trials [3, 4, 5]",
+        "# dry run: nothing submitted",
+    ]
+    assert json.loads((sweep / "sweep.json").read_text()) == ledger  # nothing ran
     rerun = hpcdl("sweep", "rerun", str(sweep), "--failed")
     assert rerun.returncode == 0, rerun.stderr + rerun.stdout
     assert "rerunning trials [3, 4, 5]" in rerun.stdout

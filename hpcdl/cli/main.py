@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_rerun = sweep_sub.add_parser("rerun", help="resubmit failed/cancelled/timed-out trials")
     sweep_rerun.add_argument("sweep_dir")
     sweep_rerun.add_argument("--failed", action="store_true", required=True)
+    sweep_rerun.add_argument(
+        "--dry-run", action="store_true", help="name the trials and print the sbatch script only"
+    )
 
     from hpcdl.cli.bench import add_parser as add_bench_parser
 
@@ -345,7 +348,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     sweep_dir = Path(args.sweep_dir).expanduser().resolve()
     if args.sweep_command == "rerun":
-        return rerun_failed(sweep_dir)[1]
+        return rerun_failed(sweep_dir, dry_run=args.dry_run)[1]
     ledger, metric = refresh(sweep_dir, getattr(args, "metric", None))
     if args.sweep_command == "status":
         print(status_table(ledger, metric), end="")
@@ -363,10 +366,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def rerun_failed(sweep_dir: Path) -> tuple[list[int], int]:
+def rerun_failed(sweep_dir: Path, dry_run: bool = False) -> tuple[list[int], int]:
     """`sweep rerun --failed` (and Sweep.rerun_failed): the failed trials, as states are
     now, as a new job array, or a local pool in the foreground. The trials rerun and the
-    exit status."""
+    exit status. `dry_run`: the trials and the array's sbatch script, nothing submitted."""
+    from hpcdl.rundir import open_run_dir
     from hpcdl.sweep import ledger as ledger_mod
     from hpcdl.sweep.ledger import RERUNNABLE
     from hpcdl.sweep.report import refresh
@@ -375,6 +379,13 @@ def rerun_failed(sweep_dir: Path) -> tuple[list[int], int]:
     failed = [t.index for t in ledger.trials if t.state in RERUNNABLE]
     if not failed:
         print("no failed trials to rerun")
+        return failed, EXIT_OK
+    if dry_run:
+        print(f"would rerun trials {failed}")
+        if ledger.launcher == "slurm":
+            configs = [open_run_dir(ledger.trial(i).run_dir)[0] for i in failed]
+            print_array_scripts(configs, sweep_dir)
+        print("# dry run: nothing submitted")
         return failed, EXIT_OK
     print(f"rerunning trials {failed}", flush=True)
     if ledger.launcher == "slurm":
@@ -442,19 +453,27 @@ def dry_run(cfg: Config) -> int:
 def dry_run_sweep(plan: SweepPlan) -> int:
     """`train -m --dry-run`: the job array's sbatch script, one per distinct cluster config
     (trials that differ in `cluster.*` cannot share an array's header)."""
-    from hpcdl.launch.slurm import sbatch_text
-    from hpcdl.rundir import SweepDir
     from hpcdl.sweep.launch import default_sweep_dir
 
-    sweep_dir = SweepDir(Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve())
-    print(f"# sweep dir (not created): {sweep_dir.path}")
-    groups: dict[str, list[Config]] = {}
-    for trial in plan.trials:
-        groups.setdefault(repr(trial.config.cluster), []).append(trial.config)
-    for configs in groups.values():
-        print(sbatch_text(configs[0], sweep_dir, array_size=len(configs)))
+    sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
+    print(f"# sweep dir (not created): {sweep_dir}")
+    print_array_scripts([trial.config for trial in plan.trials], sweep_dir)
     print("# dry run: nothing submitted")
     return EXIT_OK
+
+
+def print_array_scripts(configs: list[Config], sweep_dir: Path) -> None:
+    """The sbatch script of each job array these trials go in: one per distinct cluster
+    config (an array's tasks share its header); a lone trial is a plain job."""
+    from hpcdl.launch.slurm import sbatch_text
+    from hpcdl.rundir import SweepDir
+
+    groups: dict[str, list[Config]] = {}
+    for cfg in configs:
+        groups.setdefault(repr(cfg.cluster), []).append(cfg)
+    for members in groups.values():
+        size = len(members) if len(members) > 1 else None
+        print(sbatch_text(members[0], SweepDir(sweep_dir), array_size=size))
 
 
 def program_line(cfg: Config, run_dir: RunDir) -> str:

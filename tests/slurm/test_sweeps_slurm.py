@@ -106,6 +106,11 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
     assert why.startswith("trial 1 failed: rank 0: ") and "broken.npz" in why, why
 
     fix_broken(tmp_path)
+    dry = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0 and "would rerun trials [1]" in dry.stdout, dry.stdout
+    assert "#SBATCH" in dry.stdout and "#SBATCH --array" not in dry.stdout  # one trial: a job
+    assert dry.stdout.rstrip().endswith("# dry run: nothing submitted")
+    assert ledger(sweep)["trials"][1]["attempts"] == 1
     rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", cwd=tmp_path)
     assert rerun.returncode == 0 and "rerunning trials [1]" in rerun.stdout, rerun.stdout
     after = ledger(sweep)["trials"]

@@ -324,7 +324,7 @@ def start_sweep(plan: SweepPlan, skip_preflight: bool) -> tuple[Path, int]:
         with ledger_mod.locked(sweep_dir) as led:
             # The configs just planned: not read back from the 100 run dirs just written.
             arrays = submit_arrays(led, indices, {t.index: t.config for t in plan.trials})
-        print(f"submitted job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}")
+        print(submitted_line(arrays, len(indices)))
         print(f"  status:  hpcdl sweep status {sweep_dir}")
         print(f"  summary: hpcdl sweep summary {sweep_dir}")
         return sweep_dir, EXIT_OK
@@ -366,6 +366,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def submitted_line(arrays: list[str], num_trials: int) -> str:
+    # submitit submits a lone trial as a plain job, not an array of one
+    what = "job" if num_trials == 1 else "job arrays" if len(arrays) > 1 else "job array"
+    return f"submitted {what} {', '.join(arrays)}"
+
+
 def rerun_failed(sweep_dir: Path, dry_run: bool = False) -> tuple[list[int], int]:
     """`sweep rerun --failed` (and Sweep.rerun_failed): the failed trials, as states are
     now, as a new job array, or a local pool in the foreground. The trials rerun and the
@@ -393,8 +399,7 @@ def rerun_failed(sweep_dir: Path, dry_run: bool = False) -> tuple[list[int], int
 
         with ledger_mod.locked(sweep_dir) as led:
             arrays = submit_arrays(led, failed)
-        # submitit submits a lone task as a plain job, not an array of one
-        print(f"submitted {'job array' if len(failed) > 1 else 'job'} {', '.join(arrays)}")
+        print(submitted_line(arrays, len(failed)))
         return failed, EXIT_OK
     from hpcdl.sweep.launch import run_local_pool
 

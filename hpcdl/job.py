@@ -66,7 +66,7 @@ def run_job(run_dir: str, stop: Optional[StopFlag] = None) -> JobOutcome:
 
 
 def stop_signal_names(warning: str) -> tuple[str, ...]:
-    return ("SIGTERM", "SIGINT", "SIG" + warning.upper().removeprefix("SIG"))
+    return ("SIGTERM", "SIGINT", "SIGHUP", "SIG" + warning.upper().removeprefix("SIG"))
 
 
 def _train(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:

@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 POLL_S = 0.2
 
 
+def _forwarded(name: str | None) -> str:
+    """The stop signal the program gets: the one we got, but SIGTERM for a hangup (a program
+    that handles stops handles SIGTERM; SIGHUP would kill it unsaved)."""
+    return "SIGTERM" if name in (None, "SIGHUP") else str(name)
+
+
 def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     from hpcdl.job import JobOutcome
 
@@ -77,7 +83,7 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
             _touch(stop_file)
             # torchrun turns SIGTERM into SIGTERM to each worker and waits up to 30 s for
             # them (hpcdl.api treats it as a stop request: the workers save and exit).
-            _signal_group(proc.pid, "SIGTERM" if torchrun else stop.signal_name or "SIGTERM")
+            _signal_group(proc.pid, "SIGTERM" if torchrun else _forwarded(stop.signal_name))
             forwarded = True
         time.sleep(POLL_S)
     if stop.requested:  # Slurm may have signalled (and ended) the program itself first

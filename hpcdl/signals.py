@@ -1,7 +1,9 @@
 """Stop requests: signal handlers that only set a flag, checked at step boundaries.
 
-SIGTERM/SIGINT (Ctrl-C, scancel, an outside kill) and the Slurm warning signal (USR2 by
-default; USR1 may be caught by NCCL) all mean: finish the current step, save once, exit.
+SIGTERM/SIGINT (Ctrl-C, scancel, an outside kill), SIGHUP (the terminal closed, the ssh
+connection dropped) and the Slurm warning signal (USR2 by default; USR1 may be caught by
+NCCL) all mean: finish the current step, save once, exit. A SIGHUP ignored when the process
+started (`nohup hpcdl train ...`) stays ignored.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def stop_on_signals(
     previous = {}
     for name in dict.fromkeys(names):
         signum = signal.Signals[name]
+        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+            continue  # nohup's promise: the run outlives the terminal
         previous[signum] = signal.signal(signum, flag._handle)
     try:
         yield flag

@@ -807,7 +807,8 @@ class Trainer:
         self.p.store.wait()  # the run stops only once its checkpoint is on disk
         self.p.logger.close()  # buffered tracker events to disk; the next attempt continues
         self.p.reporter.close(
-            f"stopped by {self.stop.signal_name} at global step {self.progress.global_step}; "
+            f"stopped by {self.stop.signal_name or 'another rank'} at global step "
+            f"{self.progress.global_step}; "
             "checkpoint saved"
         )
         return FitResult(Outcome.interrupted, self.progress, self.stop.signal_name, path)

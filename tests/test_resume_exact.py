@@ -199,18 +199,42 @@ TO_ALL_WITH_WORKERS = [*LOCAL2, "data.in_memory=false", "data.num_workers=1"]
         ([], signal.SIGINT),
         (LOCAL2, signal.SIGTERM),
         (LOCAL2, signal.SIGINT),
+        (LOCAL2, signal.SIGHUP),
         (TO_ALL_WITH_WORKERS, signal.SIGTERM),
     ],
-    ids=["debug-ctrl-c", "local-sigterm", "local-ctrl-c", "sigterm-to-all-with-workers"],
+    ids=[
+        "debug-ctrl-c",
+        "local-sigterm",
+        "local-ctrl-c",
+        "local-terminal-closed",
+        "sigterm-to-all-with-workers",
+    ],
 )
 def test_signal_to_the_foreground_command_stops_every_rank_with_a_checkpoint(
     tmp_path, launcher, signum
 ):
-    """Ctrl-C / SIGTERM to `hpcdl train` itself, or to every process: all ranks save and
-    stop (torch's DataLoader workers die of a SIGTERM that is not their parent's, and their
-    rank then failed)."""
+    """Ctrl-C / SIGTERM to `hpcdl train` itself, a closed terminal's SIGHUP, or SIGTERM to
+    every process: all ranks save and stop (torch's DataLoader workers die of a SIGTERM that
+    is not their parent's, and their rank then failed)."""
     run_dir = tmp_path / "run"
-    # Long enough (~100k steps; 350 per epoch) that the signal always lands mid-training.
+    proc = start_long_training(run_dir, launcher)
+    # A terminal's Ctrl-C (and its hangup) reaches the whole foreground process group;
+    # SIGTERM just the command.
+    if signum in (signal.SIGINT, signal.SIGHUP) or launcher is TO_ALL_WITH_WORKERS:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3, output
+    assert "error" not in output and "Continue with: hpcdl resume" in output
+    assert list((run_dir / "checkpoints").glob("step_*.pt"))
+    assert not (run_dir / "summary.json").exists()
+
+
+def start_long_training(run_dir: Path, launcher: list[str]) -> subprocess.Popen:
+    """`hpcdl train` in a session of its own, returned once its first epoch has ended (the
+    ranks are training). Long enough (~100k steps; 350 per epoch) that a signal always lands
+    mid-training."""
     cmd = [
         sys.executable,
         "-m",
@@ -225,28 +249,54 @@ def test_signal_to_the_foreground_command_stops_every_rank_with_a_checkpoint(
     ]
     proc = subprocess.Popen(
         cmd,
-        cwd=tmp_path,
+        cwd=run_dir.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
     deadline = time.monotonic() + 120
-    while not (run_dir / "metrics.csv").exists():  # the first epoch has ended: ranks are training
+    while not (run_dir / "metrics.csv").exists():
         assert proc.poll() is None and time.monotonic() < deadline, (
             proc.stdout.read() if proc.stdout else ""
         )
         time.sleep(0.2)
-    # A terminal's Ctrl-C reaches the whole foreground process group; SIGTERM just the command.
-    if signum == signal.SIGINT or launcher is TO_ALL_WITH_WORKERS:
-        os.killpg(proc.pid, signum)
-    else:
-        proc.send_signal(signum)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 3, output
-    assert "error" not in output and "Continue with: hpcdl resume" in output
-    assert list((run_dir / "checkpoints").glob("step_*.pt"))
+    return proc
+
+
+def test_ranks_whose_launching_command_was_killed_save_stop_and_hold_the_run_dir(tmp_path):
+    """SIGKILL to the foreground `hpcdl train` of a local run (its lock goes with it): the
+    ranks notice, one of them takes the run dir's lock (a resume meanwhile is refused), and
+    they save and stop. Before, they trained on unseen and a resume trained the same run dir
+    a second time beside them."""
+    from hpcdl.rundir import RunDir
+    from hpcdl.runlock import RunDirBusy, hold
+
+    run_dir = tmp_path / "run"
+    proc = start_long_training(run_dir, LOCAL2)
+    proc.kill()
+    proc.communicate(timeout=60)
+    logs = list((run_dir / "logs").glob("*_log.out"))
+
+    def texts() -> str:
+        return "".join(log.read_text() for log in logs)
+
+    deadline = time.monotonic() + 60
+    while "is gone: stopping at the next step" not in texts():  # both look once a second
+        assert time.monotonic() < deadline, "the ranks went on training: " + texts()
+        time.sleep(0.2)
+    while True:  # a rank holds the lock (it took it before saying so) until they have exited
+        try:
+            with hold(RunDir(run_dir)):
+                break
+        except RunDirBusy as busy:
+            assert "is being trained by pid" in str(busy)
+            assert time.monotonic() < deadline + 60, "the ranks did not stop"
+            time.sleep(0.2)
+    assert "checkpoint saved" in texts(), texts()
     assert not (run_dir / "summary.json").exists()
+    steps = [p.name for p in (run_dir / "checkpoints").glob("step_*.pt")]
+    assert steps and steps != ["step_000000350.pt"], steps  # a stop's own, past epoch 1
 
 
 def test_a_stop_during_start_up_ends_before_the_first_step_and_resumes_exactly(
@@ -270,3 +320,24 @@ def test_a_stop_during_start_up_ends_before_the_first_step_and_resumes_exactly(
     again = hpcdl("resume", str(run_dir), env=fault_hook.env(None))
     assert again.returncode == 0, again.stderr + again.stdout
     assert sha(run_dir) == sha(reference[2])
+
+
+def test_a_hangup_stops_a_run_unless_nohup_ignores_it() -> None:
+    from hpcdl.job import stop_signal_names
+    from hpcdl.signals import stop_on_signals
+
+    assert "SIGHUP" in stop_signal_names("USR2")
+    saved = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup hpcdl train` starts
+    try:
+        with stop_on_signals(("SIGTERM", "SIGHUP")) as flag:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.1)
+            assert not flag.requested  # the run outlives the terminal
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        with stop_on_signals(("SIGTERM", "SIGHUP")) as flag:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.1)
+            assert flag.signal_name == "SIGHUP"
+    finally:
+        signal.signal(signal.SIGHUP, saved)

@@ -7,6 +7,7 @@ process becomes SIGTERM to every rank: each stops at the next step boundary and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ from hpcdl.config.schema import Config, tasks_per_node
 from hpcdl.errors import HpcdlError
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from hpcdl.launch.diagnose import ERROR_LINE, root_cause
+from hpcdl.launch.foreground import FOREGROUND_VAR, describe_foreground
 from hpcdl.launch.logtail import LineEcho
 from hpcdl.launch.rank_main import LOCAL_GPUS_VAR
 from hpcdl.rundir import RunDir
@@ -79,6 +81,7 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
         signal_delay_s=cfg.cluster.signal_delay_s,
         stderr_to_stdout=True,
     )
+    os.environ[FOREGROUND_VAR] = describe_foreground(run_dir.lock_file)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
     os.environ.update(cfg.cluster.env)
@@ -100,28 +103,48 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
 def _wait(job: Any) -> int:
     stopping: list[int] = []
 
-    def forward(signum: int, _frame: Any) -> None:
+    def stop_ranks(why: str) -> None:
         if not stopping:
-            print(
-                f"\n{signal.Signals(signum).name}: stopping all ranks at the next step", flush=True
-            )
-        stopping.append(signum)
+            with contextlib.suppress(OSError):  # a hung-up terminal: nowhere to say it
+                print(f"\n{why}: stopping all ranks at the next step", flush=True)
+        stopping.append(1)
         if job._process is not None:  # submitit's controller forwards SIGTERM to every task
             job._process.send_signal(signal.SIGTERM)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    def forward(signum: int, _frame: Any) -> None:
+        stop_ranks(signal.Signals(signum).name)
+
+    # A hangup (terminal closed, ssh gone) stops the ranks as Ctrl-C does, unless nohup
+    # asked for it to be ignored.
+    signals = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        signals.append(signal.SIGHUP)
+    old = {s: signal.signal(s, forward) for s in signals}
     echo = LineEcho(Path(job.paths.stdout), hidden=SUBMITIT_INFO)  # rank 0's log
     try:
         while True:
-            echo.poll()
+            try:
+                echo.poll()
+            except OSError:  # the reader went away (`| head`, a closed terminal)
+                _silence_stdout()
+                stop_ranks("output closed")
+                echo = LineEcho(Path(os.devnull), hidden=b"")
             if job.done():
                 break
             time.sleep(POLL_S)
-        echo.poll(final=True)
+        with contextlib.suppress(OSError):
+            echo.poll(final=True)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     return _exit_code(job)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: later prints (the closing lines) must not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _exit_code(job: Any) -> int:

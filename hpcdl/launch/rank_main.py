@@ -25,6 +25,7 @@ import traceback
 from typing import NoReturn, Optional
 
 from hpcdl.errors import HpcdlError
+from hpcdl.launch.foreground import FOREGROUND_VAR, watch_foreground
 
 USAGE = "usage: python -m hpcdl.launch.rank_main LOG_DIR"
 # cluster=local: the GPUs the ranks get, as the launching shell named them (submitit's local
@@ -70,8 +71,11 @@ def leave(code: int) -> NoReturn:
 def run(folder: str) -> NoReturn:
     from submitit.core.submission import process_job
 
-    if os.environ.get("SUBMITIT_EXECUTOR") == "local" and LOCAL_GPUS_VAR in os.environ:
-        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[LOCAL_GPUS_VAR]  # before CUDA starts
+    if os.environ.get("SUBMITIT_EXECUTOR") == "local":
+        if LOCAL_GPUS_VAR in os.environ:
+            os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[LOCAL_GPUS_VAR]  # before CUDA
+        if FOREGROUND_VAR in os.environ:
+            watch_foreground(os.environ[FOREGROUND_VAR])
     try:
         process_job(folder)
     except SystemExit as stop:

@@ -171,6 +171,10 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
             ["cluster=local", "cluster.gpus_per_node=1"],
             "each rank needs a GPU of its own; set cluster.tasks_per_node=1",
         ),
+        (
+            ["cluster=local", "cluster.tasks_per_node=2", "trainer.batch_size=1"],
+            "trainer.batch_size=1: smaller than the 2 ranks",
+        ),
         (["data.fold=3", "data.num_folds=3"], "data.fold=3: must be in [0, data.num_folds=3)"),
         (["trainer.early_stopping.monitor=acc"], "trainer.early_stopping.monitor='acc'"),
         (

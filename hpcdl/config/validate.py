@@ -31,6 +31,7 @@ def validate(cfg: schema.Config) -> None:
     _check_monitor(cfg.trainer.early_stopping.monitor, cfg.task)
     _check_cluster(cfg.cluster)
     _check_gpu_per_rank(cfg)
+    _check_batch_covers_ranks(cfg)
     _check_logger(cfg.logger, cfg.cluster)
     _check_model_fits_data(cfg.model, cfg.data)
     if cfg.init_from is not None and not Path(cfg.init_from).expanduser().exists():
@@ -407,6 +408,17 @@ def _check_cluster(c: schema.ClusterConfig) -> None:
         raise ConfigError(
             f"cluster.signal_delay_s={c.signal_delay_s}: must be shorter than "
             f"cluster.timeout_min={c.timeout_min} minutes"
+        )
+
+
+def _check_batch_covers_ranks(cfg: schema.Config) -> None:
+    """The batch is global and split over the ranks: each needs a sample per step (also
+    checked by the job's sharder; here before a run dir exists or a job is submitted)."""
+    if cfg.script is None and cfg.trainer.batch_size < cfg.world_size:
+        raise ConfigError(
+            f"trainer.batch_size={cfg.trainer.batch_size}: smaller than the {cfg.world_size} "
+            "ranks; the batch size is global, give each rank at least one sample per step "
+            f"(trainer.batch_size={cfg.world_size} or more, or fewer ranks)"
         )
 
 

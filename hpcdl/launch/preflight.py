@@ -125,6 +125,12 @@ def check(cluster: ClusterConfig) -> str:
         fitting = [n for n in fitting if n[2].get(kind, 0) >= cluster.gpus_per_node]
         if not fitting:
             most = max((n[2].get(kind, 0) for n in nodes), default=0)
+            kinds = sorted({k for n in nodes for k, count in n[2].items() if k and count})
+            if kind and most == 0 and kinds:  # a GPU type the partition does not have
+                raise ConfigError(
+                    f"cluster.gpu_type={kind!r}: partition {name!r} has no {kind} GPUs; its "
+                    f"types are {', '.join(kinds)} (sinfo): set cluster.gpu_type to one of them"
+                )
             gres = f"gpu:{kind + ':' if kind else ''}{cluster.gpus_per_node}"
             raise ConfigError(
                 f"cluster.gpus_per_node={cluster.gpus_per_node} (--gres={gres}): partition {name!r} "
@@ -148,10 +154,14 @@ def _with_cpus_and_memory(cluster: ClusterConfig, partition: str, nodes: list[No
     fitting = [n for n in nodes if not n[3] or n[3] >= cpus]
     if not fitting:
         most = max(n[3] for n in nodes)
+        if cluster.cpus_per_task > 1:
+            key, fix = f"cluster.cpus_per_task={cluster.cpus_per_task}", "cluster.cpus_per_task"
+        else:  # one CPU a task already: only fewer tasks fit
+            key, fix = f"cluster.tasks_per_node={tasks}", "the tasks per node"
         raise ConfigError(
-            f"cluster.cpus_per_task={cluster.cpus_per_task}: {tasks} task"
-            f"{'s' if tasks != 1 else ''} per node need {cpus} CPUs, and partition "
-            f"{partition!r} nodes have at most {most} (sinfo); lower cluster.cpus_per_task"
+            f"{key}: {tasks} task{'s' if tasks != 1 else ''} per node "
+            f"need{'s' if tasks == 1 else ''} {cpus} CPUs, and partition {partition!r} nodes "
+            f"have at most {most} (sinfo); lower {fix}"
         )
     if cluster.mem_gb:
         have = [n for n in fitting if not n[4] or n[4] >= cluster.mem_gb * 1024]

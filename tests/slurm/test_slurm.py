@@ -303,7 +303,10 @@ def test_too_short_time_limit_requeues_itself_until_done(devcluster, tmp_path) -
             ["cluster.gpus_per_node=5"],
             "cluster.gpus_per_node=5 (--gres=gpu:a100:5): partition 'gpu' nodes have at most 4",
         ),
-        (["cluster.gpu_type=h100"], "partition 'gpu' nodes have at most 0 h100"),
+        (
+            ["cluster.gpu_type=h100"],
+            "cluster.gpu_type='h100': partition 'gpu' has no h100 GPUs; its types are a100",
+        ),
         (
             ["cluster.constraint=nvlink"],
             "cluster.constraint='nvlink': no node in partition 'gpu' has it",
@@ -315,8 +318,13 @@ def test_too_short_time_limit_requeues_itself_until_done(devcluster, tmp_path) -
         (["cluster.nodes=3"], "cluster.nodes=3: partition 'gpu' has 2 nodes"),
         (
             ["cluster.cpus_per_task=20"],
-            "cluster.cpus_per_task=20: 1 task per node need 20 CPUs, and partition 'gpu' "
+            "cluster.cpus_per_task=20: 1 task per node needs 20 CPUs, and partition 'gpu' "
             "nodes have at most 8",
+        ),
+        (
+            ["cluster.partition=cpu", "cluster.gpus_per_node=0", "cluster.tasks_per_node=9"],
+            "cluster.tasks_per_node=9: 9 tasks per node need 9 CPUs, and partition 'cpu' nodes "
+            "have at most 8 (sinfo); lower the tasks per node",
         ),
         (["cluster.mem_gb=100"], "cluster.mem_gb=100: partition 'gpu' nodes have at most 7.8 GB"),
     ],

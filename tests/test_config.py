@@ -148,7 +148,9 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
             "trainer.max_epoch: unknown key; did you mean trainer.max_epochs?",
         ),
         (["model=foo"], "model=foo: unknown option; choose one of cnn, custom, mlp, resnet18"),
-        (["trainer.max_epochs=abc"], "trainer.max_epochs"),
+        (["trainer.max_epochs=abc"], "trainer.max_epochs=abc: must be a whole number"),
+        (["cluster.mem_gb=0.5"], "cluster.mem_gb=0.5: must be a whole number"),
+        (["optim.lr=x"], "optim.lr=x: must be a number"),
         (["trainer.batch_size=-3"], "trainer.batch_size=-3: must be > 0"),
         (["data=mnist"], "data.path: required value is missing"),
         (

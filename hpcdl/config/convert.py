@@ -11,6 +11,7 @@ import difflib
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, fields, is_dataclass
 from enum import Enum
@@ -163,6 +164,10 @@ def _frozen(value: Any) -> Optional[Hashable]:
     return None
 
 
+# OmegaConf's type names in "could not be converted to X", as a user reads them.
+_KINDS = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false"}
+
+
 def _omegaconf_message(
     group: str, cls: type, err: OmegaConfBaseException, node: dict[str, Any]
 ) -> str:
@@ -173,6 +178,9 @@ def _omegaconf_message(
         return _unknown_key_message(key, [f"{group}.{k}" for k in _field_names(cls)])
     if "missing mandatory value" in text.lower():
         return f"{key}: required value is missing; set it with {key}=..."
+    converted = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", text)
+    if converted and converted.group(2) in _KINDS:
+        return f"{key}={converted.group(1)}: must be {_KINDS[converted.group(2)]}"
     if "is not a ListConfig, list or tuple" in text:  # OmegaConf names its node classes
         value = node.get(full_key, "") if isinstance(node, dict) else ""
         example = ",".join(str(v) for v in _default_of(cls, full_key) or []) or "..."

@@ -191,7 +191,14 @@ def _refuse_input_without_rows(state: dict[str, Any], input_path: str) -> None:
 
 def _row_batches(state: dict[str, Any], input_path: str) -> Iterator[tuple[torch.Tensor, None]]:
     """--input rows, prepared as the training rows were, as label-less (x, None) batches."""
-    rows = load_feature_rows(input_path, tuple(state["data_info"]["input_shape"]))
+    info = state["data_info"]
+    # Checkpoints written before feature_columns was recorded give rows by position only.
+    rows = load_feature_rows(
+        input_path,
+        tuple(info["input_shape"]),
+        info.get("feature_columns"),
+        info.get("label_column"),
+    )
     if len(rows) == 0:
         raise DataError(f"--input {input_path!r}: no rows to predict")
     x = Preprocessing.from_state_dict(state["preprocessing"]).apply(rows)

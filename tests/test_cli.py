@@ -138,6 +138,32 @@ def test_predict_applies_training_preprocessing(hpcdl, trained: Path, tmp_path: 
     assert out.returncode == 2 and "expects 30 features" in out.stderr
 
 
+def test_predict_picks_a_csvs_columns_by_its_header(hpcdl, tmp_path: Path) -> None:
+    """A run trained on a CSV with a header: the training CSV itself predicts (its label
+    column, not named `label`, dropped by name), the same rows with their columns in another
+    order predict the same, and a missing column is refused in one line naming it."""
+    x = np.random.default_rng(0).normal(size=(60, 3))
+    species = np.where(x[:, 0] > 2 * x[:, 2], "setosa", "virginica")
+    cells = [f"{a:.4f},{b:.4f},{s},{c:.4f}" for (a, b, c), s in zip(x, species, strict=True)]
+    (tmp_path / "train.csv").write_text("\n".join(["a,b,species,c", *cells]) + "\n")
+    (tmp_path / "reordered.csv").write_text(
+        "\n".join(["c,a,b", *(f"{c:.4f},{a:.4f},{b:.4f}" for a, b, c in x)]) + "\n"
+    )
+    (tmp_path / "no_b.csv").write_text("a,c\n1,2\n")
+    data = ["data=files", "data.path=train.csv", "data.label_column=species"]
+    out = hpcdl("train", "run_dir=run", *data, "trainer.max_epochs=2")
+    assert out.returncode == 0, out.stderr
+    own = hpcdl("predict", "run", "--input", "train.csv")
+    assert own.returncode == 0, own.stderr
+    assert len(own.stdout.splitlines()) == 61
+    reordered = hpcdl("predict", "run", "--input", "reordered.csv")
+    assert reordered.returncode == 0, reordered.stderr
+    assert reordered.stdout == own.stdout
+    out = hpcdl("predict", "run", "--input", "no_b.csv")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--input 'no_b.csv': no column 'b' in its header (a, c)" in out.stderr
+
+
 def test_init_from_warm_starts_and_refuses_mismatch(hpcdl, trained: Path, tmp_path: Path) -> None:
     warm = hpcdl("train", "run_dir=warm", f"init_from={trained}", "trainer.max_epochs=1")
     assert warm.returncode == 0, warm.stderr

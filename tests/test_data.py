@@ -216,6 +216,25 @@ def test_csv_with_label_column(tmp_path):
     torch.testing.assert_close(data.x_train[:, 1], torch.from_numpy(ids * 0.5).float())
 
 
+def test_csv_header_names_are_recorded_for_predict(tmp_path):
+    """The checkpoint's data_info names a CSV's feature columns and label column, so that
+    `hpcdl predict` can pick an input CSV's columns by name; not for a header whose names
+    repeat (a name would not pick one column), nor for arrays."""
+    from hpcdl.data.feed import build_feed
+
+    def info(name: str, header: str, **kwargs) -> dict:
+        lines = [header] + [f"{i},{i % 2},{i * 0.5}" for i in range(30)]
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+        return build_feed(files_cfg(tmp_path / name, **kwargs), torch.device("cpu"), 0).info()
+
+    got = info("d.csv", "b,grade,a", label_column="grade")
+    assert got["feature_columns"] == ["b", "a"] and got["label_column"] == "grade"
+    assert "feature_columns" not in info("twice.csv", "a,label,a")
+    indexed_npz(tmp_path / "d.npz")
+    npz = build_feed(files_cfg(tmp_path / "d.npz"), torch.device("cpu"), 0).info()
+    assert "feature_columns" not in npz
+
+
 @pytest.mark.parametrize(
     ("setup", "match"),
     [
@@ -464,6 +483,42 @@ def test_load_feature_rows(tmp_path):
     assert load_feature_rows(str(tmp_path / "r.npy"), (1, 3)).shape == (4, 1, 3)
     with pytest.raises(DataError, match=r"n.csv': rows have 3 values, the model expects 30"):
         load_feature_rows(str(tmp_path / "n.csv"), (30,))
+
+
+def test_load_feature_rows_picks_a_headers_columns_by_name(tmp_path):
+    """A run trained on a CSV with a header: an input CSV with a header gives the training
+    columns by name, in any order, its other columns (the label column too) dropped; a
+    headerless one gives them by position. A run that recorded no names: by position."""
+    rows = np.arange(12.0).reshape(4, 3)  # columns a, b, c
+    names = ["a", "b", "c"]
+    (tmp_path / "shuffled.csv").write_text(
+        "c,price,a,note,b\n" + "".join(f"{r[2]},1.5,{r[0]},x,{r[1]}\n" for r in rows)
+    )
+    got = load_feature_rows(str(tmp_path / "shuffled.csv"), (3,), names, "price")
+    assert np.array_equal(got, rows)
+    (tmp_path / "ordered.csv").write_text("a,b,c\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
+    (tmp_path / "cab.csv").write_text("c,a,b\n" + "".join(f"{c},{a},{b}\n" for a, b, c in rows))
+    old = load_feature_rows(str(tmp_path / "cab.csv"), (3,))  # no names: as the file is
+    assert np.array_equal(old, rows[:, [2, 0, 1]])
+    assert np.array_equal(load_feature_rows(str(tmp_path / "cab.csv"), (3,), names), rows)
+    (tmp_path / "plain.csv").write_text("".join(f"{a},{b},{c}\n" for a, b, c in rows))
+    assert np.array_equal(load_feature_rows(str(tmp_path / "plain.csv"), (3,), names), rows)
+
+    (tmp_path / "missing.csv").write_text("c,a\n1,2\n")
+    with pytest.raises(DataError, match=r"missing.csv': no column 'b' in its header \(c, a\)"):
+        load_feature_rows(str(tmp_path / "missing.csv"), (3,), names, "price")
+    (tmp_path / "twice.csv").write_text("a,b,c,a\n1,2,3,4\n")
+    with pytest.raises(DataError, match=r"twice.csv': column 'a' appears 2 times"):
+        load_feature_rows(str(tmp_path / "twice.csv"), (3,), names, "price")
+    (tmp_path / "wide.csv").write_text("".join(f"{a},{b},{c},7\n" for a, b, c in rows))
+    expected = (
+        r"wide.csv': rows have 4 values, the model expects 3 features \(input_shape \(3,\)\), "
+        r"the training CSV's columns a, b, c \(not its label column 'price'\)"
+    )
+    with pytest.raises(DataError, match=expected):
+        load_feature_rows(str(tmp_path / "wide.csv"), (3,), names, "price")
+    np.save(tmp_path / "r.npy", rows)
+    assert np.array_equal(load_feature_rows(str(tmp_path / "r.npy"), (3,), names, "price"), rows)
 
 
 # ----------------------------------------------------------------------------- sharding

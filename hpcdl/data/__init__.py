@@ -2,7 +2,7 @@
 
 build_data(cfg) -> DataSplits             (tensors on the CPU, preprocessed)
 EpochSharder + iterate_batches            (the training loop's batches, per rank)
-load_feature_rows(path, input_shape)      (raw rows for `hpcdl predict`)
+load_feature_rows(path, input_shape, ...)  (raw rows for `hpcdl predict`, by name or position)
 """
 
 from hpcdl.data.build import DataSplits, build_data

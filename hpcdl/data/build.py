@@ -31,6 +31,9 @@ class DataSplits:
     preprocessing: Preprocessing
     # Regression: mean and std of the training targets (for standardize_target); else None.
     target_stats: Optional[tuple[float, float]] = None
+    # The training CSV's feature column names and label column (RawData's); else None.
+    feature_columns: Optional[list[str]] = None
+    label_column: Optional[str] = None
 
 
 def build_data(cfg: Any, regression: bool = False) -> DataSplits:
@@ -56,6 +59,8 @@ def build_data(cfg: Any, regression: bool = False) -> DataSplits:
         class_names=list(raw.class_names),
         preprocessing=preprocessing,
         target_stats=target_stats(raw.y[split.train]) if raw.is_regression else None,
+        feature_columns=raw.feature_columns,
+        label_column=raw.label_column,
     )
 
 

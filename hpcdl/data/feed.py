@@ -129,6 +129,13 @@ class TensorFeed(Feed):
     def preprocessing_state(self) -> dict[str, Any]:
         return self.data.preprocessing.state_dict()
 
+    def info(self) -> dict[str, Any]:
+        info = super().info()
+        if self.data.feature_columns is not None:  # a CSV with a header
+            info["feature_columns"] = list(self.data.feature_columns)
+            info["label_column"] = self.data.label_column
+        return info
+
 
 class DatasetFeed(Feed):
     def __init__(

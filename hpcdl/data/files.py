@@ -15,7 +15,8 @@ from hpcdl.data.raw import RawData
 from hpcdl.errors import DataError
 
 SUFFIXES = (".npz", ".npy", ".csv")
-# The column dropped from prediction rows, as written by the files source's default.
+# The column dropped from prediction rows with a header, for runs whose checkpoint recorded
+# no feature column names (the files source's default label column).
 LABEL_COLUMN = "label"
 
 
@@ -31,12 +32,13 @@ def read_files(
         )
     if not file.is_file():
         raise DataError(f"data.path={path!r}: no such file; point data.path at your data file")
+    columns: Optional[list[str]] = None
     if suffix == ".npz":
         x, labels = read_npz(file)
     elif suffix == ".npy":
         x, labels = read_npy_pair(file, labels_path)
     else:
-        x, labels = read_labelled_csv(file, label_column)
+        x, labels, columns = read_labelled_csv(file, label_column)
     if labels.ndim > 1 and int(np.prod(labels.shape[1:])) != 1:
         raise DataError(
             f"data.path={path!r}: the labels have shape {labels.shape}; give one label per row "
@@ -57,10 +59,13 @@ def read_files(
             "feature columns (a CSV needs at least one besides data.label_column)"
         )
     x = check_numeric(x, f"data.path={path!r}")
+    class_names: list[str] = []  # regression
     if regression:
-        return RawData(x=x, y=numeric_targets(labels, f"data.path={path!r}"), class_names=[])
-    y, class_names = encode_labels(labels, f"data.path={path!r}")
-    return RawData(x=x, y=y, class_names=class_names)
+        y = numeric_targets(labels, f"data.path={path!r}")
+    else:
+        y, class_names = encode_labels(labels, f"data.path={path!r}")
+    label = label_column if columns is not None else None
+    return RawData(x, y, class_names, feature_columns=columns, label_column=label)
 
 
 def numeric_targets(labels: np.ndarray, where: str) -> np.ndarray:
@@ -100,7 +105,11 @@ def read_npy_pair(file: Path, labels_path: Optional[str]) -> tuple[np.ndarray, n
     return load_npy(file, "data.path"), load_npy(labels_file, "data.labels_path")
 
 
-def read_labelled_csv(file: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
+def read_labelled_csv(
+    file: Path, label_column: str
+) -> tuple[np.ndarray, np.ndarray, Optional[list[str]]]:
+    """(features, labels, the feature columns' names: None when two header cells are the
+    same, as then a name cannot pick one column)."""
     header, rows = read_csv(file, "data.path")
     if header is None:
         raise DataError(
@@ -124,7 +133,8 @@ def read_labelled_csv(file: Path, label_column: str) -> tuple[np.ndarray, np.nda
         )
     features = [row[:col] + row[col + 1 :] for row in rows]
     names = header[:col] + header[col + 1 :]
-    return parse_numeric_rows(features, file, "data.path", first_line=2, names=names), labels
+    x = parse_numeric_rows(features, file, "data.path", first_line=2, names=names)
+    return x, labels, names if len(set(header)) == len(header) else None
 
 
 def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]]:
@@ -261,8 +271,15 @@ def is_number(cell: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- prediction
-def load_feature_rows(path: str, input_shape: Sequence[int]) -> np.ndarray:
-    """Raw feature rows from .csv/.npy/.npz as float32 [N, *input_shape], for `hpcdl predict`."""
+def load_feature_rows(
+    path: str,
+    input_shape: Sequence[int],
+    feature_columns: Optional[Sequence[str]] = None,
+    label_column: Optional[str] = None,
+) -> np.ndarray:
+    """Raw feature rows from .csv/.npy/.npz as float32 [N, *input_shape], for `hpcdl predict`.
+    feature_columns, label_column: the training CSV's names (None for a run trained without
+    them); a CSV with a header then gives its columns by name, others in training order."""
     file = Path(path).expanduser()
     suffix = file.suffix.lower()
     if suffix not in SUFFIXES:
@@ -277,21 +294,65 @@ def load_feature_rows(path: str, input_shape: Sequence[int]) -> np.ndarray:
     elif suffix == ".npy":
         x = load_npy(file, "--input")
     else:
-        header, rows = read_csv(file, "--input")
-        if header is not None and LABEL_COLUMN in header:
-            col = header.index(LABEL_COLUMN)
-            rows = [row[:col] + row[col + 1 :] for row in rows]
-            header = header[:col] + header[col + 1 :]
-        first_line = 1 if header is None else 2
-        x = parse_numeric_rows(rows, file, "--input", first_line=first_line, names=header)
+        x = read_feature_csv(file, feature_columns)
     x = check_numeric(np.asarray(x), f"--input '{file}'")
     num_features = int(np.prod(input_shape))
     if x.ndim == 1 and x.size == num_features:
         x = x[None]  # a single row
     per_row = int(np.prod(x.shape[1:])) if x.ndim >= 2 else 1
     if x.ndim < 2 or per_row != num_features:
+        trained_on = ""
+        if feature_columns is not None:
+            trained_on = (
+                f", the training CSV's columns {_names(feature_columns)} (not its label "
+                f"column {label_column!r}); give those columns in that order"
+                + (", or a header row naming them" if suffix == ".csv" else "")
+            )
         raise DataError(
             f"--input '{file}': rows have {per_row} values, the model expects {num_features} "
-            f"features (input_shape {tuple(input_shape)})"
+            f"features (input_shape {tuple(input_shape)}){trained_on}"
         )
     return x.reshape(-1, *input_shape).astype(np.float32)
+
+
+def read_feature_csv(file: Path, feature_columns: Optional[Sequence[str]]) -> np.ndarray:
+    """float64 [N, columns]. With a header and the training's feature_columns: those columns,
+    picked by name in training order (others, the label column among them, are dropped).
+    Without a header, or for a run that recorded no names: the columns as they are (less
+    a header's column named `label`)."""
+    header, rows = read_csv(file, "--input")
+    if header is not None and feature_columns is not None:
+        picks = _column_indices(file, header, feature_columns)
+        rows = [[row[i] for i in picks] for row in rows]
+        header = list(feature_columns)
+    elif header is not None and LABEL_COLUMN in header:
+        col = header.index(LABEL_COLUMN)
+        rows = [row[:col] + row[col + 1 :] for row in rows]
+        header = header[:col] + header[col + 1 :]
+    first_line = 1 if header is None else 2
+    return parse_numeric_rows(rows, file, "--input", first_line=first_line, names=header)
+
+
+def _column_indices(file: Path, header: list[str], names: Sequence[str]) -> list[int]:
+    missing = [name for name in names if name not in header]
+    if missing:
+        which = "column" if len(missing) == 1 else "columns"
+        raise DataError(
+            f"--input '{file}': no {which} {_names([repr(n) for n in missing])} in its header "
+            f"({_names(header)}); the model was trained on the columns {_names(names)}: add "
+            f"the missing {which}"
+        )
+    repeated = next((name for name in names if header.count(name) > 1), None)
+    if repeated is not None:
+        raise DataError(
+            f"--input '{file}': column {repeated!r} appears {header.count(repeated)} times in "
+            "its header; keep one"
+        )
+    return [header.index(name) for name in names]
+
+
+def _names(names: Sequence[str], most: int = 12) -> str:
+    """'a, b, c', or the first ones and how many there are in all."""
+    if len(names) <= most:
+        return ", ".join(names)
+    return f"{', '.join(names[: most - 2])}, ... ({len(names)} in all)"

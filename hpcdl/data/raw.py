@@ -18,6 +18,10 @@ class RawData:
     # The official test split, for sources that ship one (mnist, cifar10).
     x_test: Optional[np.ndarray] = None
     y_test: Optional[np.ndarray] = None
+    # A CSV's header: the feature columns' names (in x's order) and the label column's, so
+    # that `hpcdl predict` can pick an input CSV's columns by name. None without a header.
+    feature_columns: Optional[list[str]] = None
+    label_column: Optional[str] = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -167,6 +168,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     if argv[:1] == ["run"] and "--" in argv:  # `hpcdl run [overrides] -- COMMAND...`
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
+    elif argv[:1] == ["run"]:
+        words = [a for a in argv[1:] if not a.startswith(("-", "~")) and "=" not in a]
+        if words:  # `hpcdl run python train.py`: the program without its --
+            print(
+                f"error: hpcdl run: {words[0]!r} is not an override (key=value); put your "
+                f"program after --: hpcdl run [overrides] -- {shlex.join(argv[argv.index(words[0]) :])}",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
     args = parse_anywhere(build_parser(), argv)
     args.program = command
     try:

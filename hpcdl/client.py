@@ -63,12 +63,10 @@ def submit(
     from hpcdl.cli import main as cli
     from hpcdl.cli.compose import compose_config
     from hpcdl.config.schema import Launcher
-    from hpcdl.runlock import hold
 
     cfg = compose_config(_overrides(overrides), _config_dirs(config_dir))
     cfg, run_dir = cli.start_run(cfg, skip_preflight=not preflight)
-    with hold(run_dir):
-        code = cli.launch(cfg, run_dir)
+    code = cli.launch_new(cfg, run_dir)
     return Job(run_dir.path, None if cfg.cluster.launcher == Launcher.slurm else code)
 
 

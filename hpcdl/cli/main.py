@@ -248,7 +248,6 @@ def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
 def cmd_train(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import compose, compose_config, conf_dir, user_conf_dirs
     from hpcdl.config.schema import Launcher
-    from hpcdl.runlock import hold
 
     if args.multirun and not (args.cfg or args.info):
         return run_sweep(args)
@@ -277,8 +276,23 @@ def cmd_train(args: argparse.Namespace) -> int:
             freeze_code(run_dir, cfg)
         print(f"not launched; e.g. sbatch slurm/train.sbatch {run_dir.path}")
         return EXIT_OK
-    with hold(run_dir):
-        return launch(cfg, run_dir)
+    return launch_new(cfg, run_dir)
+
+
+def launch_new(cfg: Config, run_dir: RunDir) -> int:
+    """`hpcdl train` (and hpcdl.submit): launch a run dir just created. One that sbatch
+    refused is removed again: it holds only its config and code, and a retry makes a new one."""
+    import shutil
+
+    from hpcdl.launch.slurm import SubmitError
+    from hpcdl.runlock import hold
+
+    try:
+        with hold(run_dir):
+            return launch(cfg, run_dir)
+    except SubmitError as err:
+        shutil.rmtree(run_dir.path, ignore_errors=True)
+        raise SubmitError(f"{err}; nothing submitted (run dir {run_dir.path} removed)") from None
 
 
 def start_run(cfg: Config, skip_preflight: bool) -> tuple[Config, RunDir]:

@@ -23,7 +23,15 @@ def _run(cmd: list[str]) -> str:
             "(or skip the check with --no-preflight)"
         ) from None
     if out.returncode != 0:
-        raise ConfigError(f"`{' '.join(cmd)}` failed: {out.stderr.strip().splitlines()[:1]}")
+        lines = out.stderr.strip().splitlines()
+        why = lines[0] if lines else f"exit status {out.returncode}"
+        hint = ""
+        if any(s in out.stderr for s in ("resolve_ctls", "Unable to contact", "fetch_config")):
+            hint = (
+                "; Slurm's controller cannot be reached from here: is SLURM_CONF set (for the "
+                "dev cluster: eval \"$(slurm/devcluster env)\")? --no-preflight skips this check"
+            )
+        raise ConfigError(f"`{' '.join(cmd)}` failed: {why}{hint}")
     return out.stdout
 
 

@@ -6,7 +6,10 @@ slurm.json in the run dir, and return at once.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
 import shlex
 import sys
 from collections.abc import Iterator
@@ -211,6 +214,28 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else "unknown error"
 
 
+def sbatch_refusal(stderr: str, cluster: ClusterConfig) -> str:
+    """sbatch's reason for refusing a job, in one line: its last line but its `Try "sbatch
+    --help"` advice; an option it does not know that came from cluster.sbatch_extra is
+    named by that key."""
+    lines = [
+        ln.strip()
+        for ln in stderr.splitlines()
+        if ln.strip() and not ln.strip().startswith('Try "sbatch --help"')
+    ]
+    reason = lines[-1] if lines else "unknown error"
+    unknown = re.search(r"unrecognized option '--([\w-]+)", reason)
+    if unknown:
+        option = unknown.group(1)
+        for key in cluster.sbatch_extra:
+            if option in (key, key.replace("_", "-")):
+                return (
+                    f"cluster.sbatch_extra.{key}: sbatch has no option --{option} ({reason}); "
+                    f"fix its name, or drop it with ~cluster.sbatch_extra.{key}"
+                )
+    return f"sbatch refused the job: {reason}"
+
+
 @dataclass
 class Submission:
     job_id: str
@@ -264,6 +289,14 @@ def with_frozen_script(cfg: Config, base_dir: JobDir) -> Config:
     return replace(cfg, script=replace(cfg.script, command=command))
 
 
+def _remove_submission_files(run_dir: RunDir) -> None:
+    """What submitit left of a job sbatch refused: the batch script and the pickled call,
+    both still under the temporary names (a uuid) they get before sbatch answers."""
+    for path in run_dir.log_dir.glob("*"):
+        if re.fullmatch(r"\.submission_file_[0-9a-f]{32}\.sh|[0-9a-f]{32}\.pkl", path.name):
+            path.unlink(missing_ok=True)
+
+
 def submit(cfg: Config, run_dir: RunDir) -> Submission:
     from submitit.core.utils import FailedJobError
 
@@ -275,13 +308,12 @@ def submit(cfg: Config, run_dir: RunDir) -> Submission:
         cfg = run_dir.save_config(frozen)
     executor = make_executor(cfg, run_dir)
     try:
-        with outside_job_env():
+        # submitit prints sbatch's stderr before raising it: it goes in our one line instead
+        with outside_job_env(), contextlib.redirect_stderr(io.StringIO()):
             job = executor.submit(job_main, str(run_dir.path))
     except FailedJobError as err:
-        raise SubmitError(
-            f"sbatch refused the job: {last_line(str(err))}; the run dir {run_dir.path} is "
-            f"kept, resubmit with `hpcdl resume {run_dir.path}`"
-        ) from None
+        _remove_submission_files(run_dir)
+        raise SubmitError(sbatch_refusal(str(err), cfg.cluster)) from None
     run_dir.record_submission(job.job_id, cfg.cluster.name, run_dir.log_dir)
     return Submission(
         job_id=job.job_id, run_dir=run_dir.path, log_pattern=run_dir.rank_log(job.job_id, "<rank>")

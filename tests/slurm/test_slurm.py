@@ -327,6 +327,10 @@ def test_too_short_time_limit_requeues_itself_until_done(devcluster, tmp_path) -
             "have at most 8 (sinfo); lower the tasks per node",
         ),
         (["cluster.mem_gb=100"], "cluster.mem_gb=100: partition 'gpu' nodes have at most 7.8 GB"),
+        (  # refused by sbatch itself: its reason in one line, the run dir removed again
+            ["+cluster.sbatch_extra.exclusve=true"],
+            "cluster.sbatch_extra.exclusve: sbatch has no option --exclusve",
+        ),
     ],
 )
 def test_preflight_refuses_impossible_requests(devcluster, tmp_path, overrides, expected) -> None:

@@ -267,7 +267,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return EXIT_OK
     cfg = compose_config(args.overrides, args.config_dir)
     if args.dry_run:
-        return dry_run(cfg)
+        return dry_run(cfg, args.no_preflight)
     cfg, run_dir = start_run(cfg, args.no_preflight)
     if args.no_launch:
         if cfg.cluster.launcher == Launcher.slurm:
@@ -457,8 +457,13 @@ def refuse_missing_modules(cfg: Config) -> None:
             raise ConfigError(f"{key}={target!r}: {why}; check the module path")
 
 
-def dry_run(cfg: Config) -> int:
+def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
+    """The sbatch script, the program and each rank's environment; then the preflight's
+    verdict: a request the cluster would refuse is refused here too, in one line after them
+    (not checked where no Slurm answers, as on a laptop)."""
     from hpcdl.config.schema import Launcher
+    from hpcdl.launch import container
+    from hpcdl.launch.preflight import SlurmUnreachable, check_request
     from hpcdl.launch.slurm import rank_environment, sbatch_text
     from hpcdl.rundir import RunDir, default_run_dir
 
@@ -475,7 +480,21 @@ def dry_run(cfg: Config) -> int:
     print("# per-rank environment")
     for row in rank_environment(cfg):
         print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
-    print("# dry run: nothing submitted")
+    refusal = None
+    if skip_preflight:
+        print("# preflight: skipped (--no-preflight)")
+    else:
+        try:
+            check_request(cfg.cluster)  # first: where no Slurm answers, nothing is checked
+            container.check(cfg.cluster)
+            print("# preflight: the cluster can run this request")
+        except SlurmUnreachable:
+            print("# preflight: not checked (no Slurm controller answers here)")
+        except ConfigError as err:
+            refusal = err
+    print("# dry run: nothing submitted", flush=True)
+    if refusal is not None:
+        raise refusal
     return EXIT_OK
 
 

@@ -37,7 +37,7 @@ def run_program(args: argparse.Namespace) -> int:
     if args.multirun:
         return launch_sweep(plan_program_sweep(cfg, args, overrides), args)
     if args.dry_run:
-        return dry_run(cfg)
+        return dry_run(cfg, args.no_preflight)
     preflight(cfg, args.no_preflight)
     cfg, run_dir = create_run_dir(cfg)
     print(f"run dir: {run_dir.path}", flush=True)

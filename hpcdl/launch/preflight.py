@@ -14,24 +14,28 @@ from hpcdl.config.schema import ClusterConfig, tasks_per_node
 from hpcdl.errors import ConfigError
 
 
+class SlurmUnreachable(ConfigError):
+    """No Slurm to ask here: its commands are missing, or they cannot reach the controller."""
+
+
 def _run(cmd: list[str]) -> str:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
-        raise ConfigError(
+        raise SlurmUnreachable(
             f"cluster.launcher=slurm: `{cmd[0]}` not found; run on a Slurm login node "
             "(or skip the check with --no-preflight)"
         ) from None
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines()
         why = lines[0] if lines else f"exit status {out.returncode}"
-        hint = ""
         if any(s in out.stderr for s in ("resolve_ctls", "Unable to contact", "fetch_config")):
-            hint = (
-                "; Slurm's controller cannot be reached from here: is SLURM_CONF set (for the "
-                "dev cluster: eval \"$(slurm/devcluster env)\")? --no-preflight skips this check"
+            raise SlurmUnreachable(
+                f"`{' '.join(cmd)}` failed: {why}; Slurm's controller cannot be reached from "
+                "here: is SLURM_CONF set (for the dev cluster: eval \"$(slurm/devcluster env)\")? "
+                "--no-preflight skips this check"
             )
-        raise ConfigError(f"`{' '.join(cmd)}` failed: {why}{hint}")
+        raise ConfigError(f"`{' '.join(cmd)}` failed: {why}")
     return out.stdout
 
 
@@ -93,6 +97,12 @@ def check(cluster: ClusterConfig) -> str:
     from hpcdl.launch import container
 
     container.check(cluster)
+    return check_request(cluster)
+
+
+def check_request(cluster: ClusterConfig) -> str:
+    """The request against the partition's limits and nodes (scontrol, sinfo): what `check`
+    does but the container's runtime and image."""
     partitions = parse_partitions(_run(["scontrol", "show", "partition", "-o"]))
     name = cluster.partition or next(
         (n for n, f in partitions.items() if f.get("Default") == "YES"), None

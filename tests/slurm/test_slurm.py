@@ -362,6 +362,13 @@ def test_dry_run_script_is_accepted_by_sbatch(devcluster, tmp_path) -> None:
         ["sbatch", "--test-only", str(tmp_path / "job.sh")], capture_output=True, text=True
     )
     assert test.returncode == 0 and "to start at" in test.stderr, test.stderr
+    assert "# preflight: the cluster can run this request" in out.stdout
+    # A request the cluster would refuse: the script, then the refusal, as a submit gives it.
+    refused = run_hpcdl(
+        "train", "cluster=devcluster", "cluster.gpus_per_node=5", "--dry-run", cwd=tmp_path
+    )
+    assert refused.returncode == 2 and "#SBATCH" in refused.stdout, refused.stdout
+    assert "cluster.gpus_per_node=5 (--gres=gpu:a100:5): partition 'gpu'" in refused.stderr
 
 
 def test_plain_sbatch_template_runs_the_same_payload(devcluster, tmp_path) -> None:

@@ -108,6 +108,7 @@ def build_trainer(
         device=device,
         config_hash=config_hash(cfg),
         model_config=to_plain(cfg)["model"],
+        data_config=to_plain(cfg)["data"],
         task=build_task(cfg.task, feed.target_stats),
         step_hooks=load_step_hooks(t.step_hooks),
         logger=build_logger(cfg, env),

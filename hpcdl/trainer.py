@@ -81,6 +81,7 @@ class Parts:
     device: torch.device
     config_hash: str
     model_config: dict[str, Any]
+    data_config: dict[str, Any]  # in checkpoints: a resume names the keys that changed
     task: Task = field(default_factory=ClassificationTask)
     step_hooks: list[StepHook] = field(default_factory=list)  # trainer.step_hooks
     logger: Logger = field(default_factory=NullLogger)  # logger=tensorboard/wandb/mlflow
@@ -135,6 +136,25 @@ def saved_with(saved: dict[str, Any], now: dict[str, Any], group: str) -> str:
     """' (model.hidden_sizes=[32, 16])': the saved config's values where this run's differ."""
     keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     return f" ({' '.join(f'{group}.{k}={saved.get(k)}' for k in keys)})" if keys else ""
+
+
+def config_changes(state: dict[str, Any], parts: Parts) -> str:
+    """'data.num_workers 2 -> 0 changed': the model and data keys whose values differ from
+    the checkpoint's (a checkpoint saved before it held its data config names none)."""
+
+    def shown(value: Any) -> str:
+        return str(value).lower() if isinstance(value, bool) or value is None else str(value)
+
+    changes = []
+    for group, saved, now in [
+        ("model", state.get("model_config"), parts.model_config),
+        ("data", state.get("data_config"), parts.data_config),
+    ]:
+        if saved is None:
+            continue
+        keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+        changes += [f"{group}.{k} {shown(saved.get(k))} -> {shown(now.get(k))}" for k in keys]
+    return f"{', '.join(changes) or 'model/data config'} changed"
 
 
 class Trainer:
@@ -647,6 +667,7 @@ class Trainer:
             "batch_size": self.t.batch_size,  # step_in_epoch counts batches of this size
             "config_hash": self.p.config_hash,
             "model_config": self.p.model_config,
+            "data_config": self.p.data_config,
             "data_info": self.p.feed.info(),
             "preprocessing": self.p.feed.preprocessing_state(),
         }
@@ -732,7 +753,7 @@ class Trainer:
                 "RNG streams restart from the seed, so results will differ from an uninterrupted run"
             )
         if state["config_hash"] != p.config_hash:
-            p.reporter.message(f"{path}: model/data config changed since this checkpoint was saved")
+            p.reporter.message(f"{path}: {config_changes(state, p)} since this checkpoint was saved")
         self._last_saved_step = self.progress.global_step
         if self.env.is_main:
             p.metrics.truncate_after_epoch(self.progress.epoch)

@@ -521,3 +521,41 @@ def test_train_into_a_closed_pipe_stops_quietly_and_resumes(tmp_path: Path) -> N
     out = run_hpcdl("resume", str(run_dir), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (run_dir / "summary.json").exists()
+
+
+def test_resume_refuses_another_split_before_saving_it(hpcdl, tmp_path: Path) -> None:
+    """Continued on another split, rows the checkpoints were trained on would be validation
+    and test rows (its test_accuracy silently measured on training rows): refused in one
+    line naming the old and new values, config.yaml and checkpoints as they were. Keys that
+    only say how the data is read still change."""
+    out = hpcdl("train", "run_dir=run", "trainer.max_epochs=1")
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "run"
+    before = {p: p.read_bytes() for p in [run / "config.yaml", *run.glob("checkpoints/*")]}
+    out = hpcdl("resume", "run", "data.split_seed=3", "trainer.max_epochs=2")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"error: data.split_seed=3: {run}'s checkpoints were trained on the training rows of "
+        "data.split_seed=0, some of which would be validation and test rows with "
+        f"data.split_seed=3; resume with data.split_seed=0, or start a new run: hpcdl train "
+        f"data.split_seed=3 (init_from={run} for its weights only)"
+    ]
+    for overrides, named in [
+        (["data.val_fraction=0.3", "data.fold=0"], "data.val_fraction=0.3: "),
+        (["data.num_folds=5", "data.fold=1"], "data.num_folds=5 data.fold=1: "),
+        (["data.standardize=false"], "with data.standardize=true, unlike data.standardize"),
+        (["data=digits"], "trained on data=breast_cancer, another dataset; resume with"),
+    ]:
+        out = hpcdl("resume", "run", *overrides)
+        assert out.returncode == 2, out.stdout + out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and named in lines[0], (overrides, lines)
+    assert {p: p.read_bytes() for p in before} == before
+    assert "resume" not in (run / "commands.log").read_text()
+    # The job's warning names what changed.
+    out = hpcdl("resume", "run", "data.num_workers=0", "data.in_memory=false", *FAST)
+    assert out.returncode == 0, out.stderr
+    assert (
+        "step_000000013.pt: data.in_memory true -> false, data.num_workers 2 -> 0 changed "
+        "since this checkpoint was saved\n" in out.stdout
+    )

@@ -562,6 +562,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if (cfg.model, cfg.data, cfg.task) != (stored.model, stored.data, stored.task):
             probe_user_code(cfg)  # before the changed config is saved
         refuse_another_optimizer(stored, cfg, run_dir)
+        refuse_another_split(stored, cfg, run_dir)
     preflight(cfg, args.no_preflight)
     if not args.from_scratch:
         refuse_lost_checkpoints(run_dir)
@@ -608,6 +609,55 @@ def refuse_another_optimizer(stored: Config, cfg: Config, run_dir: RunDir) -> No
             f"{after} cannot continue from; resume with optim={before}, or start a new run "
             f"from its weights: hpcdl train init_from={run_dir.path} optim={after}"
         )
+
+
+# What decides which samples are training, validation and test rows, and what the model's
+# inputs are: the dataset, its split, its preprocessing (fitted on the training rows).
+SPLIT_KEYS = (
+    "name",
+    "split_seed",
+    "val_fraction",
+    "test_fraction",
+    "num_folds",
+    "fold",
+    "standardize",
+)
+
+
+def refuse_another_split(stored: Config, cfg: Config, run_dir: RunDir) -> None:
+    """A run's checkpoints were trained on its training rows: continued on another split,
+    rows it trained on would become validation and test rows (the val and test metrics
+    silently wrong), and mid-run the old val and test rows would be trained on. Refused
+    before config.yaml changes, like another optimizer; data.path, the loader's keys stay
+    free to change."""
+    from dataclasses import asdict
+
+    before, after = asdict(stored.data), asdict(cfg.data)
+    changed = [key for key in SPLIT_KEYS if before.get(key) != after.get(key)]
+    if not changed or not any(run_dir.checkpoint_dir.glob("step_*")):
+        return
+    if "name" in changed:  # another dataset: its other keys are another dataset's
+        changed = ["name"]
+
+    def setting(data: dict[str, object], key: str) -> str:
+        value = data.get(key)
+        shown = str(value).lower() if isinstance(value, bool) else value
+        return f"data={shown}" if key == "name" else f"data.{key}={shown}"
+
+    old = " ".join(setting(before, key) for key in changed)
+    new = " ".join(setting(after, key) for key in changed)
+    if changed == ["name"]:
+        trained = f"on {old}, another dataset"
+    elif changed == ["standardize"]:
+        trained = f"on inputs preprocessed with {old}, unlike {new}'s"
+    else:
+        trained = f"on the training rows of {old}, some of which would be validation and "
+        trained += f"test rows with {new}"
+    raise HpcdlError(
+        f"{new}: {run_dir.path}'s checkpoints were trained {trained}; resume with {old}, "
+        f"or start a new run: hpcdl train {new} (init_from={run_dir.path} for its weights "
+        "only)"
+    )
 
 
 def refuse_lost_checkpoints(run_dir: RunDir) -> None:

@@ -120,7 +120,9 @@ def build_trainer(
         ),
     )
     # Last: starting a tracker can take seconds (W&B's service), while the loader reads ahead.
-    parts.logger.start(cfg, run_dir, start.progress(parts.sharder).global_step)
+    parts.logger.start(
+        cfg, run_dir, start.progress(parts.sharder, cfg.trainer.early_stopping).global_step
+    )
     return Trainer(cfg, env, parts, stop, start)
 
 
@@ -132,7 +134,7 @@ def first_batches(
     device, wrapped and restored (the loader draws nothing from the global RNG streams, so
     the model's initial weights are the same). Not when the run has nothing left to do."""
     start = Start(checkpoint=store.load_latest(mmap=True))
-    progress = start.progress(sharder)
+    progress = start.progress(sharder, cfg.trainer.early_stopping)
     t = cfg.trainer
     if progress.early_stopped or progress.epoch >= t.max_epochs:
         return start

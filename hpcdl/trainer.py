@@ -19,8 +19,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from hpcdl import early_stop
 from hpcdl.checkpoint import CheckpointStore, capture_rng_state, restore_rng_state, unmap
-from hpcdl.config.schema import Config, Mode, Precision
+from hpcdl.config.schema import Config, EarlyStoppingConfig, Mode, Precision
 from hpcdl.data.feed import Feed, TrainBatch
 from hpcdl.data.loader import channels_last_inputs
 from hpcdl.data.sharding import EpochSharder
@@ -101,19 +102,24 @@ class Start:
     checkpoint: Optional[tuple[Path, dict[str, Any]]] = None
     batches: Optional[Iterator[TrainBatch]] = None
 
-    def progress(self, sharder: EpochSharder) -> Progress:
+    def progress(self, sharder: EpochSharder, early_stopping: EarlyStoppingConfig) -> Progress:
         if self.checkpoint is None:
             return Progress()
-        return resumed_progress(*self.checkpoint, sharder)
+        return resumed_progress(*self.checkpoint, sharder, early_stopping)
 
 
-def resumed_progress(path: Path, state: dict[str, Any], sharder: EpochSharder) -> Progress:
-    """Where a checkpoint's run goes on. Saved mid-epoch with another trainer.batch_size
-    (lowered after running out of memory, say), the epoch goes on at the same sample of
-    its permutation, so that each sample is still trained once per epoch, when a batch of
-    the new size can start there; else refused (samples would be skipped or repeated).
+def resumed_progress(
+    path: Path, state: dict[str, Any], sharder: EpochSharder, early_stopping: EarlyStoppingConfig
+) -> Progress:
+    """Where a checkpoint's run goes on. A run that stopped early trains on when the resume
+    changes trainer.early_stopping (hpcdl.early_stop). Saved mid-epoch with another
+    trainer.batch_size (lowered after running out of memory, say), the epoch goes on at the
+    same sample of its permutation, so that each sample is still trained once per epoch,
+    when a batch of the new size can start there; else refused (samples would be skipped or
+    repeated).
     Checkpoints saved before they recorded their batch size are taken as they are."""
     progress = Progress.from_dict(state["progress"])
+    progress = early_stop.resumed(progress, state.get("early_stopping"), early_stopping)
     saved = state.get("batch_size")
     if saved is None or saved == sharder.global_batch_size or progress.step_in_epoch == 0:
         return progress
@@ -668,6 +674,7 @@ class Trainer:
             "config_hash": self.p.config_hash,
             "model_config": self.p.model_config,
             "data_config": self.p.data_config,
+            "early_stopping": early_stop.settings(self.t.early_stopping),
             "data_info": self.p.feed.info(),
             "preprocessing": self.p.feed.preprocessing_state(),
         }
@@ -737,7 +744,7 @@ class Trainer:
             )
         else:
             p.scaler.load_state_dict(state["scaler"])
-        self.progress = resumed_progress(path, state, p.sharder)
+        self.progress = resumed_progress(path, state, p.sharder, self.t.early_stopping)
         if self.progress.step_in_epoch != state["progress"]["step_in_epoch"]:
             p.reporter.message(
                 f"trainer.batch_size {state['batch_size']} -> {self.t.batch_size}: epoch "
@@ -761,6 +768,18 @@ class Trainer:
             f"resumed from {path} (epoch {self.progress.epoch + 1}, "
             f"step {self.progress.step_in_epoch} of the epoch, global step {self.progress.global_step})"
         )
+        self._report_early_stop(path, state)
+
+    def _report_early_stop(self, path: Path, state: dict[str, Any]) -> None:
+        """A run that stopped early says whether it trains on, and if not why not."""
+        if not state["progress"].get("early_stopped"):
+            return
+        saved, es = state.get("early_stopping"), self.t.early_stopping
+        if self.progress.early_stopped:
+            line = early_stop.nothing_to_train_line(self.progress, saved, es)
+        else:
+            line = early_stop.going_on_line(self.progress, saved, es)
+        self.p.reporter.message(f"{path}: {line}")
 
     def _start_over(self) -> None:
         """No checkpoint to continue from. One epoch on record is a kill between its

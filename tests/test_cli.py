@@ -559,3 +559,34 @@ def test_resume_refuses_another_split_before_saving_it(hpcdl, tmp_path: Path) ->
         "step_000000013.pt: data.in_memory true -> false, data.num_workers 2 -> 0 changed "
         "since this checkpoint was saved\n" in out.stdout
     )
+
+
+def test_resume_of_an_early_stopped_run_trains_on_only_with_other_early_stopping(
+    hpcdl, tmp_path: Path
+) -> None:
+    """More epochs alone cannot undo an early stop: one line says why the run stopped and
+    which override trains on. patience=0 (off) trains on from the checkpoint."""
+    stop_at_2 = ["trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=100"]
+    out = hpcdl("train", "run_dir=run", "trainer.max_epochs=30", *stop_at_2)
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "run"
+    assert len(read_csv(run / "metrics.csv")) == 2
+    best = float(read_csv(run / "metrics.csv")[0]["val_loss"])
+    out = hpcdl("resume", "run", "trainer.max_epochs=50")
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"step_000000026.pt: the run stopped early after epoch 2 (val_loss did not improve on "
+        f"epoch 1's {best:.4g} in 1 evaluations, trainer.early_stopping.patience=1): nothing "
+        "to train; to train on, resume with trainer.early_stopping.patience=0 (off) or a "
+        "larger patience\n" in out.stdout
+    ), out.stdout
+    assert len(read_csv(run / "metrics.csv")) == 2
+    out = hpcdl("resume", "run", "trainer.max_epochs=4", "trainer.early_stopping.patience=0")
+    assert out.returncode == 0, out.stderr
+    assert (
+        "step_000000026.pt: stopped early after epoch 2; trainer.early_stopping changed "
+        "(patience 1 -> 0): training goes on\n" in out.stdout
+    ), out.stdout
+    assert [row["epoch"] for row in read_csv(run / "metrics.csv")] == ["1", "2", "3", "4"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["epochs"], summary["early_stopped"]) == (4, False)

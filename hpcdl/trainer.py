@@ -670,6 +670,8 @@ class Trainer:
             "progress": self.progress.to_dict(),
             "rng": rng_states,
             "world_size": self.env.world_size,
+            # Threads split a CPU op's sums otherwise (hpcdl.threads): other floats.
+            "cpu_threads": torch.get_num_threads(),
             "batch_size": self.t.batch_size,  # step_in_epoch counts batches of this size
             "config_hash": self.p.config_hash,
             "model_config": self.p.model_config,
@@ -759,6 +761,7 @@ class Trainer:
                 f"resuming {len(rng)}-rank state with {self.env.world_size} ranks: "
                 "RNG streams restart from the seed, so results will differ from an uninterrupted run"
             )
+        self._warn_other_threads(path, state.get("cpu_threads"))
         if state["config_hash"] != p.config_hash:
             p.reporter.message(f"{path}: {config_changes(state, p)} since this checkpoint was saved")
         self._last_saved_step = self.progress.global_step
@@ -769,6 +772,18 @@ class Trainer:
             f"step {self.progress.step_in_epoch} of the epoch, global step {self.progress.global_step})"
         )
         self._report_early_stop(path, state)
+
+    def _warn_other_threads(self, path: Path, saved: Optional[int]) -> None:
+        """On the CPU, an op's sums are split over the threads: another thread count gives
+        other floats (checkpoints saved before they held it: not known, no warning)."""
+        threads = torch.get_num_threads()
+        if saved is None or saved == threads or self.p.device.type != "cpu":
+            return
+        self.p.reporter.message(
+            f"{path}: saved with {saved} CPU threads per rank, resumed with {threads}: sums "
+            "run in another order, so results will differ from an uninterrupted run (set "
+            f"OMP_NUM_THREADS={saved} to match)"
+        )
 
     def _report_early_stop(self, path: Path, state: dict[str, Any]) -> None:
         """A run that stopped early says whether it trains on, and if not why not."""

@@ -590,3 +590,23 @@ def test_resume_of_an_early_stopped_run_trains_on_only_with_other_early_stopping
     assert [row["epoch"] for row in read_csv(run / "metrics.csv")] == ["1", "2", "3", "4"]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["epochs"], summary["early_stopped"]) == (4, False)
+
+
+def test_resume_with_another_cpu_thread_count_warns_that_results_differ(
+    hpcdl, tmp_path: Path
+) -> None:
+    """A CPU op's sums are split over its threads: resumed with another count (a Slurm run
+    with OMP_NUM_THREADS=1 continued on cluster=local), the weights differ from an
+    uninterrupted run's, as with another rank count; the same count says nothing."""
+    out = hpcdl("train", "run_dir=run", "trainer.max_epochs=1", env={"OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    out = hpcdl("resume", "run", *FAST, env={"OMP_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    assert (
+        "step_000000013.pt: saved with 1 CPU threads per rank, resumed with 2: sums run in "
+        "another order, so results will differ from an uninterrupted run (set "
+        "OMP_NUM_THREADS=1 to match)\n" in out.stdout
+    ), out.stdout
+    out = hpcdl("resume", "run", "trainer.max_epochs=3", env={"OMP_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    assert "CPU threads" not in out.stdout

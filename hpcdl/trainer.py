@@ -763,7 +763,8 @@ class Trainer:
             )
         self._warn_other_threads(path, state.get("cpu_threads"))
         if state["config_hash"] != p.config_hash:
-            p.reporter.message(f"{path}: {config_changes(state, p)} since this checkpoint was saved")
+            changed = config_changes(state, p)
+            p.reporter.message(f"{path}: {changed} since this checkpoint was saved")
         self._last_saved_step = self.progress.global_step
         if self.env.is_main:
             p.metrics.truncate_after_epoch(self.progress.epoch)
@@ -780,7 +781,8 @@ class Trainer:
         if saved is None or saved == threads or self.p.device.type != "cpu":
             return
         self.p.reporter.message(
-            f"{path}: saved with {saved} CPU threads per rank, resumed with {threads}: sums "
+            f"{path}: saved with {saved} CPU thread{'s' * (saved != 1)} per rank, resumed "
+            f"with {threads}: sums "
             "run in another order, so results will differ from an uninterrupted run (set "
             f"OMP_NUM_THREADS={saved} to match)"
         )

@@ -603,7 +603,7 @@ def test_resume_with_another_cpu_thread_count_warns_that_results_differ(
     out = hpcdl("resume", "run", *FAST, env={"OMP_NUM_THREADS": "2"})
     assert out.returncode == 0, out.stderr
     assert (
-        "step_000000013.pt: saved with 1 CPU threads per rank, resumed with 2: sums run in "
+        "step_000000013.pt: saved with 1 CPU thread per rank, resumed with 2: sums run in "
         "another order, so results will differ from an uninterrupted run (set "
         "OMP_NUM_THREADS=1 to match)\n" in out.stdout
     ), out.stdout

@@ -280,3 +280,55 @@ def test_ledger_written_by_an_older_version_still_loads(tmp_path: Path) -> None:
     (tmp_path / "sweep.json").write_text(json.dumps(old))
     trial = ledger_mod.load(tmp_path).trials[0]
     assert trial.overrides == ["optim.lr=0.1"] and trial.requeues == 0
+
+
+def test_a_trial_that_left_the_queue_without_running_is_cancelled(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import report
+    from hpcdl.sweep.report import SchedulerView, task_state
+
+    def sacct(*records: str) -> dict[str, str]:
+        return report._parse("".join(r + "\n" for r in records))
+
+    never = RunDir(tmp_path / "never")
+    # `scancel 52` while 52_0 ran and 52_1, 52_2 waited (array_parallelism=1): sacct has
+    # one record for the two that never ran.
+    cancelled = sacct("52_0|CANCELLED by 0", "52_[1-2%1]|CANCELLED by 0")
+    assert cancelled == {"52_0": "CANCELLED", "52_1": "CANCELLED", "52_2": "CANCELLED"}
+    assert task_state(SchedulerView({}, cancelled), "52_2", never) == "CANCELLED"
+    assert sacct("7_[1,3,5-6%2]|PENDING", "7_5|RUNNING") == {
+        "7_1": "PENDING",
+        "7_3": "PENDING",
+        "7_5": "RUNNING",
+        "7_6": "PENDING",
+    }
+    # `hpcdl cancel SWEEP/2` of a queued task: its array's record still says PENDING, and
+    # once the array has run on, sacct has no record of it at all.
+    queued = {"53_0": "RUNNING", "53_1": "PENDING"}
+    view = SchedulerView(queued, sacct("53_0|RUNNING", "53_[1-2%1]|PENDING"))
+    assert task_state(view, "53_1", never) == "PENDING"
+    assert task_state(view, "53_2", never) == "CANCELLED"
+    view = SchedulerView({}, sacct("53_0|COMPLETED", "53_1|COMPLETED"))
+    assert task_state(view, "53_2", never) == "CANCELLED"
+    # A rerun cancelled while queued: the earlier job's records do not count.
+    earlier = {"event": "start", "job_id": "54", "array_job": "53", "array_task": "2"}
+    _attempts(tmp_path / "rerun", earlier, {"event": "end", "reason": "failed"})
+    assert task_state(view, "60_0", RunDir(tmp_path / "rerun")) == "CANCELLED"
+    # sacct not yet told that a task which ran has ended: the run dir decides.
+    lagging = SchedulerView({}, {"53_2": "RUNNING"})
+    assert task_state(lagging, "53_2", RunDir(tmp_path / "rerun")) == "FAILED"
+    assert task_state(lagging, "53_2", never) == "CANCELLED"
+    # Without accounting a task that never started stays UNKNOWN (rerunnable too); with the
+    # controller down, nothing is guessed.
+    assert task_state(SchedulerView({}, None), "53_2", never) == "UNKNOWN"
+    assert task_state(SchedulerView(None, {}), "53_2", never) is None
+
+    # squeue -j fails once the controller has purged every one of the ids: still a queue.
+    calls: list[list[str]] = []
+    monkeypatch.setattr(
+        report, "query", lambda cmd: calls.append(cmd) or (None if "-j" in cmd else "")
+    )
+    assert report.slurm_states(["52"]) == SchedulerView({}, None)
+    assert calls[-1][:2] == ["squeue", "--me"]

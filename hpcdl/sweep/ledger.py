@@ -20,12 +20,13 @@ from hpcdl.rundir import SweepDir
 
 # Trial states. Slurm's own states pass through (PENDING, RUNNING, TIMEOUT, ...); these are
 # the ones the ledger itself decides.
+CANCELLED = "CANCELLED"
 COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 NOT_STARTED = "NOT_STARTED"
 RERUNNABLE = (
     "FAILED",
-    "CANCELLED",
+    CANCELLED,
     "TIMEOUT",
     "OUT_OF_MEMORY",
     "NODE_FAIL",

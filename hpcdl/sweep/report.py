@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -14,10 +15,10 @@ from typing import Any, Optional
 
 from hpcdl.atomic import write_atomic
 from hpcdl.launch.diagnose import describe, root_cause
-from hpcdl.launch.monitor import FAILED_STATES, query, state_from_run_dir
+from hpcdl.launch.monitor import FAILED_STATES, is_active, query, state_from_run_dir
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
-from hpcdl.sweep.ledger import COMPLETED, Ledger
+from hpcdl.sweep.ledger import CANCELLED, COMPLETED, Ledger
 
 DEFAULT_METRIC = "val_accuracy"
 FOLD_KEY = "data.fold"
@@ -32,30 +33,82 @@ def trial_metric(run_dir: RunDir, metric: str = DEFAULT_METRIC) -> Optional[floa
     return None
 
 
+# sacct's one record for an array's tasks that have not run as their own job:
+# 52_[1-2%1], 52_[1,3,5-7]. Cancelling the array ends them all under that record.
+_ARRAY_TASKS = re.compile(r"^(\d+)_\[([\d,-]+)(?:%\d+)?\]$")
+
+
+def _task_ids(job: str) -> list[str]:
+    """The tasks a sacct record stands for: 52_[1-2%1] -> 52_1, 52_2; 52_0 -> 52_0."""
+    match = _ARRAY_TASKS.match(job)
+    if match is None:
+        return [job]
+    array, spec = match.groups()
+    tasks: list[str] = []
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        tasks += [f"{array}_{k}" for k in range(int(first), int(last or first) + 1)]
+    return tasks
+
+
 def _parse(out: str) -> dict[str, str]:
     states: dict[str, str] = {}
+    grouped: dict[str, str] = {}
     for line in out.splitlines():  # a requeued task has one sacct row per run: last wins
         job, _, state = line.partition("|")
-        states[job.strip()] = state.split()[0] if state.strip() else "UNKNOWN"
-    return states
+        state = state.split()[0] if state.strip() else "UNKNOWN"
+        for task in _task_ids(job.strip()):
+            (states if task == job.strip() else grouped)[task] = state
+    return {**grouped, **states}  # a task's own record wins over its array's
 
 
 @dataclass
 class SchedulerView:
-    states: dict[str, str]  # ARRAYID_TASKID -> state
-    queue_ok: bool  # squeue answered: a task missing from it has left the queue
-    accounting_ok: bool  # sacct answered: finished tasks have a state
+    queued: Optional[dict[str, str]]  # squeue: ARRAYID_TASKID -> state; None if it failed
+    accounted: Optional[dict[str, str]]  # sacct, the same; None without accounting
 
 
 def slurm_states(array_ids: list[str]) -> SchedulerView:
-    """One sacct call (finished tasks) and one squeue call (queued/running tasks, which win)."""
+    """One sacct call (finished tasks) and one squeue call (queued/running tasks)."""
     if not array_ids:
-        return SchedulerView({}, True, True)
+        return SchedulerView({}, {})
     ids = ",".join(array_ids)
     accounting = query(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State"])
     queue = query(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T"])
-    states = {**_parse(accounting or ""), **_parse(queue or "")}
-    return SchedulerView(states, queue is not None, accounting is not None)
+    if queue is None:  # also when the controller has purged every one of the ids
+        queue = query(["squeue", "--me", "-h", "-r", "-o", "%i|%T"])
+    return SchedulerView(
+        None if queue is None else _parse(queue),
+        None if accounting is None else _parse(accounting),
+    )
+
+
+def task_state(view: SchedulerView, job_id: str, run_dir: RunDir) -> Optional[str]:
+    """A task's state, or None where the scheduler cannot tell (keep the ledger's).
+
+    Queued or running: squeue's state. Once it has left the queue: sacct's, unless sacct
+    still calls it pending or running (a task cancelled while pending keeps its array's
+    PENDING record, or none at all), then the run dir decides: CANCELLED if it never ran
+    as this job, else as on a cluster without accounting (state_from_run_dir)."""
+    if view.queued is None:  # the controller does not answer
+        return (view.accounted or {}).get(job_id)
+    if job_id in view.queued:
+        return view.queued[job_id]
+    accounted = (view.accounted or {}).get(job_id)
+    if accounted is not None and not is_active(accounted):
+        return accounted
+    if view.accounted is not None and not ran_as(run_dir, job_id):
+        return CANCELLED
+    return state_from_run_dir(run_dir)
+
+
+def ran_as(run_dir: RunDir, job_id: str) -> bool:
+    """Whether the run dir records a start of job `job_id` (ARRAYID_TASKID or a job id)."""
+    for a in run_dir.read_attempts():
+        ids = (str(a.get("job_id")), f"{a.get('array_job')}_{a.get('array_task')}")
+        if a.get("event") == "start" and job_id in ids:
+            return True
+    return False
 
 
 def current_job(run_dir: RunDir) -> Optional[str]:
@@ -94,8 +147,9 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
 
     Also the metric the trials are shown with: `metric`, else default_metric(). The
     scheduler decides while a task is queued or running; once it has left the queue,
-    accounting (sacct) decides, or the run dir where the cluster has no accounting. The run
-    dir has the last word: a summary.json means COMPLETED whatever the scheduler says."""
+    accounting (sacct) decides, or the run dir where the cluster has no accounting
+    (task_state). The run dir has the last word: a summary.json means COMPLETED whatever
+    the scheduler says."""
     with ledger_mod.locked(sweep_dir) as ledger:
         if ledger.launcher == "slurm":
             for t in ledger.trials:  # a chained trial (cluster.requeue=chain) has moved on
@@ -103,12 +157,8 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
             arrays = sorted({t.job_id.split("_")[0] for t in ledger.trials if t.job_id})
             view = slurm_states(arrays)
             for t in ledger.trials:
-                if not t.job_id:
-                    continue
-                if t.job_id in view.states:
-                    t.state = view.states[t.job_id]
-                elif view.queue_ok and not view.accounting_ok:
-                    t.state = state_from_run_dir(RunDir(Path(t.run_dir)))
+                state = task_state(view, t.job_id, RunDir(Path(t.run_dir))) if t.job_id else None
+                t.state = state or t.state
         for t in ledger.trials:
             run_dir = RunDir(Path(t.run_dir))
             if run_dir.is_complete():

@@ -120,6 +120,28 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
     assert (Path(first[0]["run_dir"]) / "summary.json").stat().st_mtime == good_summary
 
 
+def test_trials_cancelled_while_queued_are_cancelled_and_rerun(devcluster, tmp_path) -> None:
+    long = ["data=synthetic", "data.num_samples=4000", "trainer.batch_size=4"]
+    sweep = submit_sweep(
+        tmp_path / "sw", *long, "optim.lr=0.1,0.05,0.02,0.01", "cluster.array_parallelism=1"
+    )
+    first = ledger(sweep)["trials"]
+    array = first[0]["job_id"].split("_")[0]
+    # One queued trial alone (sacct keeps calling it PENDING, in its array's record), then
+    # the array (sacct: one CANCELLED record, 8_[0-2%1], for the tasks that had not run).
+    cancel = run_hpcdl("cancel", first[3]["run_dir"], cwd=tmp_path)
+    assert cancel.returncode == 0, cancel.stderr
+    subprocess.run(["scancel", array], check=True)
+    wait_until(lambda: not array_queued(array), 60, f"array {array} to leave the queue")
+    status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
+    assert "4 trials: 4 CANCELLED" in status.stdout, status.stdout
+    rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", cwd=tmp_path)
+    assert "rerunning trials [0, 1, 2, 3]" in rerun.stdout, rerun.stdout + rerun.stderr
+    again = ledger(sweep)["trials"]
+    assert [t["attempts"] for t in again] == [2, 2, 2, 2]
+    subprocess.run(["scancel", again[0]["job_id"].split("_")[0]], check=True)
+
+
 def test_kfold_sweep_summary_reports_mean_and_std(devcluster, tmp_path) -> None:
     sweep = submit_sweep(
         tmp_path / "cv",

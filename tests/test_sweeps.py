@@ -332,3 +332,53 @@ def test_a_trial_that_left_the_queue_without_running_is_cancelled(
     )
     assert report.slurm_states(["52"]) == SchedulerView({}, None)
     assert calls[-1][:2] == ["squeue", "--me"]
+
+
+def test_status_and_summary_show_a_value_edited_in_a_trials_config(tmp_path: Path) -> None:
+    # The documented fix of a failed trial: edit its config.yaml, then `sweep rerun --failed`.
+    from hpcdl.sweep import launch
+    from hpcdl.sweep.report import refresh, status_table, summarize
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,1e+30,0.01", f"hydra.sweep.dir={sweep}"]))
+    config = sweep / "1" / "config.yaml"
+    config.write_text(config.read_text().replace("lr: 1.0e+30", "lr: 0.05"))
+    ledger, metric = refresh(sweep)
+    assert [t.overrides for t in ledger.trials] == [
+        ["optim.lr=0.1"],
+        ["optim.lr=0.05"],
+        ["optim.lr=0.01"],
+    ]
+    assert "trial 1: its config.yaml has optim.lr=0.05 (the sweep planned optim.lr=1e+30)\n" in (
+        status_table(ledger, metric)
+    )
+    assert "optim.lr=0.05" in [e["overrides"] for e in summarize(ledger, metric)]
+    stored = json.loads((sweep / "sweep.json").read_text())["trials"][1]
+    assert (stored["overrides"], stored["planned"]) == (["optim.lr=0.05"], ["optim.lr=1e+30"])
+
+
+def test_overrides_as_run_take_values_from_the_config() -> None:
+    from hpcdl.sweep.overrides import as_run
+
+    config = {
+        "model": {"name": "custom", "hidden_sizes": [64, 32]},
+        "data": {"path": "good.npz", "fold": 2},
+        "optim": {"lr": 0.001},
+        "trainer": {"compile": True, "max_steps": None},
+    }
+    planned = ["model=mine", "data.fold=2", "trainer.compile=True", "trainer.max_steps=null"]
+    assert as_run(planned, config) == planned  # a group's choice is no value in the config
+    assert as_run(["optim.lr=1e-3"], config) == ["optim.lr=1e-3"]  # as typed where it agrees
+    assert as_run(["data.path='good.npz'", "experiment=x", "+extra=1"], config) == [
+        "data.path='good.npz'",
+        "experiment=x",
+        "+extra=1",
+    ]
+    edited = ["data.fold=0", "trainer.compile=false", "model.hidden_sizes=[64]", "data.path=b"]
+    assert as_run(edited, config) == [
+        "data.fold=2",
+        "trainer.compile=true",
+        "model.hidden_sizes=[64,32]",
+        "data.path=good.npz",
+    ]
+    assert as_run(["model.hidden_sizes=[64, 32]"], config) == ["model.hidden_sizes=[64, 32]"]

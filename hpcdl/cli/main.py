@@ -368,7 +368,13 @@ METRIC_HELP = (
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from hpcdl.sweep.report import no_metric_hint, refresh, status_table, write_summary
+    from hpcdl.sweep.report import (
+        edit_notes,
+        no_metric_hint,
+        refresh,
+        status_table,
+        write_summary,
+    )
 
     sweep_dir = Path(args.sweep_dir).expanduser().resolve()
     if args.sweep_command == "rerun":
@@ -383,6 +389,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(files[1].read_text(), end="")
         else:
             print(table)
+            print(edit_notes(ledger), end="")
         print("written: " + ", ".join(str(f) for f in files))
         hint = no_metric_hint(ledger, metric)
         if hint:

@@ -50,6 +50,12 @@ class TrialRecord:
     requeues: int = 0  # times Slurm restarted it under the same job id (from its run dir)
     metric: Optional[float] = None
     exit_code: Optional[int] = None
+    # The swept overrides as the sweep planned them; `overrides` is what the trial's
+    # config.yaml has now (a value edited there before `sweep rerun --failed`).
+    planned: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.planned = self.planned or list(self.overrides)  # a ledger from before it
 
 
 @dataclass

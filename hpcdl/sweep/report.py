@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.atomic import write_atomic
+from hpcdl.config.convert import to_plain
+from hpcdl.errors import HpcdlError
 from hpcdl.launch.diagnose import describe, root_cause
 from hpcdl.launch.monitor import FAILED_STATES, is_active, query, state_from_run_dir
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.ledger import CANCELLED, COMPLETED, Ledger
+from hpcdl.sweep.overrides import as_run
 
 DEFAULT_METRIC = "val_accuracy"
 FOLD_KEY = "data.fold"
@@ -164,10 +167,34 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
             if run_dir.is_complete():
                 t.state = COMPLETED
             t.requeues = run_dir.requeues()
+            t.overrides = overrides_as_run(t.planned, run_dir)
         metric = metric or default_metric(ledger)
         for t in ledger.trials:
             t.metric = trial_metric(RunDir(Path(t.run_dir)), metric)
     return ledger, metric
+
+
+def overrides_as_run(planned: list[str], run_dir: RunDir) -> list[str]:
+    """The swept overrides as the trial's config.yaml has them (as planned where it cannot
+    be read: `hpcdl resume` says why)."""
+    try:
+        config = to_plain(run_dir.load_config())
+    except HpcdlError:
+        return planned
+    return as_run(planned, config)
+
+
+def edit_notes(ledger: Ledger) -> str:
+    """A line per trial whose config.yaml no longer has a value the sweep planned."""
+    lines = []
+    for t in ledger.trials:
+        pairs = zip(t.overrides, t.planned, strict=True)
+        edited = [(now, then) for now, then in pairs if now != then]
+        if edited:
+            now = " ".join(n for n, _ in edited)
+            then = " ".join(p for _, p in edited)
+            lines.append(f"trial {t.index}: its config.yaml has {now} (the sweep planned {then})\n")
+    return "".join(lines)
 
 
 def no_metric_hint(ledger: Ledger, metric: str) -> Optional[str]:
@@ -198,7 +225,8 @@ def status_table(ledger: Ledger, metric: str) -> str:
         counts[t.state] += 1
     footer = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     causes = "".join(f"trial {i} failed: {cause}\n" for i, cause in failure_causes(ledger))
-    return _markdown(rows) + f"\n{len(ledger.trials)} trials: {footer}\n" + causes
+    footer = f"\n{len(ledger.trials)} trials: {footer}\n"
+    return _markdown(rows) + footer + edit_notes(ledger) + causes
 
 
 def failure_causes(ledger: Ledger) -> list[tuple[int, str]]:

@@ -105,7 +105,9 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
     [why] = [ln for ln in status.stdout.splitlines() if ln.startswith("trial 1 failed: ")]
     assert why.startswith("trial 1 failed: rank 0: ") and "broken.npz" in why, why
 
-    fix_broken(tmp_path)
+    # The fix in the trial's config.yaml (fix_broken() fixes the file instead).
+    config = Path(first[1]["run_dir"]) / "config.yaml"
+    config.write_text(config.read_text().replace("path: broken.npz", "path: good.npz"))
     dry = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", cwd=tmp_path)
     assert dry.returncode == 0 and "would rerun trials [1]" in dry.stdout, dry.stdout
     assert "#SBATCH" in dry.stdout and "#SBATCH --array" not in dry.stdout  # one trial: a job
@@ -118,6 +120,12 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
     assert after[1]["job_id"] != first[1]["job_id"] and after[1]["attempts"] == 2
     wait_until(lambda: all_completed(sweep), 180, "the rerun trial")
     assert (Path(first[0]["run_dir"]) / "summary.json").stat().st_mtime == good_summary
+    # Both trials read good.npz now: one row of the summary, and the edit is named.
+    summary = run_hpcdl("sweep", "summary", str(sweep), cwd=tmp_path)
+    assert "| 1    | data.path=good.npz |" in summary.stdout, summary.stdout
+    assert "| 2 |" in summary.stdout and "data.path=broken.npz |" not in summary.stdout
+    edited = "trial 1: its config.yaml has data.path=good.npz (the sweep planned data.path=broken"
+    assert edited in summary.stdout, summary.stdout
 
 
 def test_trials_cancelled_while_queued_are_cancelled_and_rerun(devcluster, tmp_path) -> None:

@@ -1,0 +1,68 @@
+"""A trial's swept overrides as its config.yaml has them. The documented fix of a failed
+trial is an edit of its config.yaml before `sweep rerun --failed`: status, summary, CSV and
+plot then show the value the trial runs with, not the one the sweep planned.
+Login path: no torch."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+_MISSING = object()
+
+
+def as_run(planned: list[str], config: Mapping[str, Any]) -> list[str]:
+    """`planned` ("optim.lr=1e-3") with each key's value from `config` (the plain config)
+    where the two differ; the planned text where they agree. A config group's choice
+    (model=cnn) is no value in config.yaml: it stays as planned."""
+    return [_as_run(override, config) for override in planned]
+
+
+def _as_run(override: str, config: Mapping[str, Any]) -> str:
+    key, sep, text = override.partition("=")
+    key = key.lstrip("+~")
+    value = _lookup(config, key)
+    if not sep or value is _MISSING or isinstance(value, dict) or _same(text, value):
+        return override
+    return f"{key}={_text(value)}"
+
+
+def _lookup(config: Mapping[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _same(text: str, value: Any) -> bool:
+    text = text.strip()
+    if value is None:
+        return text.lower() in ("null", "none", "~")
+    if isinstance(value, bool):
+        return text.lower() == str(value).lower()
+    if isinstance(value, (int, float)):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    if isinstance(value, str):
+        return text.strip("'\"") == value
+    try:
+        return bool(yaml.safe_load(text) == value)
+    except yaml.YAMLError:
+        return False
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)

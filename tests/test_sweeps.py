@@ -382,3 +382,24 @@ def test_overrides_as_run_take_values_from_the_config() -> None:
         "data.path=good.npz",
     ]
     assert as_run(["model.hidden_sizes=[64, 32]"], config) == ["model.hidden_sizes=[64, 32]"]
+
+
+def test_a_metric_no_trial_reports_is_refused_and_nothing_is_written(
+    tmp_path: Path, capsys
+) -> None:
+    from hpcdl.cli.main import main
+    from hpcdl.sweep import launch
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={sweep}"]))
+    (sweep / "0" / "summary.json").write_text('{"val_accuracy": 0.9, "outcome": "completed"}')
+    ledger = (sweep / "sweep.json").read_bytes()
+    for command in ("summary", "status"):
+        assert main(["sweep", command, str(sweep), "--metric", "val_acuracy"]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            "error: --metric val_acuracy: no trial reports it; choose one the trials report "
+            "(summary.json, metrics.csv): val_accuracy\n"
+        )
+    assert sorted(p.name for p in sweep.iterdir()) == [".sweep.lock", "0", "1", "sweep.json"]
+    assert (sweep / "sweep.json").read_bytes() == ledger

@@ -36,6 +36,20 @@ def trial_metric(run_dir: RunDir, metric: str = DEFAULT_METRIC) -> Optional[floa
     return None
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def reported_metrics(ledger: Ledger) -> list[str]:
+    """Every number some trial reports: keys of its summary.json, columns of metrics.csv."""
+    names: set[str] = set()
+    for t in ledger.trials:
+        run_dir = RunDir(Path(t.run_dir))
+        for record in (run_dir.read_summary(), run_dir.metrics.last_row()):
+            names.update(k for k, v in (record or {}).items() if _is_number(v))
+    return sorted(names)
+
+
 # sacct's one record for an array's tasks that have not run as their own job:
 # 52_[1-2%1], 52_[1,3,5-7]. Cancelling the array ends them all under that record.
 _ARRAY_TASKS = re.compile(r"^(\d+)_\[([\d,-]+)(?:%\d+)?\]$")
@@ -136,8 +150,7 @@ def default_metric(ledger: Ledger) -> str:
         for t in ledger.trials:
             summary = RunDir(Path(t.run_dir)).read_summary() or {}
             for key, value in summary.items():
-                number = isinstance(value, (int, float)) and not isinstance(value, bool)
-                if number and key not in RUN_BOOKKEEPING:
+                if _is_number(value) and key not in RUN_BOOKKEEPING:
                     return key
         return "wall_s"
     if cfg.task.name == "classification":
@@ -168,10 +181,23 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
                 t.state = COMPLETED
             t.requeues = run_dir.requeues()
             t.overrides = overrides_as_run(t.planned, run_dir)
-        metric = metric or default_metric(ledger)
+        chosen, metric = metric, metric or default_metric(ledger)
         for t in ledger.trials:
             t.metric = trial_metric(RunDir(Path(t.run_dir)), metric)
+        if chosen and all(t.metric is None for t in ledger.trials):
+            refuse_unknown_metric(ledger, chosen)  # before the ledger is saved
     return ledger, metric
+
+
+def refuse_unknown_metric(ledger: Ledger, metric: str) -> None:
+    """--metric that no trial reports, once some trial reports numbers: a typo, refused
+    before anything is written (the ledger's metrics, summary.md/.csv, a plot)."""
+    known = reported_metrics(ledger)
+    if known:
+        raise HpcdlError(
+            f"--metric {metric}: no trial reports it; choose one the trials report "
+            f"(summary.json, metrics.csv): {', '.join(known)}"
+        )
 
 
 def overrides_as_run(planned: list[str], run_dir: RunDir) -> list[str]:

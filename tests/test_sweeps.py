@@ -403,3 +403,17 @@ def test_a_metric_no_trial_reports_is_refused_and_nothing_is_written(
         )
     assert sorted(p.name for p in sweep.iterdir()) == [".sweep.lock", "0", "1", "sweep.json"]
     assert (sweep / "sweep.json").read_bytes() == ledger
+
+
+def test_a_sweep_refused_by_preflight_names_the_trial(tmp_path: Path, monkeypatch, capsys) -> None:
+    from hpcdl.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    overrides = ["cluster=local", "cluster.tasks_per_node=1", "cluster.gpus_per_node=1,2"]
+    assert main(["train", "-m", *overrides, "optim.lr=0.1,0.01", "hydra.sweep.dir=sw"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: trial 2 (cluster.gpus_per_node=2 optim.lr=0.1): cluster.gpus_per_node=2: "
+        "CUDA_VISIBLE_DEVICES='0' shows 1 GPU(s)"
+    )
+    assert not (tmp_path / "sw").exists()

@@ -338,7 +338,11 @@ def start_sweep(plan: SweepPlan, skip_preflight: bool) -> tuple[Path, int]:
     checked: set[str] = set()
     for trial in plan.trials:
         if repr(trial.config.cluster) not in checked:
-            preflight(trial.config, skip_preflight)
+            try:
+                preflight(trial.config, skip_preflight)
+            except HpcdlError as err:  # named as plan_sweep names a trial's config error
+                err.args = (f"trial {trial.index} ({' '.join(trial.overrides)}): {err}",)
+                raise
             checked.add(repr(trial.config.cluster))
     ledger = create_sweep(plan)
     sweep_dir = Path(ledger.sweep_dir)

@@ -417,3 +417,30 @@ def test_a_sweep_refused_by_preflight_names_the_trial(tmp_path: Path, monkeypatc
         "CUDA_VISIBLE_DEVICES='0' shows 1 GPU(s)"
     )
     assert not (tmp_path / "sw").exists()
+
+
+def test_a_trial_resumed_by_hand_counts_as_an_attempt(tmp_path: Path, monkeypatch) -> None:
+    # `hpcdl resume SWEEP_DIR/1` submits a job the sweep does not know: `hpcdl status` of
+    # the trial counts its start, and so does the ledger.
+    from hpcdl.sweep import launch, report
+    from hpcdl.sweep import ledger as ledger_mod
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={sweep}"]))
+    with ledger_mod.locked(sweep) as led:
+        led.launcher = "slurm"
+        led.submissions.append({"array_job_id": "52", "trials": [0, 1], "time": 0.0})
+        for t in led.trials:
+            t.job_id, t.attempts = f"52_{t.index}", 1
+    start = {"event": "start", "restart_count": 0}
+    _attempts(sweep / "0", {**start, "job_id": "53", "array_job": "52", "array_task": "0"})
+    requeued = {"event": "start", "job_id": "54", "array_job": "52", "array_task": "1"}
+    _attempts(
+        sweep / "1",
+        {**requeued, "restart_count": 0},
+        {**requeued, "restart_count": 1},  # Slurm's requeue: no submission
+        {**start, "job_id": "60", "array_job": None, "array_task": None},  # by hand
+    )
+    monkeypatch.setattr(report, "query", lambda cmd: "")  # squeue and sacct: nothing known
+    ledger, _ = report.refresh(sweep)
+    assert [(t.attempts, t.requeues) for t in ledger.trials] == [(1, 0), (2, 1)]

@@ -119,6 +119,21 @@ def task_state(view: SchedulerView, job_id: str, run_dir: RunDir) -> Optional[st
     return state_from_run_dir(run_dir)
 
 
+def submissions(ledger: Ledger, index: int) -> int:
+    """A trial's submissions: the sweep's (its arrays, `sweep rerun`) and, once they have
+    started, those of `hpcdl resume SWEEP_DIR/<index>` (a start under a job the sweep did
+    not submit; requeues and a chain's next links are no submission)."""
+    ours = {str(s["array_job_id"]) for s in ledger.submissions if index in s["trials"]}
+    by_hand = [
+        a
+        for a in RunDir(Path(ledger.trial(index).run_dir)).read_attempts()
+        if a.get("event") == "start"
+        and not a.get("restart_count")
+        and str(a.get("array_job") or a.get("job_id")) not in ours
+    ]
+    return len(ours) + len(by_hand)
+
+
 def ran_as(run_dir: RunDir, job_id: str) -> bool:
     """Whether the run dir records a start of job `job_id` (ARRAYID_TASKID or a job id)."""
     for a in run_dir.read_attempts():
@@ -159,7 +174,7 @@ def default_metric(ledger: Ledger) -> str:
 
 
 def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]:
-    """Update every trial's state, requeue count and metric in the ledger.
+    """Update every trial's state, attempts, requeue count and metric in the ledger.
 
     Also the metric the trials are shown with: `metric`, else default_metric(). The
     scheduler decides while a task is queued or running; once it has left the queue,
@@ -175,6 +190,7 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
             for t in ledger.trials:
                 state = task_state(view, t.job_id, RunDir(Path(t.run_dir))) if t.job_id else None
                 t.state = state or t.state
+                t.attempts = max(t.attempts, submissions(ledger, t.index))
         for t in ledger.trials:
             run_dir = RunDir(Path(t.run_dir))
             if run_dir.is_complete():

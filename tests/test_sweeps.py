@@ -286,11 +286,11 @@ def test_a_trial_that_left_the_queue_without_running_is_cancelled(
     tmp_path: Path, monkeypatch
 ) -> None:
     from hpcdl.rundir import RunDir
-    from hpcdl.sweep import report
-    from hpcdl.sweep.report import SchedulerView, task_state
+    from hpcdl.sweep import states
+    from hpcdl.sweep.states import SchedulerView, task_state
 
     def sacct(*records: str) -> dict[str, str]:
-        return report._parse("".join(r + "\n" for r in records))
+        return states.parse_states("".join(r + "\n" for r in records))
 
     never = RunDir(tmp_path / "never")
     # `scancel 52` while 52_0 ran and 52_1, 52_2 waited (array_parallelism=1): sacct has
@@ -328,9 +328,9 @@ def test_a_trial_that_left_the_queue_without_running_is_cancelled(
     # squeue -j fails once the controller has purged every one of the ids: still a queue.
     calls: list[list[str]] = []
     monkeypatch.setattr(
-        report, "query", lambda cmd: calls.append(cmd) or (None if "-j" in cmd else "")
+        states, "query", lambda cmd: calls.append(cmd) or (None if "-j" in cmd else "")
     )
-    assert report.slurm_states(["52"]) == SchedulerView({}, None)
+    assert states.slurm_states(["52"]) == SchedulerView({}, None)
     assert calls[-1][:2] == ["squeue", "--me"]
 
 
@@ -422,7 +422,7 @@ def test_a_sweep_refused_by_preflight_names_the_trial(tmp_path: Path, monkeypatc
 def test_a_trial_resumed_by_hand_counts_as_an_attempt(tmp_path: Path, monkeypatch) -> None:
     # `hpcdl resume SWEEP_DIR/1` submits a job the sweep does not know: `hpcdl status` of
     # the trial counts its start, and so does the ledger.
-    from hpcdl.sweep import launch, report
+    from hpcdl.sweep import launch, report, states
     from hpcdl.sweep import ledger as ledger_mod
 
     sweep = tmp_path / "sw"
@@ -441,6 +441,6 @@ def test_a_trial_resumed_by_hand_counts_as_an_attempt(tmp_path: Path, monkeypatc
         {**requeued, "restart_count": 1},  # Slurm's requeue: no submission
         {**start, "job_id": "60", "array_job": None, "array_task": None},  # by hand
     )
-    monkeypatch.setattr(report, "query", lambda cmd: "")  # squeue and sacct: nothing known
+    monkeypatch.setattr(states, "query", lambda cmd: "")  # squeue and sacct: nothing known
     ledger, _ = report.refresh(sweep)
     assert [(t.attempts, t.requeues) for t in ledger.trials] == [(1, 0), (2, 1)]

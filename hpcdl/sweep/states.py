@@ -1,0 +1,114 @@
+"""A sweep's trial states from the scheduler: one squeue and one sacct call for all of its
+job arrays, each task then judged as `hpcdl status` judges a job (hpcdl.launch.monitor),
+with what is particular to arrays: sacct's one record for the tasks that never ran, and
+tasks cancelled while queued. No torch (login node)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from hpcdl.launch.monitor import is_active, query, state_from_run_dir
+from hpcdl.rundir import RunDir
+from hpcdl.sweep.ledger import CANCELLED, Ledger
+
+# sacct's one record for an array's tasks that have not run as their own job:
+# 52_[1-2%1], 52_[1,3,5-7]. Cancelling the array ends them all under that record.
+_ARRAY_TASKS = re.compile(r"^(\d+)_\[([\d,-]+)(?:%\d+)?\]$")
+
+
+def _task_ids(job: str) -> list[str]:
+    """The tasks a sacct record stands for: 52_[1-2%1] -> 52_1, 52_2; 52_0 -> 52_0."""
+    match = _ARRAY_TASKS.match(job)
+    if match is None:
+        return [job]
+    array, spec = match.groups()
+    tasks: list[str] = []
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        tasks += [f"{array}_{k}" for k in range(int(first), int(last or first) + 1)]
+    return tasks
+
+
+def parse_states(out: str) -> dict[str, str]:
+    states: dict[str, str] = {}
+    grouped: dict[str, str] = {}
+    for line in out.splitlines():  # a requeued task has one sacct row per run: last wins
+        job, _, state = line.partition("|")
+        state = state.split()[0] if state.strip() else "UNKNOWN"
+        for task in _task_ids(job.strip()):
+            (states if task == job.strip() else grouped)[task] = state
+    return {**grouped, **states}  # a task's own record wins over its array's
+
+
+@dataclass
+class SchedulerView:
+    queued: Optional[dict[str, str]]  # squeue: ARRAYID_TASKID -> state; None if it failed
+    accounted: Optional[dict[str, str]]  # sacct, the same; None without accounting
+
+
+def slurm_states(array_ids: list[str]) -> SchedulerView:
+    """One sacct call (finished tasks) and one squeue call (queued/running tasks)."""
+    if not array_ids:
+        return SchedulerView({}, {})
+    ids = ",".join(array_ids)
+    accounting = query(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,State"])
+    queue = query(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T"])
+    if queue is None:  # also when the controller has purged every one of the ids
+        queue = query(["squeue", "--me", "-h", "-r", "-o", "%i|%T"])
+    return SchedulerView(
+        None if queue is None else parse_states(queue),
+        None if accounting is None else parse_states(accounting),
+    )
+
+
+def task_state(view: SchedulerView, job_id: str, run_dir: RunDir) -> Optional[str]:
+    """A task's state, or None where the scheduler cannot tell (keep the ledger's).
+
+    Queued or running: squeue's state. Once it has left the queue: sacct's, unless sacct
+    still calls it pending or running (a task cancelled while pending keeps its array's
+    PENDING record, or none at all), then the run dir decides: CANCELLED if it never ran
+    as this job, else as on a cluster without accounting (state_from_run_dir)."""
+    if view.queued is None:  # the controller does not answer
+        return (view.accounted or {}).get(job_id)
+    if job_id in view.queued:
+        return view.queued[job_id]
+    accounted = (view.accounted or {}).get(job_id)
+    if accounted is not None and not is_active(accounted):
+        return accounted
+    if view.accounted is not None and not ran_as(run_dir, job_id):
+        return CANCELLED
+    return state_from_run_dir(run_dir)
+
+
+def submissions(ledger: Ledger, index: int) -> int:
+    """A trial's submissions: the sweep's (its arrays, `sweep rerun`) and, once they have
+    started, those of `hpcdl resume SWEEP_DIR/<index>` (a start under a job the sweep did
+    not submit; requeues and a chain's next links are no submission)."""
+    ours = {str(s["array_job_id"]) for s in ledger.submissions if index in s["trials"]}
+    by_hand = [
+        a
+        for a in RunDir(Path(ledger.trial(index).run_dir)).read_attempts()
+        if a.get("event") == "start"
+        and not a.get("restart_count")
+        and str(a.get("array_job") or a.get("job_id")) not in ours
+    ]
+    return len(ours) + len(by_hand)
+
+
+def ran_as(run_dir: RunDir, job_id: str) -> bool:
+    """Whether the run dir records a start of job `job_id` (ARRAYID_TASKID or a job id)."""
+    for a in run_dir.read_attempts():
+        ids = (str(a.get("job_id")), f"{a.get('array_job')}_{a.get('array_task')}")
+        if a.get("event") == "start" and job_id in ids:
+            return True
+    return False
+
+
+def current_job(run_dir: RunDir) -> Optional[str]:
+    """The job the trial's run dir last recorded: its array task, or the newest link of
+    its chain."""
+    record = run_dir.read_submission() or {}
+    return str(record["job_id"]) if record.get("job_id") else None

@@ -22,7 +22,7 @@ from hpcdl.config.schema import Config, tasks_per_node
 from hpcdl.errors import HpcdlError
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from hpcdl.launch.diagnose import ERROR_LINE, root_cause
-from hpcdl.launch.foreground import FOREGROUND_VAR, describe_foreground
+from hpcdl.launch.launcher_watch import FOREGROUND_VAR, describe_foreground
 from hpcdl.launch.logtail import LineEcho
 from hpcdl.launch.rank_main import LOCAL_GPUS_VAR
 from hpcdl.rundir import RunDir

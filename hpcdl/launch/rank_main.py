@@ -25,7 +25,7 @@ import traceback
 from typing import NoReturn, Optional
 
 from hpcdl.errors import HpcdlError
-from hpcdl.launch.foreground import FOREGROUND_VAR, watch_foreground
+from hpcdl.launch.launcher_watch import FOREGROUND_VAR, watch_foreground
 
 USAGE = "usage: python -m hpcdl.launch.rank_main LOG_DIR"
 # cluster=local: the GPUs the ranks get, as the launching shell named them (submitit's local

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
 
 from hpcdl.errors import ConfigError, HpcdlError
-from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from hpcdl.rundir import RunDir, open_run_dir
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -150,28 +149,12 @@ class Job:
 
     def status(self) -> dict[str, Any]:
         """What `hpcdl status RUN_DIR` prints, as a dict: job_id, state, elapsed, source,
-        attempts, requeues, last_end, last_epoch, last_metrics, test_accuracy, ..."""
-        from hpcdl.launch.monitor import job_report, run_status
+        attempts, requeues, last_end, last_epoch, last_metrics, test_accuracy, ... of the
+        run's newest attempt (a Slurm job, or a run in the foreground: job_id is then the
+        local job's, None in-process; state COMPLETED, INTERRUPTED, FAILED or RUNNING)."""
+        from hpcdl.launch.monitor import run_report
 
-        run_dir = RunDir(self.run_dir)
-        job_id = self.job_id
-        if job_id is None:
-            source = "run dir (trained in the foreground, not on Slurm)"
-            return {
-                "job_id": None,
-                "state": self._foreground_state(),
-                "source": source,
-                **run_status(run_dir),
-            }
-        return job_report(job_id, run_dir)
-
-    def _foreground_state(self) -> str:
-        run_dir = RunDir(self.run_dir)
-        if run_dir.is_complete():
-            return "COMPLETED"
-        if self.exit_code is None:
-            return "UNKNOWN"  # stopped, failed, or training in another process
-        return {EXIT_OK: "COMPLETED", EXIT_INTERRUPTED: "INTERRUPTED"}.get(self.exit_code, "FAILED")
+        return run_report(RunDir(self.run_dir))
 
     def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> dict[str, Any]:
         """Until the job has left the queue (requeues and chained jobs included), then its
@@ -212,15 +195,13 @@ class Job:
         return path.read_text(errors="replace")
 
     def _log_file(self, rank: int) -> Optional[Path]:
+        from hpcdl.launch.monitor import log_file, newest_launch
+
         run_dir = RunDir(self.run_dir)
-        job_id = self.job_id
-        if job_id is not None:
-            return run_dir.rank_log(job_id, rank)
-        # cluster=local: <pid>_<rank>_log.out, newest first; a local sweep's trial.log.
-        found = sorted(run_dir.log_dir.glob(f"*_{rank}_log.out"), key=lambda p: p.stat().st_mtime)
-        if found:
-            return found[-1]
-        return run_dir.trial_log if rank == 0 and run_dir.trial_log.is_file() else None
+        try:
+            return log_file(run_dir, newest_launch(run_dir), rank)
+        except HpcdlError:  # in-process (cluster=debug), or not launched yet
+            return None
 
     def cancel(self) -> None:
         """`hpcdl cancel RUN_DIR`: scancel the run's job."""

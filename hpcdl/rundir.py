@@ -65,7 +65,10 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("tensorboard/", "logger=tensorboard: the event files of every attempt"),
     ("wandb/", "logger=wandb: one offline-run-<time>-<id> folder per attempt (`wandb sync`)"),
     ("mlruns/", "logger=mlflow without a tracking_uri: the MLflow file store"),
-    ("attempts.jsonl", "Slurm: one start and one end record per run of the job"),
+    (
+        "attempts.jsonl",
+        "one start and one end record per attempt: each run of a Slurm job, each cluster=local or debug run",
+    ),
     ("slurm.json", "Slurm: the submitted job id, log folder and submission history"),
     ("code/", "Slurm: the frozen copy of hpcdl and the user's modules the job runs"),
     ("logs/", "launched runs: one log file per rank (submitit)"),

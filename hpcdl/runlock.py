@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any, Optional
@@ -56,6 +57,34 @@ def _read_holder(handle: IO[str]) -> Optional[dict[str, Any]]:
     return value if isinstance(value, dict) else None
 
 
+def last_holder(run_dir: RunDir) -> Optional[dict[str, Any]]:
+    """Who holds the lock now, or held it last (the description stays after the lock is
+    released), from the file alone: nothing is locked."""
+    try:
+        with open(run_dir.lock_file) as handle:
+            return _read_holder(handle)
+    except OSError:
+        return None
+
+
+def is_held(run_dir: RunDir) -> bool:
+    """Whether some process holds the run dir's lock now, as the kernel says: tried for an
+    instant with a shared lock (a writer starting in that instant waits for it, see
+    hold()). Unlike the holder's pid, this holds across hosts sharing the file system and
+    is never fooled by a recycled pid or a holder that lives on after releasing it."""
+    try:
+        handle = open(run_dir.lock_file)  # noqa: SIM115 (closed by the with below)
+    except OSError:  # never locked
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as err:  # no flock support here: nobody can be seen holding it
+            return err.errno in (errno.EAGAIN, errno.EACCES)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
 def _try_lock(handle: IO[str], run_dir: RunDir) -> bool:
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -72,6 +101,19 @@ def _try_lock(handle: IO[str], run_dir: RunDir) -> bool:
     return True
 
 
+# is_held() holds a shared lock for an instant: a writer starting then retries this long.
+LOCK_RETRY_S = 0.5
+
+
+def _lock_soon(handle: IO[str], run_dir: RunDir) -> bool:
+    deadline = time.monotonic() + LOCK_RETRY_S
+    while not _try_lock(handle, run_dir):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 @contextmanager
 def hold(run_dir: RunDir) -> Iterator[None]:
     """Hold the run dir's lock, or raise RunDirBusy at once."""
@@ -82,7 +124,7 @@ def hold(run_dir: RunDir) -> Iterator[None]:
             f"{run_dir.lock_file}: cannot open the run dir's lock: {err.strerror}"
         ) from None
     with handle:
-        if not _try_lock(handle, run_dir):
+        if not _lock_soon(handle, run_dir):
             raise RunDirBusy(
                 f"{run_dir.path} is being trained by {describe(_read_holder(handle))}; "
                 "wait for it to end, or stop it first (Ctrl-C there, or "

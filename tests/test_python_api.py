@@ -40,7 +40,9 @@ def test_import_hpcdl_imports_nothing_and_the_api_imports_no_torch(tmp_path: Pat
         hpcdl.sweep_now  # noqa: B018
 
 
-def test_submit_trains_a_debug_run_and_from_run_dir_reattaches(tmp_path, monkeypatch) -> None:
+def test_submit_trains_a_debug_run_and_from_run_dir_reattaches(
+    tmp_path, monkeypatch, capsys
+) -> None:
     monkeypatch.chdir(tmp_path)
     job = submit(["run_dir=run", "trainer.max_epochs=2"])
     assert job.run_dir == tmp_path / "run" and job.job_id is None
@@ -51,14 +53,16 @@ def test_submit_trains_a_debug_run_and_from_run_dir_reattaches(tmp_path, monkeyp
     status = job.status()
     assert status["state"] == "COMPLETED" and status["last_epoch"] == 2
     assert status["test_accuracy"] == summary["test_accuracy"]
+    assert (status["attempts"], status["last_end"]) == (1, "completed")  # its own record
 
     again = Job.from_run_dir("run")
     assert again == job and again.result() == summary
     assert again.status()["state"] == "COMPLETED"
     with pytest.raises(HpcdlError, match="prints to the console only"):
         again.logs()
-    with pytest.raises(HpcdlError, match="this run was not submitted to Slurm"):
-        again.cancel()
+    capsys.readouterr()
+    again.cancel()  # not a Slurm job, and it has ended
+    assert capsys.readouterr().out.endswith("has ended (COMPLETED); nothing to cancel\n")
     with pytest.raises(HpcdlError, match="not an hpcdl run dir"):
         Job.from_run_dir(tmp_path)
 

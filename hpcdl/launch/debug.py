@@ -7,6 +7,13 @@ from hpcdl.rundir import RunDir
 
 def run_in_process(run_dir: RunDir) -> int:
     from hpcdl.job import run_job
+    from hpcdl.launch.foreground import record_end, record_start
 
-    outcome = run_job(str(run_dir.path))
-    return outcome.exit_code
+    record_start(run_dir, "debug", None, 1)
+    try:
+        code = run_job(str(run_dir.path)).exit_code
+    except BaseException:  # bad input found by the job (one line), or a traceback
+        record_end(run_dir, "debug", None, None)
+        raise
+    record_end(run_dir, "debug", None, code)
+    return code

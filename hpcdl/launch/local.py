@@ -22,6 +22,7 @@ from hpcdl.config.schema import Config, tasks_per_node
 from hpcdl.errors import HpcdlError
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from hpcdl.launch.diagnose import ERROR_LINE, root_cause
+from hpcdl.launch.foreground import record_end, record_start
 from hpcdl.launch.launcher_watch import FOREGROUND_VAR, describe_foreground
 from hpcdl.launch.logtail import LineEcho
 from hpcdl.launch.rank_main import LOCAL_GPUS_VAR
@@ -96,8 +97,11 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
         job = executor.submit(run_job, str(run_dir.path))
     finally:
         signal.signal(signal.SIGINT, previous)
+    record_start(run_dir, "local", str(job.job_id), num_tasks)
     print(f"local job {job.job_id}: {num_tasks} ranks, logs in {run_dir.log_dir}", flush=True)
-    return _wait(job)
+    code = _wait(job)
+    record_end(run_dir, "local", str(job.job_id), code)
+    return code
 
 
 def _wait(job: Any) -> int:

@@ -1,19 +1,23 @@
 """`hpcdl status | logs | cancel`: one squeue (then sacct) call per refresh. Stdlib only.
 
 Works on clusters without accounting: when sacct fails, the state comes from squeue and
-the run dir (attempts.jsonl, summary.json).
+the run dir (attempts.jsonl, summary.json). A run whose newest attempt was trained in the
+foreground (cluster=local, cluster=debug) is judged by its run dir alone: its attempt
+records (hpcdl.launch.foreground) and the process holding its lock (hpcdl.runlock).
 """
 
 from __future__ import annotations
 
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.errors import HpcdlError
 from hpcdl.exit_codes import EXIT_OK
 from hpcdl.launch.diagnose import describe, root_cause
+from hpcdl.launch.foreground import FOREGROUND_LAUNCHERS
 from hpcdl.launch.logtail import copy_new
 from hpcdl.rundir import RunDir
 
@@ -48,17 +52,64 @@ def is_active(state: str) -> bool:
     return state in ACTIVE_STATES
 
 
-def resolve_job(ref: str) -> tuple[str, Optional[RunDir]]:
-    """RUN_DIR (with a submission record) or a numeric JOB_ID -> (job id, run dir or None)."""
+@dataclass(frozen=True)
+class Launch:
+    """A run's newest attempt and who ran it: a Slurm job (`launcher` "slurm"), or a run in
+    the foreground ("local", "debug": `start` and, once it ended, `end` are its records;
+    `job_id` is submitit's local job id, None in-process). Launcher "" when no record says:
+    a run dir not launched yet, or trained in the foreground before hpcdl recorded that."""
+
+    launcher: str
+    job_id: Optional[str]
+    start: Optional[dict[str, Any]] = None
+    end: Optional[dict[str, Any]] = None
+
+    @property
+    def in_foreground(self) -> bool:
+        return self.launcher != "slurm"
+
+
+def newest_launch(run_dir: RunDir) -> Launch:
+    """The newest of the run's Slurm submission (slurm.json) and its foreground attempts."""
+    record = run_dir.read_submission()
+    submitted = str(record["job_id"]) if record else None
+    events = run_dir.read_attempts()
+    starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+    if starts:
+        start = events[starts[-1]]
+        launcher = start.get("launcher")
+        # A foreground attempt is the newest unless a job was submitted after it started.
+        if launcher in FOREGROUND_LAUNCHERS and start.get("after_job") == submitted:
+            later = events[starts[-1] + 1 :]
+            end = next((e for e in later if e.get("event") == "end"), None)
+            job_id = start.get("job_id")
+            return Launch(launcher, None if job_id is None else str(job_id), start, end)
+        if submitted is None and launcher is None:  # `sbatch slurm/train.sbatch RUN_DIR`
+            return Launch("slurm", str(start.get("job_id")))
+    if submitted is not None:
+        return Launch("slurm", submitted)
+    return Launch("", newest_local_job(run_dir))
+
+
+def newest_local_job(run_dir: RunDir) -> Optional[str]:
+    """The job id of the newest rank log in the run dir (a cluster=local run's), if any."""
+    found = sorted(run_dir.log_dir.glob("*_*_log.out"), key=lambda p: p.stat().st_mtime)
+    return found[-1].name.split("_")[0] if found else None
+
+
+def resolve(ref: str, command: str) -> tuple[Optional[RunDir], Launch]:
+    """RUN_DIR or a Slurm JOB_ID -> (the run dir or None, its newest launch)."""
     path = Path(ref).expanduser()
     if path.is_dir():
         run_dir = RunDir(path.resolve())
-        record = run_dir.read_submission()
-        if record is None:
-            raise HpcdlError(f"{ref}: no {RunDir.SUBMISSION}; this run was not submitted to Slurm")
-        return str(record["job_id"]), run_dir
+        if not run_dir.is_run_dir():
+            raise HpcdlError(
+                f"{ref}: not an hpcdl run dir (no {RunDir.CONFIG}); pass a run dir or a "
+                "Slurm job id"
+            )
+        return run_dir, newest_launch(run_dir)
     if ref.replace("_", "").isdigit():
-        return ref, None
+        return None, Launch("slurm", ref)
     raise HpcdlError(f"{ref}: neither a run dir nor a Slurm job id")
 
 
@@ -127,6 +178,54 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
     return report
 
 
+def run_report(run_dir: RunDir) -> dict[str, Any]:
+    """What `hpcdl status RUN_DIR` prints (and Job.status() returns), for the run's newest
+    attempt, whichever launcher ran it."""
+    launch = newest_launch(run_dir)
+    if launch.in_foreground:
+        return foreground_report(run_dir, launch)
+    assert launch.job_id is not None
+    return job_report(launch.job_id, run_dir)
+
+
+def foreground_report(run_dir: RunDir, launch: Launch) -> dict[str, Any]:
+    from hpcdl.runlock import describe as describe_holder
+    from hpcdl.runlock import last_holder
+
+    state = foreground_state(run_dir, launch)
+    how = f"cluster={launch.launcher}, " if launch.launcher else ""
+    report: dict[str, Any] = {
+        "job_id": launch.job_id,
+        "state": state,
+        "source": f"run dir ({how}trained in the foreground, not on Slurm)",
+    }
+    if state == "RUNNING":
+        holder = last_holder(run_dir)
+        if holder:
+            report["where"] = describe_holder(holder)
+    return {**report, **run_status(run_dir)}
+
+
+# A foreground attempt's state, by its end record's reason (hpcdl.launch.foreground).
+FOREGROUND_END_STATES = {"completed": "COMPLETED", "interrupted": "INTERRUPTED"}
+
+
+def foreground_state(run_dir: RunDir, launch: Launch) -> str:
+    """RUNNING while a process holds the run dir's lock; once ended, its end record's
+    verdict; FAILED when it recorded no end (killed)."""
+    from hpcdl.runlock import is_held
+
+    if launch.end is not None:
+        return FOREGROUND_END_STATES.get(str(launch.end.get("reason")), "FAILED")
+    if is_held(run_dir):
+        return "RUNNING"
+    if run_dir.is_complete():
+        return "COMPLETED"
+    if launch.start is None:
+        return "UNKNOWN"  # trained before hpcdl recorded how a foreground run ends
+    return "FAILED"
+
+
 def state_from_run_dir(run_dir: RunDir) -> str:
     """A job that left the queue, judged by its run dir alone (no accounting): the last
     attempt's end record, or FAILED when it started and recorded no end (a crash, scancel,
@@ -188,24 +287,38 @@ def describe_sample(record: dict[str, Any]) -> str:
 
 
 def status(ref: str, watch_s: Optional[float] = None) -> int:
-    job_id, run_dir = resolve_job(ref)
+    run_dir, launch = resolve(ref, "status")
     while True:
-        report = job_report(job_id, run_dir)
-        if (
-            run_dir is not None
-            and report["state"] in FAILED_STATES
-            and not stopped_itself(run_dir, job_id)
-        ):
-            log_dir = run_dir.rank_log(job_id, 0).parent
-            report["cause"] = describe(root_cause(log_dir, job_id)) or (
-                f"no error in the ranks' logs ({log_dir})"
-            )
+        if run_dir is None:
+            assert launch.job_id is not None
+            report = job_report(launch.job_id, None)
+        else:
+            launch = newest_launch(run_dir)
+            report = run_report(run_dir)
+            cause = failure_cause(run_dir, launch, report["state"])
+            if cause:
+                report["cause"] = cause
         for key, value in report.items():
-            print(f"{key:>15}: {value}")
+            if value is not None:
+                print(f"{key:>15}: {value}")
         if watch_s is None or not is_active(report["state"]):
             return EXIT_OK
         time.sleep(max(watch_s, MIN_REFRESH_S))
         print()
+
+
+def failure_cause(run_dir: RunDir, launch: Launch, state: str) -> Optional[str]:
+    """Why a failed run failed, from its ranks' logs (none for a stop it recorded itself)."""
+    if state not in FAILED_STATES or launch.job_id is None:
+        return None
+    if launch.in_foreground:
+        log_dir = run_dir.log_dir
+    elif stopped_itself(run_dir, launch.job_id):
+        return None
+    else:
+        log_dir = run_dir.rank_log(launch.job_id, 0).parent
+    found = describe(root_cause(log_dir, launch.job_id))
+    return found or f"no error in the ranks' logs ({log_dir})"
 
 
 # End reasons of a job that stopped on a stop it recorded (hpcdl.launch.slurm_job).
@@ -221,28 +334,64 @@ def stopped_itself(run_dir: RunDir, job_id: str) -> bool:
     return last.get("job_id") == job_id and last.get("reason") in STOPPED_ITSELF
 
 
+def log_file(run_dir: RunDir, launch: Launch, rank: int) -> Path:
+    """A rank's log of the run's newest attempt (may not exist yet). A run in-process
+    (cluster=debug) has none: one line says so."""
+    if not launch.in_foreground:
+        assert launch.job_id is not None
+        return run_dir.rank_log(launch.job_id, rank)
+    if launch.job_id is not None:  # cluster=local, as submitit's local executor names it
+        return run_dir.log_dir / f"{launch.job_id}_{rank}_log.out"
+    if rank == 0 and run_dir.trial_log.is_file():  # a local sweep's trial: its console output
+        return run_dir.trial_log
+    if launch.launcher == "" and not run_dir.has_started():
+        raise HpcdlError(f"{run_dir.path}: not launched yet; no log to show")
+    raise HpcdlError(
+        f"{run_dir.path}: no log file for rank {rank}; a cluster=debug run prints to the "
+        "console only (the terminal that ran it)"
+    )
+
+
+def is_running(run_dir: RunDir, launch: Launch) -> tuple[bool, str]:
+    """Whether the newest attempt is queued or running (one squeue/sacct call for a Slurm
+    job), and its state."""
+    if launch.in_foreground:
+        state = foreground_state(run_dir, launch)
+    else:
+        assert launch.job_id is not None
+        state = job_state(launch.job_id)["state"]
+    return is_active(state), state
+
+
 def logs(ref: str, rank: int, follow: bool) -> int:
-    job_id, run_dir = resolve_job(ref)
+    run_dir, launch = resolve(ref, "logs")
     if run_dir is None:
         raise HpcdlError(f"{ref}: give the run dir to read its logs (job ids carry no log path)")
-    path = run_dir.rank_log(job_id, rank)
+    path = log_file(run_dir, launch, rank)
     if not follow:
         if not path.exists():
-            raise HpcdlError(f"{path}: no log yet (job {job_id} may still be pending; try -f)")
+            who = f"job {launch.job_id}" if launch.job_id else "the run"
+            raise HpcdlError(f"{path}: no log yet ({who} may still be pending; try -f)")
         copy_new(path, 0)
         return EXIT_OK
+    # Slurm is asked at most every MIN_REFRESH_S; a foreground run's lock every second.
+    refresh_s = 1.0 if launch.in_foreground else MIN_REFRESH_S
     offset, last_query, active = 0, 0.0, True
     while active:
         offset = copy_new(path, offset)
-        if time.monotonic() - last_query >= MIN_REFRESH_S:
-            active, last_query = is_active(job_state(job_id)["state"]), time.monotonic()
+        if time.monotonic() - last_query >= refresh_s:
+            active, last_query = is_running(run_dir, launch)[0], time.monotonic()
         time.sleep(1.0)
     copy_new(path, offset)
     return EXIT_OK
 
 
 def cancel(ref: str) -> int:
-    job_id, _ = resolve_job(ref)
+    run_dir, launch = resolve(ref, "cancel")
+    if run_dir is not None and launch.in_foreground:
+        return cancel_foreground(run_dir, launch)
+    assert launch.job_id is not None
+    job_id = launch.job_id
     state = job_state(job_id)["state"]
     if state != "UNKNOWN" and not is_active(state):  # scancel says nothing about those
         print(f"job {job_id} has already ended ({state}); nothing to cancel")
@@ -251,4 +400,27 @@ def cancel(ref: str) -> int:
     if out.returncode != 0:
         raise HpcdlError(f"scancel {job_id} failed: {out.stderr.strip()}")
     print(f"cancelled job {job_id}")
+    return EXIT_OK
+
+
+def cancel_foreground(run_dir: RunDir, launch: Launch) -> int:
+    """Not a Slurm job: a running one is stopped where it runs (nothing is killed from here
+    on the word of a pid file); an ended one needs nothing."""
+    from hpcdl.runlock import describe as describe_holder
+    from hpcdl.runlock import last_holder
+
+    state = foreground_state(run_dir, launch)
+    if state == "RUNNING":
+        holder = last_holder(run_dir) or {}
+        raise HpcdlError(
+            f"{run_dir.path} is trained in the foreground by {describe_holder(holder)}, not "
+            f"by a Slurm job: stop it with Ctrl-C in its terminal, or `kill {holder.get('pid')}` "
+            "on its host (it saves a checkpoint; `hpcdl resume` continues it)"
+        )
+    if launch.launcher == "" and not run_dir.has_started():
+        print(f"{run_dir.path}: not launched yet; nothing to cancel")
+        return EXIT_OK
+    print(
+        f"{run_dir.path}: its last run, in the foreground, has ended ({state}); nothing to cancel"
+    )
     return EXIT_OK

@@ -1,0 +1,155 @@
+"""`hpcdl status | logs | cancel` on runs that were not (only) Slurm jobs, and their edges,
+without a cluster: the scheduler's answers are scripted (hpcdl.launch.monitor.job_state)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpcdl.cli.compose import compose_config
+from hpcdl.cli.main import main
+from hpcdl.launch.foreground import record_end, record_start
+from hpcdl.rundir import RunDir, create_run_dir
+
+
+def new_run(tmp_path: Path, name: str = "run") -> RunDir:
+    return create_run_dir(compose_config([f"run_dir={tmp_path / name}"]))[1]
+
+
+def scheduler(monkeypatch, state: str) -> list[str]:
+    """job_state() answers `state` for every job; the job ids asked about."""
+    asked: list[str] = []
+
+    def job_state(job_id: str) -> dict[str, str]:
+        asked.append(job_id)
+        return {"job_id": job_id, "state": state, "source": "sacct"}
+
+    monkeypatch.setattr("hpcdl.launch.monitor.job_state", job_state)
+    return asked
+
+
+def status_lines(run: RunDir, capsys) -> dict[str, str]:
+    assert main(["status", str(run.path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return {k.strip(): v.strip() for k, _, v in (line.partition(": ") for line in lines)}
+
+
+def local_run(run: RunDir, job_id: str, exit_code: int | None, num_ranks: int = 2) -> None:
+    """A cluster=local attempt as hpcdl.launch.local records it, with its ranks' logs."""
+    record_start(run, "local", job_id, num_ranks)
+    run.log_dir.mkdir(exist_ok=True)
+    for rank in range(num_ranks):
+        (run.log_dir / f"{job_id}_{rank}_log.out").write_text(f"rank {rank} of job {job_id}\n")
+    if exit_code is not None:
+        record_end(run, "local", job_id, exit_code)
+
+
+def slurm_attempt(run: RunDir, job_id: str, reason: str) -> None:
+    run.append_attempt({"event": "start", "job_id": job_id, "restart_count": 0})
+    run.append_attempt({"event": "end", "job_id": job_id, "reason": reason, "action": "exit"})
+
+
+def test_status_and_logs_of_a_local_run_come_from_its_run_dir(tmp_path, capsys) -> None:
+    run = new_run(tmp_path)
+    local_run(run, "4711", exit_code=3)
+    report = status_lines(run, capsys)
+    assert report["job_id"] == "4711" and report["state"] == "INTERRUPTED"
+    assert report["source"] == "run dir (cluster=local, trained in the foreground, not on Slurm)"
+    assert report["attempts"] == "1" and report["last_end"] == "interrupted"
+    assert main(["logs", str(run.path), "--rank", "1"]) == 0
+    assert capsys.readouterr().out == "rank 1 of job 4711\n"
+
+    local_run(run, "4712", exit_code=0)  # resumed: the newest attempt's logs and state
+    run.write_summary({"test_accuracy": 0.9})
+    report = status_lines(run, capsys)
+    assert (report["job_id"], report["state"], report["attempts"]) == ("4712", "COMPLETED", "2")
+    assert main(["logs", str(run.path)]) == 0
+    assert capsys.readouterr().out == "rank 0 of job 4712\n"
+
+
+def test_a_local_run_is_running_while_its_lock_holder_lives(tmp_path, capsys) -> None:
+    from hpcdl.runlock import hold
+
+    run = new_run(tmp_path)
+    with hold(run):  # this process trains it
+        local_run(run, "99", exit_code=None)
+        report = status_lines(run, capsys)
+        assert report["state"] == "RUNNING" and report["where"].startswith("pid ")
+        assert main(["cancel", str(run.path)]) == 2
+        assert "stop it with Ctrl-C in its terminal" in capsys.readouterr().err
+    report = status_lines(run, capsys)  # gone without an end record: killed
+    assert report["state"] == "FAILED" and "where" not in report
+
+
+def test_a_debug_run_has_no_log_files_and_says_so_in_one_line(tmp_path, capsys) -> None:
+    run = new_run(tmp_path)
+    record_start(run, "debug", None, 1)
+    record_end(run, "debug", None, 1)
+    report = status_lines(run, capsys)
+    assert report["state"] == "FAILED" and "job_id" not in report
+    assert report["source"] == "run dir (cluster=debug, trained in the foreground, not on Slurm)"
+    assert main(["logs", str(run.path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {run.path}: no log file for rank 0; a cluster=debug run prints to the console "
+        "only (the terminal that ran it)\n"
+    )
+    assert main(["cancel", str(run.path)]) == 0
+    assert "has ended (FAILED); nothing to cancel" in capsys.readouterr().out
+
+
+def test_a_slurm_run_resumed_locally_shows_the_local_attempt(tmp_path, monkeypatch, capsys) -> None:
+    run = new_run(tmp_path)
+    run.record_submission("22", "devcluster", run.log_dir)
+    slurm_attempt(run, "22", "timeout")
+    asked = scheduler(monkeypatch, "TIMEOUT")
+    local_run(run, "5150", exit_code=0)  # `hpcdl resume RUN cluster=local`
+    run.write_summary({"test_accuracy": 0.9})
+    report = status_lines(run, capsys)
+    assert (report["job_id"], report["state"], report["last_end"]) == (
+        "5150",
+        "COMPLETED",
+        "completed",
+    )
+    assert report["attempts"] == "2" and asked == []
+    assert main(["logs", str(run.path), "--rank", "1"]) == 0
+    assert capsys.readouterr().out == "rank 1 of job 5150\n"
+
+    run.record_submission("23", "devcluster", run.log_dir)  # then resumed on Slurm again
+    scheduler(monkeypatch, "PENDING")
+    report = status_lines(run, capsys)
+    assert (report["job_id"], report["state"]) == ("23", "PENDING")
+
+
+def test_a_local_run_records_its_attempt_for_status_and_logs(hpcdl, tmp_path) -> None:
+    from tests import fault_hook
+
+    two = ["cluster=local", "cluster.tasks_per_node=2", "trainer.max_epochs=1", "run_dir=run"]
+    out = hpcdl("train", *two, fault_hook.OVERRIDE, env=fault_hook.env("SIGTERM@2"))
+    assert out.returncode == 3, out.stdout + out.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "attempts.jsonl").open()]
+    assert [(r["event"], r["launcher"], r.get("reason")) for r in records] == [
+        ("start", "local", None),
+        ("end", "local", "interrupted"),
+    ]
+    status = hpcdl("status", "run")
+    assert status.returncode == 0, status.stderr
+    assert "state: INTERRUPTED" in status.stdout and "last_end: interrupted" in status.stdout
+    logs = hpcdl("logs", "run", "--rank", "1")
+    assert logs.returncode == 0 and "submitit INFO" in logs.stdout
+
+
+def test_a_writer_starting_while_status_looks_at_the_lock_is_not_refused(tmp_path) -> None:
+    import fcntl
+    import threading
+
+    from hpcdl.runlock import hold, is_held
+
+    run = new_run(tmp_path)
+    run.lock_file.touch()
+    with open(run.lock_file) as looking:  # what is_held() does, here for 0.2 s
+        fcntl.flock(looking, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        threading.Timer(0.2, fcntl.flock, (looking, fcntl.LOCK_UN)).start()
+        with hold(run):
+            assert is_held(run)
+    assert not is_held(run)

@@ -121,6 +121,24 @@ def test_a_slurm_run_resumed_locally_shows_the_local_attempt(tmp_path, monkeypat
     assert (report["job_id"], report["state"]) == ("23", "PENDING")
 
 
+def test_the_rank_past_an_ended_jobs_world_size_is_named(tmp_path, monkeypatch, capsys) -> None:
+    run = new_run(tmp_path)
+    run.record_submission("3", "devcluster", run.log_dir)
+    run.log_dir.mkdir()
+    for rank in range(4):
+        run.rank_log("3", rank).write_text("...\n")
+    run.rank_log("3_1", 0).write_text("an array task's log, not a rank of job 3\n")
+    scheduler(monkeypatch, "COMPLETED")
+    for follow in ([], ["-f"]):
+        assert main(["logs", str(run.path), "--rank", "7", *follow]) == 2
+        assert capsys.readouterr().err == (
+            "error: --rank 7: job 3 (COMPLETED) had world size 4, ranks 0-3; pass one of those\n"
+        )
+    scheduler(monkeypatch, "PENDING")
+    assert main(["logs", str(run.path), "--rank", "7"]) == 2
+    assert "no log yet (job 3 may still be pending; try -f)" in capsys.readouterr().err
+
+
 def test_a_local_run_records_its_attempt_for_status_and_logs(hpcdl, tmp_path) -> None:
     from tests import fault_hook
 
@@ -137,6 +155,8 @@ def test_a_local_run_records_its_attempt_for_status_and_logs(hpcdl, tmp_path) ->
     assert "state: INTERRUPTED" in status.stdout and "last_end: interrupted" in status.stdout
     logs = hpcdl("logs", "run", "--rank", "1")
     assert logs.returncode == 0 and "submitit INFO" in logs.stdout
+    beyond = hpcdl("logs", "run", "--rank", "2")
+    assert beyond.returncode == 2 and "world size 2, ranks 0-1" in beyond.stderr
 
 
 def test_a_writer_starting_while_status_looks_at_the_lock_is_not_refused(tmp_path) -> None:

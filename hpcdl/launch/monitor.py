@@ -363,15 +363,45 @@ def is_running(run_dir: RunDir, launch: Launch) -> tuple[bool, str]:
     return is_active(state), state
 
 
+def no_such_log(run_dir: RunDir, launch: Launch, rank: int, state: str) -> HpcdlError:
+    """An ended job's rank without a log: the ranks it had, in one line."""
+    path = log_file(run_dir, launch, rank)
+    ranks = []
+    for other in path.parent.glob(f"{launch.job_id}_*_log.out"):
+        middle = other.name.removeprefix(f"{launch.job_id}_").removesuffix("_log.out")
+        if middle.isdigit():  # not an array task's log ("<job>_<task>_<rank>")
+            ranks.append(int(middle))
+    ranks.sort()
+    job = f"job {launch.job_id}" if launch.job_id else "the run"
+    if not ranks:
+        return HpcdlError(
+            f"{path}: no log; {job} ended ({state}) before any rank wrote one; "
+            f"`hpcdl status {run_dir.path}` says how it ended"
+        )
+    if ranks == list(range(len(ranks))):
+        return HpcdlError(
+            f"--rank {rank}: {job} ({state}) had world size {len(ranks)}, ranks 0-{ranks[-1]}; "
+            f"pass one of those"
+        )
+    listed = ", ".join(map(str, ranks))
+    return HpcdlError(
+        f"--rank {rank}: {job} ({state}) left logs of ranks {listed} only ({path.parent})"
+    )
+
+
 def logs(ref: str, rank: int, follow: bool) -> int:
     run_dir, launch = resolve(ref, "logs")
     if run_dir is None:
         raise HpcdlError(f"{ref}: give the run dir to read its logs (job ids carry no log path)")
     path = log_file(run_dir, launch, rank)
-    if not follow:
-        if not path.exists():
+    if not path.exists():
+        active, state = is_running(run_dir, launch)
+        if not active and state != "UNKNOWN":  # UNKNOWN: squeue failed, nothing to go by
+            raise no_such_log(run_dir, launch, rank, state)
+        if not follow:
             who = f"job {launch.job_id}" if launch.job_id else "the run"
             raise HpcdlError(f"{path}: no log yet ({who} may still be pending; try -f)")
+    if not follow:
         copy_new(path, 0)
         return EXIT_OK
     # Slurm is asked at most every MIN_REFRESH_S; a foreground run's lock every second.

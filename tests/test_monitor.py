@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from hpcdl.cli.compose import compose_config
 from hpcdl.cli.main import main
 from hpcdl.launch.foreground import record_end, record_start
@@ -137,6 +139,26 @@ def test_the_rank_past_an_ended_jobs_world_size_is_named(tmp_path, monkeypatch, 
     scheduler(monkeypatch, "PENDING")
     assert main(["logs", str(run.path), "--rank", "7"]) == 2
     assert "no log yet (job 3 may still be pending; try -f)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "cancel"])
+def test_a_sweep_dir_is_pointed_to_sweep_status_or_its_arrays(tmp_path, capsys, command) -> None:
+    from hpcdl.sweep.ledger import Ledger, TrialRecord, save
+
+    sweep = tmp_path / "sw"
+    trials = [TrialRecord(i, [f"optim.lr={i}"], str(sweep / str(i))) for i in range(2)]
+    (sweep / "1").mkdir(parents=True)
+    RunDir(sweep / "1").record_submission("57", "devcluster", sweep / "logs")  # chained on
+    ledger = Ledger(str(sweep), "devcluster", "slurm", ["optim.lr"], [], trials=trials)
+    ledger.submissions.append({"array_job_id": "41", "trials": [0, 1]})
+    save(ledger)
+    assert main([command, str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    if command == "cancel":
+        assert f"error: {sweep} is a sweep dir: cancel all its trials with `scancel 41 57`" in err
+    else:
+        assert f"error: {sweep} is a sweep dir: `hpcdl sweep status {sweep}` shows" in err
 
 
 def test_a_local_run_records_its_attempt_for_status_and_logs(hpcdl, tmp_path) -> None:

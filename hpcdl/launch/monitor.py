@@ -19,7 +19,7 @@ from hpcdl.exit_codes import EXIT_OK
 from hpcdl.launch.diagnose import describe, root_cause
 from hpcdl.launch.foreground import FOREGROUND_LAUNCHERS
 from hpcdl.launch.logtail import copy_new
-from hpcdl.rundir import RunDir
+from hpcdl.rundir import RunDir, SweepDir
 
 # Polling interval floor: a busy scheduler should see at most one query per 10 s from us.
 MIN_REFRESH_S = 10.0
@@ -101,6 +101,8 @@ def resolve(ref: str, command: str) -> tuple[Optional[RunDir], Launch]:
     """RUN_DIR or a Slurm JOB_ID -> (the run dir or None, its newest launch)."""
     path = Path(ref).expanduser()
     if path.is_dir():
+        if SweepDir(path).ledger_file.is_file():
+            raise HpcdlError(sweep_dir_hint(path.resolve(), command))
         run_dir = RunDir(path.resolve())
         if not run_dir.is_run_dir():
             raise HpcdlError(
@@ -111,6 +113,37 @@ def resolve(ref: str, command: str) -> tuple[Optional[RunDir], Launch]:
     if ref.replace("_", "").isdigit():
         return None, Launch("slurm", ref)
     raise HpcdlError(f"{ref}: neither a run dir nor a Slurm job id")
+
+
+def sweep_dir_hint(sweep_dir: Path, command: str) -> str:
+    """`hpcdl status|logs|cancel SWEEP_DIR`: where to go instead, in one line."""
+    from hpcdl.sweep.ledger import load
+
+    one_trial = f"`hpcdl {command} {sweep_dir}/N` for trial N"
+    if command != "cancel":
+        return (
+            f"{sweep_dir} is a sweep dir: `hpcdl sweep status {sweep_dir}` shows its "
+            f"trials; {one_trial}"
+        )
+    ledger = load(sweep_dir)
+    if ledger.launcher != "slurm":
+        return (
+            f"{sweep_dir} is a local sweep: its trials run under the `hpcdl train -m` that "
+            "started it; stop them with Ctrl-C there"
+        )
+    arrays = [str(s["array_job_id"]) for s in ledger.submissions]
+    jobs = list(arrays)
+    for trial in ledger.trials:  # chained trials (cluster.requeue=chain) left their array
+        current = RunDir(Path(trial.run_dir)).read_submission() or {}
+        job = str(current.get("job_id", ""))
+        if job and job.split("_")[0] not in arrays and job not in jobs:
+            jobs.append(job)
+    if not jobs:
+        return f"{sweep_dir} is a sweep dir with no job submitted; nothing to cancel"
+    return (
+        f"{sweep_dir} is a sweep dir: cancel all its trials with `scancel {' '.join(jobs)}` "
+        f"(its jobs, from {SweepDir.LEDGER}), or {one_trial}"
+    )
 
 
 def query(cmd: list[str]) -> Optional[str]:

@@ -161,6 +161,36 @@ def test_a_sweep_dir_is_pointed_to_sweep_status_or_its_arrays(tmp_path, capsys, 
         assert f"error: {sweep} is a sweep dir: `hpcdl sweep status {sweep}` shows" in err
 
 
+@pytest.mark.parametrize(
+    ("state", "end", "says"),
+    [
+        (
+            "COMPLETING",
+            None,
+            "is ending (COMPLETING); wait a few seconds for it to leave the queue",
+        ),
+        ("RUNNING", {"reason": "cancelled", "action": "exit"}, "is ending (RUNNING); wait a few"),
+        ("PENDING", None, "is still PENDING; it resumes by itself when requeued"),
+        ("RUNNING", {"reason": "preempted", "action": "requeued"}, "is still RUNNING; it resumes"),
+    ],
+)
+def test_resume_refuses_a_queued_job_and_says_to_wait_for_one_ending(
+    tmp_path, monkeypatch, state, end, says
+) -> None:
+    from hpcdl.cli.main import refuse_if_still_queued
+    from hpcdl.errors import HpcdlError
+
+    run = new_run(tmp_path)
+    run.record_submission("22", "devcluster", run.log_dir)
+    run.append_attempt({"event": "start", "job_id": "22", "restart_count": 0})
+    if end is not None:
+        run.append_attempt({"event": "end", "job_id": "22", **end})
+    scheduler(monkeypatch, state)
+    with pytest.raises(HpcdlError) as refused:
+        refuse_if_still_queued(run)
+    assert says in str(refused.value)
+
+
 def test_a_local_run_records_its_attempt_for_status_and_logs(hpcdl, tmp_path) -> None:
     from tests import fault_hook
 

@@ -694,11 +694,23 @@ def refuse_if_still_queued(run_dir: RunDir) -> None:
         return
     job_id = str(record["job_id"])
     state = job_state(job_id)["state"]
-    if is_active(state):
+    if not is_active(state):
+        return
+    # A job cancelled (`hpcdl cancel`: it recorded its stop) or ending leaves the queue in
+    # seconds; one that requeued itself comes back.
+    ends = [a for a in run_dir.read_attempts() if a.get("event") == "end"]
+    last = ends[-1] if ends else {}
+    stopped = str(last.get("job_id")) == job_id and last.get("reason") != "requeued"
+    stopped = stopped and not str(last.get("action", "")).startswith(("requeue", "chained"))
+    if state == "COMPLETING" or stopped:
         raise HpcdlError(
-            f"{run_dir.path}: its job {job_id} is still {state}; it resumes by itself when "
-            f"requeued, or stop it first with `hpcdl cancel {run_dir.path}`"
+            f"{run_dir.path}: its job {job_id} is ending ({state}); wait a few seconds for "
+            f"it to leave the queue (`hpcdl status {run_dir.path}`), then resume"
         )
+    raise HpcdlError(
+        f"{run_dir.path}: its job {job_id} is still {state}; it resumes by itself when "
+        f"requeued, or stop it first with `hpcdl cancel {run_dir.path}`"
+    )
 
 
 def launch(cfg: Config, run_dir: RunDir) -> int:

@@ -161,6 +161,27 @@ def test_a_sweep_dir_is_pointed_to_sweep_status_or_its_arrays(tmp_path, capsys, 
         assert f"error: {sweep} is a sweep dir: `hpcdl sweep status {sweep}` shows" in err
 
 
+@pytest.mark.parametrize("command", [["status", "--watch", "10"], ["logs", "-f"]])
+def test_ctrl_c_while_watching_ends_quietly_with_130(tmp_path, monkeypatch, capsys, command):
+    run = new_run(tmp_path)
+    run.record_submission("8", "devcluster", run.log_dir)
+    run.log_dir.mkdir()
+    run.rank_log("8", 0).write_text("epoch 1\n")
+    scheduler(monkeypatch, "RUNNING")
+
+    def ctrl_c(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("hpcdl.launch.monitor.time.sleep", ctrl_c)
+    try:
+        code = main([command[0], str(run.path), *command[1:]])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped main(): the user gets a traceback")
+    assert code == 130
+    out, err = capsys.readouterr()
+    assert err == "" and ("epoch 1" in out or "RUNNING" in out)
+
+
 @pytest.mark.parametrize(
     ("state", "end", "says"),
     [

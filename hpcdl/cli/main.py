@@ -809,16 +809,26 @@ def with_predict_function(cfg: Config, overrides: list[str]) -> Config:
     return cfg
 
 
+# Ctrl-C on `status --watch` or `logs -f`: the user is done watching; quiet, as `tail -f`.
+EXIT_WATCH_STOPPED = 128 + 2  # SIGINT
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from hpcdl.launch.monitor import status
 
-    return status(args.ref, args.watch)
+    try:
+        return status(args.ref, args.watch)
+    except KeyboardInterrupt:
+        return EXIT_WATCH_STOPPED
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from hpcdl.launch.monitor import logs
 
-    return logs(args.ref, args.rank, args.follow)
+    try:
+        return logs(args.ref, args.rank, args.follow)
+    except KeyboardInterrupt:
+        return EXIT_WATCH_STOPPED
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -69,6 +69,17 @@ def test_status_and_logs_of_a_local_run_come_from_its_run_dir(tmp_path, capsys) 
     assert capsys.readouterr().out == "rank 0 of job 4712\n"
 
 
+def test_a_run_dir_not_launched_yet_says_so(tmp_path, capsys) -> None:
+    run = new_run(tmp_path)  # `hpcdl train --no-launch`
+    report = status_lines(run, capsys)
+    assert (report["state"], report["source"]) == (
+        "NOT_STARTED",
+        "run dir (no attempt has started)",
+    )
+    assert main(["logs", str(run.path)]) == 2
+    assert capsys.readouterr().err == f"error: {run.path}: not launched yet; no log to show\n"
+
+
 def test_a_local_run_is_running_while_its_lock_holder_lives(tmp_path, capsys) -> None:
     from hpcdl.runlock import hold
 

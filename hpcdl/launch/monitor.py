@@ -251,11 +251,10 @@ def foreground_state(run_dir: RunDir, launch: Launch) -> str:
         return FOREGROUND_END_STATES.get(str(launch.end.get("reason")), "FAILED")
     if is_held(run_dir):
         return "RUNNING"
-    if run_dir.is_complete():
-        return "COMPLETED"
-    if launch.start is None:
-        return "UNKNOWN"  # trained before hpcdl recorded how a foreground run ends
-    return "FAILED"
+    if launch.start is not None:
+        return "FAILED"  # killed: a summary.json there is an earlier attempt's
+    # Trained before hpcdl recorded foreground attempts: only a summary tells.
+    return "COMPLETED" if run_dir.is_complete() else "UNKNOWN"
 
 
 def state_from_run_dir(run_dir: RunDir) -> str:

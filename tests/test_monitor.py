@@ -276,3 +276,24 @@ def test_status_logs_and_cancel_of_a_local_run_never_import_torch(tmp_path) -> N
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "state: COMPLETED" in out.stdout and "rank 0 of job 12" in out.stdout
+
+
+def test_a_failed_scancel_is_one_line(tmp_path, monkeypatch, capsys) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scancel = bin_dir / "scancel"
+    scancel.write_text(
+        "#!/bin/sh\necho 'scancel: error: _establish_config_source: failed' >&2\n"
+        "echo 'scancel: fatal: Could not establish a configuration source' >&2\nexit 1\n"
+    )
+    scancel.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    scheduler(monkeypatch, "RUNNING")
+    assert main(["cancel", "123"]) == 2
+    assert capsys.readouterr().err == (
+        "error: scancel 123 failed: scancel: fatal: Could not establish a configuration source\n"
+    )
+    scancel.unlink()  # no Slurm here at all
+    assert main(["cancel", "123"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: scancel 123 failed: ") and err.count("\n") == 1

@@ -457,9 +457,13 @@ def cancel(ref: str) -> int:
     if state != "UNKNOWN" and not is_active(state):  # scancel says nothing about those
         print(f"job {job_id} has already ended ({state}); nothing to cancel")
         return EXIT_OK
-    out = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60)
+    try:
+        out = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise HpcdlError(f"scancel {job_id} failed: {err}; run it where Slurm answers") from None
     if out.returncode != 0:
-        raise HpcdlError(f"scancel {job_id} failed: {out.stderr.strip()}")
+        said = out.stderr.strip().splitlines() or [f"exit status {out.returncode}"]
+        raise HpcdlError(f"scancel {job_id} failed: {said[-1]}")  # its last word: the cause
     print(f"cancelled job {job_id}")
     return EXIT_OK
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -289,3 +291,26 @@ def test_a_value_hydra_cannot_read_unquoted_says_how_to_quote_it(hpcdl) -> None:
         f"error: cluster.container.image={image}: Hydra cannot read this value unquoted; "
         f"quote it: \"cluster.container.image='{image}'\" (the double quotes are for the shell)"
     )
+
+
+def test_an_attempt_that_raises_records_its_end(hpcdl, tmp_path) -> None:
+    """The job payload (rank 0 of a Slurm job) records a `failed` end with the error when
+    training raises, as it does for every other end (slurm.md: each attempt's end reason)."""
+    (tmp_path / "broken.npz").write_bytes(b"not an npz file")  # exists: passes the login checks
+    out = hpcdl(
+        "train", "cluster=devcluster", "run_dir=r", "data=files", "data.path=broken.npz",
+        "--no-launch", "--no-preflight",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job = subprocess.run(
+        [sys.executable, "-m", "hpcdl.launch.slurm_job", str(tmp_path / "r")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
+    )
+    assert job.returncode != 0
+    records = [json.loads(line) for line in (tmp_path / "r" / "attempts.jsonl").open()]
+    assert [r["event"] for r in records] == ["start", "end"], records
+    assert records[-1]["reason"] == "failed"
+    assert records[-1]["error"].startswith("DataError: data.path: cannot read 'broken.npz'")

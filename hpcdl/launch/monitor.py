@@ -282,8 +282,12 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     info["requeues"] = run_dir.requeues()
     ends = [a for a in attempts if a.get("event") == "end"]
     if ends:
-        action = ends[-1].get("action")
-        info["last_end"] = f"{ends[-1].get('reason')}" + (f" ({action})" if action else "")
+        action, error = ends[-1].get("action"), ends[-1].get("error")
+        info["last_end"] = (
+            f"{ends[-1].get('reason')}"
+            + (f" ({action})" if action else "")
+            + (f": {error}" if error else "")
+        )
     last = run_dir.metrics.last_row()
     if last is not None:
         info["last_epoch"] = last.get("epoch")

@@ -168,6 +168,20 @@ def come_back(cfg: Config, path: RunDir, env: RankEnv, job_id: str) -> str:
     return requeue(job_id, path)
 
 
+def failed_record(job_id: str | None, err: BaseException) -> dict[str, Any]:
+    """The end record of an attempt that raised: its error's first line, as status shows it."""
+    lines = str(err).strip().splitlines()
+    error = f"{type(err).__name__}: {lines[0] if lines else ''}".strip()
+    return {
+        "event": "end",
+        "job_id": job_id,
+        "end": _now(),
+        "reason": "failed",
+        "error": error[:300],
+        "action": "exit",
+    }
+
+
 def main(run_dir: str) -> dict[str, Any]:
     from hpcdl.job import run_job, stop_signal_names
     from hpcdl.rundir import RunDir
@@ -182,7 +196,12 @@ def main(run_dir: str) -> dict[str, Any]:
             path.append_attempt(start_record(env, cfg.world_size))
         # Rank 0 holds the run dir's lock for the job: a second writer is refused.
         with hold_or_exit(path, env) if env.is_main else nullcontext():
-            outcome = run_job(run_dir, stop)
+            try:
+                outcome = run_job(run_dir, stop)
+            except Exception as err:  # the attempt's end, then the error as it would go
+                if env.is_main:
+                    path.append_attempt(failed_record(env.job_id, err))
+                raise
     if outcome.completed:
         if env.is_main:
             path.append_attempt(

@@ -208,6 +208,13 @@ def test_dry_run_and_the_login_path_never_import_torch(tmp_path: Path) -> None:
     assert program.strip().startswith("torchrun --nnodes=2 --nproc-per-node=4")
     assert program.endswith("/code/script/train.py")
     assert "nothing submitted" in out.stdout and not list(tmp_path.glob("outputs"))
+    # srun: a line per rank, without the backend and device hpcdl's trainer would pick.
+    srun = subprocess.run(
+        [sys.executable, "-m", "hpcdl.cli.main", "run", "cluster=rivanna_a100", "--dry-run",
+         "--", "python", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "RANK(SLURM_PROCID)=0" in srun.stdout and "BACKEND" not in srun.stdout, srun.stdout
 
 
 def test_program_env_names_the_rank_and_the_stop_file(tmp_path: Path) -> None:

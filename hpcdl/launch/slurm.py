@@ -175,6 +175,8 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
                 **{k: str(v) for k, v in c.env.items()},
             }
         )
+        if cfg.script is not None:  # `hpcdl run`: the program picks its backend and device
+            del rows[-1]["BACKEND"], rows[-1]["DEVICE"]
     return rows
 
 

@@ -422,9 +422,10 @@ def test_a_metrics_file_written_outside_the_run_dir_is_named_with_the_fix(
     log = (run_dir / "trial.log").read_text()
     assert f"omp {max(1, usable_cpus() // at_once)}" in log
     summary = hpcdl("sweep", "summary", "sw", "--metric", "score")
-    assert summary.returncode == 0, summary.stderr
-    assert "hpcdl: warning: no trial reported score" in summary.stderr
+    assert summary.returncode == 2, summary.stderr
+    assert "error: --metric score: no trial reports it" in summary.stderr
     assert "$HPCDL_RUN_DIR" in summary.stderr
+    assert not (tmp_path / "sw" / "summary.md").exists()  # refused: nothing written
 
 
 # `hpcdl run` under Slurm as each rank's wrapper runs it: run_script in a process of its own.

@@ -110,8 +110,14 @@ def refuse_unknown_metric(ledger: Ledger, metric: str) -> None:
     before anything is written (the ledger's metrics, summary.md/.csv, a plot)."""
     known = reported_metrics(ledger)
     if known:
+        where = ""
+        if RunDir(Path(ledger.trials[0].run_dir)).load_config().script is not None:
+            where = (
+                " (a program reports its own in its metrics_file, written into the run dir: "
+                "$HPCDL_RUN_DIR; each trial's log says what was missing)"
+            )
         raise HpcdlError(
-            f"--metric {metric}: no trial reports it; choose one the trials report "
+            f"--metric {metric}: no trial reports it{where}; choose one the trials report "
             f"(summary.json, metrics.csv): {', '.join(known)}"
         )
 

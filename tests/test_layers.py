@@ -29,6 +29,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.threads",
         "hpcdl.signals",
         "hpcdl.state",
+        "hpcdl.early_stop",
         "hpcdl.samples",
     ],
     [

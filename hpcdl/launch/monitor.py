@@ -8,6 +8,7 @@ records (hpcdl.launch.foreground) and the process holding its lock (hpcdl.runloc
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from dataclasses import dataclass
@@ -116,25 +117,27 @@ def resolve(ref: str, command: str) -> tuple[Optional[RunDir], Launch]:
 
 
 def sweep_dir_hint(sweep_dir: Path, command: str) -> str:
-    """`hpcdl status|logs|cancel SWEEP_DIR`: where to go instead, in one line."""
-    from hpcdl.sweep.ledger import load
-
+    """`hpcdl status|logs|cancel SWEEP_DIR`: where to go instead, in one line. The ledger is
+    read as plain JSON (hpcdl.sweep is a layer above this one)."""
     one_trial = f"`hpcdl {command} {sweep_dir}/N` for trial N"
     if command != "cancel":
         return (
             f"{sweep_dir} is a sweep dir: `hpcdl sweep status {sweep_dir}` shows its "
             f"trials; {one_trial}"
         )
-    ledger = load(sweep_dir)
-    if ledger.launcher != "slurm":
+    try:
+        ledger = json.loads(SweepDir(sweep_dir).ledger_file.read_text())
+    except (OSError, ValueError):
+        ledger = {}
+    if ledger.get("launcher") != "slurm":
         return (
             f"{sweep_dir} is a local sweep: its trials run under the `hpcdl train -m` that "
             "started it; stop them with Ctrl-C there"
         )
-    arrays = [str(s["array_job_id"]) for s in ledger.submissions]
+    arrays = [str(s["array_job_id"]) for s in ledger.get("submissions", [])]
     jobs = list(arrays)
-    for trial in ledger.trials:  # chained trials (cluster.requeue=chain) left their array
-        current = RunDir(Path(trial.run_dir)).read_submission() or {}
+    for trial in ledger.get("trials", []):  # chained trials (requeue=chain) left their array
+        current = RunDir(Path(trial["run_dir"])).read_submission() or {}
         job = str(current.get("job_id", ""))
         if job and job.split("_")[0] not in arrays and job not in jobs:
             jobs.append(job)

@@ -773,6 +773,26 @@ class Trainer:
             f"step {self.progress.step_in_epoch} of the epoch, global step {self.progress.global_step})"
         )
         self._report_early_stop(path, state)
+        self._report_nothing_left(path)
+
+    def _report_nothing_left(self, path: Path) -> None:
+        """A resume of a run that has reached trainer.max_epochs (or max_steps) says so,
+        rather than end at once with nothing trained (a run that stopped early says why)."""
+        pr, t = self.progress, self.t
+        if pr.early_stopped:
+            return
+        if pr.epoch >= t.max_epochs:
+            self.p.reporter.message(
+                f"{path}: the run has trained {pr.epoch} epochs, trainer.max_epochs="
+                f"{t.max_epochs}: nothing to train; to train on, resume with a larger "
+                f"trainer.max_epochs (e.g. {pr.epoch + max(1, pr.epoch // 2)})"
+            )
+        elif self.max_steps_reached():
+            self.p.reporter.message(
+                f"{path}: the run has taken {pr.global_step} steps, trainer.max_steps="
+                f"{t.max_steps}: nothing to train; to train on, resume with a larger "
+                "trainer.max_steps (or trainer.max_steps=null)"
+            )
 
     def _warn_other_threads(self, path: Path, saved: Optional[int]) -> None:
         """On the CPU, an op's sums are split over the threads: another thread count gives

@@ -194,6 +194,10 @@ def test_corrupt_checkpoint_is_skipped_on_resume(hpcdl, tmp_path: Path) -> None:
     assert f"warning: skipping checkpoint: {newest}: truncated" in out.stderr
     assert "CheckpointWarning" not in out.stderr, out.stderr
     assert f"resumed from {ckpts[-2]}" in out.stdout
+    # Its newest valid checkpoint is the last epoch's: nothing left, and it says so.
+    out = hpcdl("resume", str(tmp_path / "run"), "trainer.max_epochs=1")
+    assert out.returncode == 0, out.stderr
+    assert "the run has trained 2 epochs, trainer.max_epochs=1: nothing to train" in out.stdout
 
 
 def test_cfg_and_info_flags_run_nothing(hpcdl, tmp_path: Path) -> None:

@@ -294,6 +294,9 @@ def test_ranks_whose_launching_command_was_killed_save_stop_and_hold_the_run_dir
             assert time.monotonic() < deadline + 60, "the ranks did not stop"
             time.sleep(0.2)
     assert "checkpoint saved" in texts(), texts()
+    # Rank 0 wrote the end record the killed command could not: the attempt was stopped.
+    ends = [a for a in RunDir(run_dir).read_attempts() if a.get("event") == "end"]
+    assert [e["reason"] for e in ends] == ["interrupted"], ends
     assert not (run_dir / "summary.json").exists()
     steps = [p.name for p in (run_dir / "checkpoints").glob("step_*.pt")]
     assert steps and steps != ["step_000000350.pt"], steps  # a stop's own, past epoch 1

@@ -10,6 +10,7 @@ not mistaken for it, and the lock file); each rank looks once a second. Stdlib o
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -19,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 from typing import IO, Optional
+
+from hpcdl.exit_codes import EXIT_INTERRUPTED
 
 FOREGROUND_VAR = "HPCDL_FOREGROUND"
 POLL_S = 1.0
@@ -43,7 +46,8 @@ def watch_foreground(value: str) -> None:
 def _watch(foreground: dict) -> None:
     while _start_time(foreground["pid"]) == foreground["start"]:
         time.sleep(POLL_S)
-    _take_lock(Path(foreground["lock"]))
+    if os.environ.get("SUBMITIT_LOCAL_GLOBALID", "0") == "0":  # rank 0 saves, exits last
+        _take_lock(Path(foreground["lock"]))
     print(
         f"hpcdl: the command that launched this run (pid {foreground['pid']}) is gone: "
         "stopping at the next step; continue with `hpcdl resume`",
@@ -56,9 +60,25 @@ def _watch(foreground: dict) -> None:
 _held: list[IO[str]] = []  # the lock's file, open until this process exits
 
 
+def record_orphaned_end(exit_code: int) -> None:
+    """In rank 0 as it leaves, once it took over from a launcher that is gone: the
+    attempt's end record, which that launcher could not write (hpcdl.launch.foreground)."""
+    if not _held:
+        return
+    from hpcdl.launch.foreground import record_end
+    from hpcdl.rundir import RunDir
+
+    run_dir = RunDir(Path(_held[0].name).parent)
+    # A rank hands its outcome to submitit's pickle and exits 0: here that is the stop this
+    # watch asked for (the job's status would have been 3, EXIT_INTERRUPTED).
+    code = EXIT_INTERRUPTED if exit_code == 0 else exit_code
+    with contextlib.suppress(OSError):
+        record_end(run_dir, "local", os.environ.get("SUBMITIT_LOCAL_JOB_ID"), code)
+
+
 def _take_lock(lock_file: Path) -> None:
-    """The run dir's lock, held by this rank until it exits, so a `hpcdl resume` started
-    while the ranks save is refused; another rank may have taken it first (that is as good)."""
+    """The run dir's lock, held by rank 0 until it exits (after its checkpoint), so a
+    `hpcdl resume` started while the ranks save is refused."""
     try:
         handle = open(lock_file, "a+")  # noqa: SIM115 (kept open on purpose)
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

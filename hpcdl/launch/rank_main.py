@@ -25,7 +25,7 @@ import traceback
 from typing import NoReturn, Optional
 
 from hpcdl.errors import HpcdlError
-from hpcdl.launch.launcher_watch import FOREGROUND_VAR, watch_foreground
+from hpcdl.launch.launcher_watch import FOREGROUND_VAR, record_orphaned_end, watch_foreground
 
 USAGE = "usage: python -m hpcdl.launch.rank_main LOG_DIR"
 # cluster=local: the GPUs the ranks get, as the launching shell named them (submitit's local
@@ -51,6 +51,7 @@ def exit_status(code: object) -> int:
 def leave(code: int) -> NoReturn:
     """Exit with ``code`` once every non-daemon thread has ended (an asynchronous checkpoint
     write, say) and every stream is flushed; no interpreter or C++ teardown runs after."""
+    record_orphaned_end(code)  # cluster=local whose launching command was killed
     # What the interpreter's own exit does first: threading's exit hooks (an executor left
     # open lets its idle workers go), then a join of every non-daemon thread.
     shutdown = getattr(threading, "_shutdown", None)

@@ -164,7 +164,8 @@ def job_state(job_id: str) -> dict[str, str]:
     # squeue also fails ("Invalid job id") for a job the controller has purged (MinJobAge):
     # accounting still knows it, so ask sacct before giving up.
     if out is not None and out.strip():
-        jid, state, elapsed, limit, nodes, where = out.strip().splitlines()[0].split("|")
+        lines = out.strip().splitlines()
+        jid, state, elapsed, limit, nodes, where = lines[0].split("|")
         return {
             "job_id": jid,
             "state": state,
@@ -173,12 +174,14 @@ def job_state(job_id: str) -> dict[str, str]:
             "nodes": nodes,
             "where": where,
             "source": "squeue",
+            **_array_tasks(job_id, lines),
         }
     out = query(
         ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Elapsed,ExitCode,NodeList"]
     )
     if out and out.strip():
-        jid, state, elapsed, code, nodes = out.strip().splitlines()[-1].split("|")
+        lines = out.strip().splitlines()
+        jid, state, elapsed, code, nodes = lines[-1].split("|")
         return {
             "job_id": jid,
             "state": state.split()[0],
@@ -186,6 +189,7 @@ def job_state(job_id: str) -> dict[str, str]:
             "exit_code": code,
             "where": nodes,
             "source": "sacct",
+            **_array_tasks(job_id, lines),
         }
     if out is None and query(["squeue", "-h", "-o", "%i"]) is None:
         # The controller does not answer at all: say so, guess nothing.
@@ -194,6 +198,17 @@ def job_state(job_id: str) -> dict[str, str]:
     # there is no accounting (sacct failed) or accounting never had it (a wrong id).
     source = NO_ACCOUNTING if out is None else NOT_IN_ACCOUNTING
     return {"job_id": job_id, "state": "UNKNOWN", "source": source}
+
+
+def _array_tasks(job_id: str, lines: list[str]) -> dict[str, str]:
+    """A job array asked for by its own id (`hpcdl status 52`): every task's line, not only
+    the first's (a sweep's trials: `hpcdl sweep status SWEEP_DIR`)."""
+    tasks = [line.split("|")[:2] for line in lines]
+    if "_" in job_id or len(tasks) < 2 or not all(t[0].startswith(f"{job_id}_") for t in tasks):
+        return {}
+    shown = ", ".join(f"{jid} {state.split()[0]}" for jid, state in tasks[:8])
+    more = f", ... ({len(tasks)} lines)" if len(tasks) > 8 else ""
+    return {"array_tasks": shown + more}
 
 
 def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:

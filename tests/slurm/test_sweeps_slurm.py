@@ -101,6 +101,9 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
     good_summary = (Path(first[0]["run_dir"]) / "summary.json").stat().st_mtime
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
     assert "1 COMPLETED, 1 FAILED" in status.stdout, status.stdout
+    array = first[0]["job_id"].split("_")[0]  # by the array's own id: every task's state
+    by_id = run_hpcdl("status", array, cwd=tmp_path)
+    assert f"array_tasks: {array}_0 COMPLETED, {array}_1 FAILED" in by_id.stdout, by_id.stdout
     # Why it failed, from the trial's own log: the rank and the file.
     [why] = [ln for ln in status.stdout.splitlines() if ln.startswith("trial 1 failed: ")]
     assert why.startswith("trial 1 failed: rank 0: ") and "broken.npz" in why, why

@@ -130,14 +130,31 @@ def hold(run_dir: RunDir) -> Iterator[None]:
                 "wait for it to end, or stop it first (Ctrl-C there, or "
                 f"`hpcdl cancel {run_dir.path}` for a Slurm job)"
             )
-        try:  # who holds it, for the message a second writer gets; the lock is what counts
-            handle.seek(0)
-            handle.truncate()
-            handle.write(json.dumps(_holder()))
-            handle.flush()
-        except OSError:  # a full disk: hold the lock without naming the holder
-            pass
+        _name_holder(handle)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def take_over(run_dir: RunDir) -> Optional[IO[str]]:
+    """The run dir's lock if it is free now, else None (no wait, no error): held until the
+    returned file is closed or this process exits (hpcdl.launch.launcher_watch)."""
+    try:
+        handle = open(run_dir.lock_file, "a+")  # noqa: SIM115 (the caller keeps it open)
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return None
+    _name_holder(handle)
+    return handle
+
+
+def _name_holder(handle: IO[str]) -> None:
+    """Who holds the lock, for the message a second writer gets; the lock is what counts."""
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(_holder()))
+        handle.flush()
+    except OSError:  # a full disk: hold the lock without naming the holder
+        pass

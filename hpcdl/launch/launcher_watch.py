@@ -1,4 +1,4 @@
-"""cluster=local: the ranks stop, and one of them takes over the run dir's lock, once the
+"""cluster=local: the ranks stop, and rank 0 takes over the run dir's lock, once the
 foreground `hpcdl train|resume` that launched them is gone (killed, or hung up on while the
 ranks were not). Until then that command holds the lock (hpcdl.runlock); without this, its
 ranks trained on unseen, and with the lock released, a `hpcdl resume` trained the same run
@@ -11,7 +11,6 @@ not mistaken for it, and the lock file); each rank looks once a second. Stdlib o
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -79,21 +78,12 @@ def record_orphaned_end(exit_code: int) -> None:
 def _take_lock(lock_file: Path) -> None:
     """The run dir's lock, held by rank 0 until it exits (after its checkpoint), so a
     `hpcdl resume` started while the ranks save is refused."""
-    try:
-        handle = open(lock_file, "a+")  # noqa: SIM115 (kept open on purpose)
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return
-    holder = {"pid": os.getpid(), "host": os.uname().nodename, "job_id": None}
-    holder["since"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    try:
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps(holder))
-        handle.flush()
-    except OSError:
-        pass
-    _held.append(handle)
+    from hpcdl.rundir import RunDir
+    from hpcdl.runlock import take_over
+
+    handle = take_over(RunDir(lock_file.parent))
+    if handle is not None:
+        _held.append(handle)
 
 
 def _start_time(pid: int) -> Optional[str]:

@@ -172,6 +172,7 @@ def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl
         (["launcher=mpirun", "--", "python", "ok.py"], "launcher='mpirun': unknown"),
         (["launcher=torchrun", "--", "python", "ok.py"], "launcher=torchrun: starts one torchrun"),
         ([], "give a command after -- or entry=..., not neither"),
+        (["--config-dir", "conf"], "/conf: no such folder"),  # a flag's value, not a program
         (
             ["python", "ok.py", "--lr", "1"],
             "'python' is not an override (key=value); put your program after --: "

@@ -169,7 +169,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
     elif argv[:1] == ["run"]:
-        words = [a for a in argv[1:] if not a.startswith(("-", "~")) and "=" not in a]
+        values = {i + 1 for i, a in enumerate(argv) if a in ("--config-dir", "-cd")}
+        words = [
+            a
+            for i, a in enumerate(argv[1:], 1)
+            if i not in values and not a.startswith(("-", "~")) and "=" not in a
+        ]
         if words:  # `hpcdl run python train.py`: the program without its --
             print(
                 f"error: hpcdl run: {words[0]!r} is not an override (key=value); put your "

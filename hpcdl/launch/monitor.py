@@ -174,7 +174,7 @@ def job_state(job_id: str) -> dict[str, str]:
             "nodes": nodes,
             "where": where,
             "source": "squeue",
-            **_array_tasks(job_id, lines),
+            **_array_tasks(job_id, _with_finished_tasks(job_id, lines)),
         }
     out = query(
         ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Elapsed,ExitCode,NodeList"]
@@ -198,6 +198,24 @@ def job_state(job_id: str) -> dict[str, str]:
     # there is no accounting (sacct failed) or accounting never had it (a wrong id).
     source = NO_ACCOUNTING if out is None else NOT_IN_ACCOUNTING
     return {"job_id": job_id, "state": "UNKNOWN", "source": source}
+
+
+def _with_finished_tasks(job_id: str, queued: list[str]) -> list[str]:
+    """An array asked for by its own id while some of its tasks are still queued: squeue
+    lists only those, so add the tasks that have left the queue from sacct (squeue's line
+    wins for a task both list)."""
+    if "_" in job_id or not any(line.startswith(f"{job_id}_") for line in queued):
+        return queued
+    done = query(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State"]) or ""
+    in_queue = {line.split("|")[0] for line in queued}
+    finished = [line for line in done.strip().splitlines() if line.split("|")[0] not in in_queue]
+    return sorted(finished + queued, key=_task_order)
+
+
+def _task_order(line: str) -> tuple[int, str]:
+    """Array task lines in task order: 52_2 before 52_10, 52_[3-5] (still pending) last."""
+    task = line.split("|")[0].partition("_")[2]
+    return (int(task), "") if task.isdigit() else (1 << 30, task)
 
 
 def _array_tasks(job_id: str, lines: list[str]) -> dict[str, str]:

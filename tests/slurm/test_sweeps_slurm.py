@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -97,11 +98,17 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
     sweep = submit_good_and_broken(tmp_path)
     first = ledger(sweep)["trials"]
     wait_until(lambda: sacct_state(first[1]["job_id"]) == "FAILED", 180, "trial 1 to fail")
+    # By the array's own id: every task's state, also while trial 0 is still in squeue
+    # (which lists only the queued tasks).
+    array = first[0]["job_id"].split("_")[0]
+    by_id = run_hpcdl("status", array, cwd=tmp_path)
+    assert re.search(rf"array_tasks: {array}_0 \w+, {array}_1 FAILED", by_id.stdout), by_id.stdout
     wait_until(lambda: (Path(first[0]["run_dir"]) / "summary.json").exists(), 180, "trial 0")
+    # summary.json is written before the job ends: wait for the scheduler to say so too.
+    wait_until(lambda: sacct_state(first[0]["job_id"]) == "COMPLETED", 60, "trial 0's job")
     good_summary = (Path(first[0]["run_dir"]) / "summary.json").stat().st_mtime
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
     assert "1 COMPLETED, 1 FAILED" in status.stdout, status.stdout
-    array = first[0]["job_id"].split("_")[0]  # by the array's own id: every task's state
     by_id = run_hpcdl("status", array, cwd=tmp_path)
     assert f"array_tasks: {array}_0 COMPLETED, {array}_1 FAILED" in by_id.stdout, by_id.stdout
     # Why it failed, from the trial's own log: the rank and the file.

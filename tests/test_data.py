@@ -521,6 +521,44 @@ def test_load_feature_rows_picks_a_headers_columns_by_name(tmp_path):
     assert np.array_equal(load_feature_rows(str(tmp_path / "r.npy"), (3,), names, "price"), rows)
 
 
+def test_load_feature_rows_decides_a_first_row_by_the_training_names(tmp_path):
+    """A run that recorded the training CSV's names: a first row holding them is a header,
+    even when the names look like numbers; a row of numbers is data; a first row with text
+    that names no training column is refused in one line, naming the file, the row and the
+    names expected. A run without names keeps training's rule: text makes a header."""
+    rows = np.arange(12.0).reshape(4, 3)
+    body = "".join(f"{a},{b},{c}\n" for a, b, c in rows)
+
+    def load(text: str, names=("a", "b", "c"), label="price") -> np.ndarray:
+        (tmp_path / "in.csv").write_text(text)
+        return load_feature_rows(str(tmp_path / "in.csv"), (3,), names, label)
+
+    assert np.array_equal(load(body), rows)
+    assert np.array_equal(load("3,1,2\n" + body, names=("1", "2", "3")), rows[:, [1, 2, 0]])
+    expected = (
+        r"in.csv': line 1 \(setosa, 1.0, 2.0\) is neither a header naming the training "
+        r"columns \(a, b, c\) nor numbers \('setosa' in column 1 is not a number\); start "
+        r"the file with a header row naming those columns, or give numbers only$"
+    )
+    with pytest.raises(DataError, match=expected):
+        load("setosa,1.0,2.0\n" + body)
+    with pytest.raises(DataError, match=r"line 1 \(A, B, C\) is neither a header"):
+        load("A,B,C\n" + body)
+    long = [f"feature_{i}" for i in range(40)]
+    shortened = (
+        r"line 1 \(x{17}\.\.\., 1, 2\) .* columns \(feature_0, .*, feature_9, \.\.\. "
+        r"\(40 in all\)\)"
+    )
+    with pytest.raises(DataError, match=shortened):
+        load("x" * 30 + ",1,2\n", names=long)
+    # Text that names a training column: a header, whose missing columns are named.
+    with pytest.raises(DataError, match="no columns 'b', 'c' in its header"):
+        load("a,price,x\n1,2,3\n")
+    # No names recorded: a first row with text is a header, as training decides.
+    (tmp_path / "old.csv").write_text("x,y,z\n" + body)
+    assert np.array_equal(load_feature_rows(str(tmp_path / "old.csv"), (3,)), rows)
+
+
 # ----------------------------------------------------------------------------- sharding
 @pytest.mark.parametrize(
     ("num_samples", "batch_size"), [(569, 32), (100, 10), (7, 5), (64, 64), (50, 7)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -214,8 +214,17 @@ def _numpy_reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def read_csv(file: Path, key: str) -> tuple[Optional[list[str]], list[list[str]]]:
-    """(header or None, rows); a first row with any non-numeric cell is the header."""
+def has_text(cells: Sequence[str]) -> bool:
+    """Training's header rule: a first row with any cell that is not a number is a header."""
+    return not all(is_number(cell) for cell in cells)
+
+
+def read_csv(
+    file: Path, key: str, is_header: Callable[[list[str]], bool] = has_text
+) -> tuple[Optional[list[str]], list[list[str]]]:
+    """(header or None, rows). is_header(first row, its cells stripped) decides whether the
+    first row is a header (training's rule: it is when a cell is not a number); it may raise
+    a DataError for a first row that is neither."""
     try:
         with file.open(newline="") as f:
             rows = [row for row in csv.reader(f) if row]
@@ -224,7 +233,7 @@ def read_csv(file: Path, key: str) -> tuple[Optional[list[str]], list[list[str]]
     if not rows:
         raise DataError(f"{key}: '{file}' is empty")
     header = None
-    if not all(is_number(cell) for cell in rows[0]):
+    if is_header([cell.strip() for cell in rows[0]]):
         header, rows = [cell.strip() for cell in rows[0]], rows[1:]
     width = len(header) if header is not None else len(rows[0]) if rows else 0
     for line, row in enumerate(rows, start=2 if header is not None else 1):
@@ -294,7 +303,7 @@ def load_feature_rows(
     elif suffix == ".npy":
         x = load_npy(file, "--input")
     else:
-        x = read_feature_csv(file, feature_columns)
+        x = read_feature_csv(file, feature_columns, label_column)
     x = check_numeric(np.asarray(x), f"--input '{file}'")
     num_features = int(np.prod(input_shape))
     if x.ndim == 1 and x.size == num_features:
@@ -315,22 +324,53 @@ def load_feature_rows(
     return x.reshape(-1, *input_shape).astype(np.float32)
 
 
-def read_feature_csv(file: Path, feature_columns: Optional[Sequence[str]]) -> np.ndarray:
-    """float64 [N, columns]. With a header and the training's feature_columns: those columns,
-    picked by name in training order (others, the label column among them, are dropped).
-    Without a header, or for a run that recorded no names: the columns as they are (less
-    a header's column named `label`)."""
-    header, rows = read_csv(file, "--input")
-    if header is not None and feature_columns is not None:
-        picks = _column_indices(file, header, feature_columns)
-        rows = [[row[i] for i in picks] for row in rows]
-        header = list(feature_columns)
-    elif header is not None and LABEL_COLUMN in header:
-        col = header.index(LABEL_COLUMN)
-        rows = [row[:col] + row[col + 1 :] for row in rows]
-        header = header[:col] + header[col + 1 :]
+def read_feature_csv(
+    file: Path, feature_columns: Optional[Sequence[str]], label_column: Optional[str] = None
+) -> np.ndarray:
+    """float64 [N, columns]. For a run that recorded the training CSV's names, the first row
+    decides (_is_named_header): a header's feature columns are picked by name in training
+    order, the others (the label column among them) dropped; a headerless file's columns
+    are taken in training order. For a run without names: training's rule (a first row with
+    text is a header) and the columns as they are, less a column `label`."""
+    if feature_columns is None:
+        header, rows = read_csv(file, "--input")
+        if header is not None and LABEL_COLUMN in header:
+            col = header.index(LABEL_COLUMN)
+            rows = [row[:col] + row[col + 1 :] for row in rows]
+            header = header[:col] + header[col + 1 :]
+    else:
+        names = list(feature_columns)
+        header, rows = read_csv(
+            file, "--input", lambda cells: _is_named_header(file, cells, names, label_column)
+        )
+        if header is not None:
+            picks = _column_indices(file, header, names)
+            rows = [[row[i] for i in picks] for row in rows]
+            header = names
     first_line = 1 if header is None else 2
     return parse_numeric_rows(rows, file, "--input", first_line=first_line, names=header)
+
+
+def _is_named_header(
+    file: Path, cells: list[str], names: list[str], label_column: Optional[str]
+) -> bool:
+    """Whether an input CSV's first row is a header, for a run that recorded the training
+    CSV's names: it is when it holds every feature column's name, or has text and names one
+    training column (the missing ones are then refused by name); a row of numbers is data.
+    Any other first row is refused: a header would name the columns, data would be numbers."""
+    if set(names) <= set(cells):
+        return True
+    if not has_text(cells):
+        return False
+    if {*names, label_column} & set(cells):
+        return True
+    col = next(j for j, cell in enumerate(cells) if not is_number(cell))
+    shown = [cell if len(cell) <= 20 else cell[:17] + "..." for cell in cells]
+    raise DataError(
+        f"--input '{file}': line 1 ({_names(shown)}) is neither a header naming the training "
+        f"columns ({_names(names)}) nor numbers ({shown[col]!r} in column {col + 1} is not a "
+        "number); start the file with a header row naming those columns, or give numbers only"
+    )
 
 
 def _column_indices(file: Path, header: list[str], names: Sequence[str]) -> list[int]:

@@ -52,6 +52,10 @@ class DataError(HpcdlError):
     """A data file is missing, unreadable or does not hold what the config says."""
 
 
+class DataWarning(HpcdlWarning):
+    """A data file holds something hpcdl leaves out (e.g. columns the model does not take)."""
+
+
 class CheckpointError(HpcdlError):
     """A checkpoint is missing, corrupt, or does not match the model."""
 

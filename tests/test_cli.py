@@ -164,6 +164,48 @@ def test_predict_picks_a_csvs_columns_by_its_header(hpcdl, tmp_path: Path) -> No
     assert "--input 'no_b.csv': no column 'b' in its header (a, c)" in out.stderr
 
 
+def test_predict_decides_a_csvs_first_row_by_the_training_names(hpcdl, tmp_path: Path) -> None:
+    """The rows of a run trained on a CSV with a header, given without a header, with extra
+    columns, and after a first row of text that names no training column: the first two
+    predict as the training CSV does (the extra columns named in one warning line), the last
+    is refused in one line (exit 2) naming the file, its line 1 and the columns expected,
+    and --output is not written."""
+    x = np.random.default_rng(0).normal(size=(40, 2))
+    kind = np.where(x[:, 0] > x[:, 1], "up", "down")
+    rows = [f"{a:.4f},{b:.4f}" for a, b in x]
+    (tmp_path / "train.csv").write_text(
+        "\n".join(["a,b,kind", *(f"{r},{k}" for r, k in zip(rows, kind, strict=True))]) + "\n"
+    )
+    (tmp_path / "plain.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "extra.csv").write_text(
+        "\n".join(["id,a,b,kind,note", *(f"{i},{r},?,x" for i, r in enumerate(rows))]) + "\n"
+    )
+    (tmp_path / "garbage.csv").write_text("\n".join(["up,0.5", *rows]) + "\n")
+    data = ["data=files", "data.path=train.csv", "data.label_column=kind"]
+    out = hpcdl("train", "run_dir=run", *data, "trainer.max_epochs=2")
+    assert out.returncode == 0, out.stderr
+    own = hpcdl("predict", "run", "--input", "train.csv")
+    assert own.returncode == 0 and own.stdout.startswith("row,predicted,"), own.stderr
+    assert [line.split(",")[0] for line in own.stdout.splitlines()[1:]] == [
+        str(i) for i in range(40)
+    ]
+    plain = hpcdl("predict", "run", "--input", "plain.csv")
+    assert plain.returncode == 0 and plain.stdout == own.stdout, plain.stderr
+    extra = hpcdl("predict", "run", "--input", "extra.csv")
+    assert extra.returncode == 0 and extra.stdout == own.stdout, extra.stderr
+    assert extra.stderr.splitlines() == [
+        "warning: --input 'extra.csv': columns 'id', 'note' not used, the model takes a, b; "
+        "predicting without them"
+    ]
+    out = hpcdl("predict", "run", "--input", "garbage.csv", "--output", "preds.csv")
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "error: --input 'garbage.csv': line 1 (up, 0.5) is neither a header naming the "
+        "training columns (a, b) nor numbers ('up' in column 1 is not a number); start the "
+        "file with a header row naming those columns, or give numbers only"
+    ]
+    assert not (tmp_path / "preds.csv").exists()
+
+
 def test_init_from_warm_starts_and_refuses_mismatch(hpcdl, trained: Path, tmp_path: Path) -> None:
     warm = hpcdl("train", "run_dir=warm", f"init_from={trained}", "trainer.max_epochs=1")
     assert warm.returncode == 0, warm.stderr

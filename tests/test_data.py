@@ -20,7 +20,7 @@ from hpcdl.data import (
     iterate_batches,
     load_feature_rows,
 )
-from hpcdl.errors import ConfigError, DataError
+from hpcdl.errors import ConfigError, DataError, DataWarning
 
 
 # ----------------------------------------------------------------------------- file writers
@@ -494,7 +494,8 @@ def test_load_feature_rows_picks_a_headers_columns_by_name(tmp_path):
     (tmp_path / "shuffled.csv").write_text(
         "c,price,a,note,b\n" + "".join(f"{r[2]},1.5,{r[0]},x,{r[1]}\n" for r in rows)
     )
-    got = load_feature_rows(str(tmp_path / "shuffled.csv"), (3,), names, "price")
+    with pytest.warns(DataWarning, match="column 'note' not used"):
+        got = load_feature_rows(str(tmp_path / "shuffled.csv"), (3,), names, "price")
     assert np.array_equal(got, rows)
     (tmp_path / "ordered.csv").write_text("a,b,c\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
     (tmp_path / "cab.csv").write_text("c,a,b\n" + "".join(f"{c},{a},{b}\n" for a, b, c in rows))
@@ -557,6 +558,26 @@ def test_load_feature_rows_decides_a_first_row_by_the_training_names(tmp_path):
     # No names recorded: a first row with text is a header, as training decides.
     (tmp_path / "old.csv").write_text("x,y,z\n" + body)
     assert np.array_equal(load_feature_rows(str(tmp_path / "old.csv"), (3,)), rows)
+
+
+def test_load_feature_rows_warns_of_unused_columns(tmp_path, recwarn):
+    """Columns that are neither a feature nor the label column: one warning naming them,
+    and the rows still predict. The label column alone draws no warning."""
+    rows = np.arange(6.0).reshape(2, 3)
+    (tmp_path / "extra.csv").write_text(
+        "id,c,b,a,price,note\n" + "".join(f"7,{c},{b},{a},1,x\n" for a, b, c in rows)
+    )
+    with pytest.warns(DataWarning) as caught:
+        got = load_feature_rows(str(tmp_path / "extra.csv"), (3,), ["a", "b", "c"], "price")
+    assert np.array_equal(got, rows)
+    assert [str(w.message) for w in caught] == [
+        f"--input '{tmp_path / 'extra.csv'}': columns 'id', 'note' not used, the model takes "
+        "a, b, c; predicting without them"
+    ]
+    (tmp_path / "labelled.csv").write_text("price,a,b,c\n1,0,1,2\n")
+    recwarn.clear()
+    load_feature_rows(str(tmp_path / "labelled.csv"), (3,), ["a", "b", "c"], "price")
+    assert not [w for w in recwarn if issubclass(w.category, DataWarning)]
 
 
 # ----------------------------------------------------------------------------- sharding

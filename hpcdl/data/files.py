@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import warnings
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from hpcdl.data.raw import RawData
-from hpcdl.errors import DataError
+from hpcdl.errors import DataError, DataWarning
 
 SUFFIXES = (".npz", ".npy", ".csv")
 # The column dropped from prediction rows with a header, for runs whose checkpoint recorded
@@ -329,9 +330,9 @@ def read_feature_csv(
 ) -> np.ndarray:
     """float64 [N, columns]. For a run that recorded the training CSV's names, the first row
     decides (_is_named_header): a header's feature columns are picked by name in training
-    order, the others (the label column among them) dropped; a headerless file's columns
-    are taken in training order. For a run without names: training's rule (a first row with
-    text is a header) and the columns as they are, less a column `label`."""
+    order, its label column dropped, any other column dropped with a warning; a headerless
+    file's columns are taken in training order. For a run without names: training's rule (a
+    first row with text is a header) and the columns as they are, less a column `label`."""
     if feature_columns is None:
         header, rows = read_csv(file, "--input")
         if header is not None and LABEL_COLUMN in header:
@@ -345,6 +346,7 @@ def read_feature_csv(
         )
         if header is not None:
             picks = _column_indices(file, header, names)
+            _warn_unused_columns(file, header, names, label_column)
             rows = [[row[i] for i in picks] for row in rows]
             header = names
     first_line = 1 if header is None else 2
@@ -371,6 +373,23 @@ def _is_named_header(
         f"columns ({_names(names)}) nor numbers ({shown[col]!r} in column {col + 1} is not a "
         "number); start the file with a header row naming those columns, or give numbers only"
     )
+
+
+def _warn_unused_columns(
+    file: Path, header: list[str], names: list[str], label_column: Optional[str]
+) -> None:
+    """One warning naming the input CSV's columns that the model does not take, its label
+    column aside (an id or a note column is common; a misspelt feature name is seen here)."""
+    unused = list(dict.fromkeys(c for c in header if c not in names and c != label_column))
+    if unused:
+        which = "column" if len(unused) == 1 else "columns"
+        it = "it" if len(unused) == 1 else "them"
+        warnings.warn(
+            f"--input '{file}': {which} {_names([repr(c) for c in unused])} not used, the "
+            f"model takes {_names(names)}; predicting without {it}",
+            DataWarning,
+            stacklevel=2,
+        )
 
 
 def _column_indices(file: Path, header: list[str], names: Sequence[str]) -> list[int]:

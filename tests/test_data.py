@@ -560,6 +560,15 @@ def test_load_feature_rows_decides_a_first_row_by_the_training_names(tmp_path):
     assert np.array_equal(load_feature_rows(str(tmp_path / "old.csv"), (3,)), rows)
 
 
+def test_load_feature_rows_refuses_a_header_without_rows(tmp_path):
+    """A header alone has no rows to predict (it was refused as rows of 1 value), with the
+    training CSV's names or without them."""
+    (tmp_path / "head.csv").write_text("c,a,b\n")
+    for names in (["a", "b", "c"], None):
+        with pytest.raises(DataError, match=r"head.csv': a header but no rows; add the rows"):
+            load_feature_rows(str(tmp_path / "head.csv"), (3,), names, "price")
+
+
 def test_load_feature_rows_warns_of_unused_columns(tmp_path, recwarn):
     """Columns that are neither a feature nor the label column: one warning naming them,
     and the rows still predict. The label column alone draws no warning."""

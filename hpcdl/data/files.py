@@ -349,6 +349,8 @@ def read_feature_csv(
             _warn_unused_columns(file, header, names, label_column)
             rows = [[row[i] for i in picks] for row in rows]
             header = names
+    if not rows:  # a header alone (read_csv refuses an empty file)
+        raise DataError(f"--input '{file}': a header but no rows; add the rows to predict")
     first_line = 1 if header is None else 2
     return parse_numeric_rows(rows, file, "--input", first_line=first_line, names=header)
 

@@ -404,3 +404,133 @@ def test_load_config_errors_are_omegaconfs(tmp_path: Path) -> None:
         load_config(twice)
     with pytest.raises(ConfigError, match="cannot read the run's config"):
         load_config(tmp_path / "missing.yaml")
+
+
+def write_conf(root: Path, path: str, text: str) -> None:
+    """A YAML file of a user's own under root (a --config-dir), with its command comment."""
+    file = root / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    lines = text.splitlines(keepends=True)
+    header = lines[:1] if text.startswith("# @package") else []  # Hydra reads it first only
+    command = f"# hpcdl train --config-dir {root.name} ...\n"
+    file.write_text("".join([*header, command, *lines[len(header) :]]))
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "overrides", "expected"),
+    [
+        (
+            "cluster/mycluster.yaml",
+            "name: mycluster\nlauncher: local\ngpus_per_nod: 4\n",
+            ["cluster=mycluster"],
+            "myconf/cluster/mycluster.yaml: cluster.gpus_per_nod: unknown key; "
+            "did you mean cluster.gpus_per_node?",
+        ),
+        (
+            "cluster/mycluster.yaml",
+            "name: mycluster\nlauncher: local\nmem_gb: lots\n",
+            ["cluster=mycluster"],
+            "myconf/cluster/mycluster.yaml: cluster.mem_gb=lots: must be a whole number",
+        ),
+        (
+            "optim/fast.yaml",
+            "name: sgd\nlr: 0.1\nmomentun: 0.9\n",
+            ["optim=fast"],
+            "myconf/optim/fast.yaml: optim.momentun: unknown key; did you mean optim.momentum?",
+        ),
+        (
+            "optim/fast.yaml",
+            "name: sgd_fast\nlr: 0.1\n",
+            ["optim=fast"],
+            "myconf/optim/fast.yaml: optim.name='sgd_fast': unknown option; choose one of",
+        ),
+        (
+            "model/wide.yaml",
+            "name: mlp\nhidden_sizes: [a, 8]\n",
+            ["model=wide"],
+            "myconf/model/wide.yaml: model.hidden_sizes[0]=a: must be a whole number",
+        ),
+        (  # a value validate() refuses
+            "trainer/quick.yaml",
+            "max_epochs: -1\n",
+            ["trainer=quick"],
+            "myconf/trainer/quick.yaml: trainer.max_epochs=-1: must be > 0",
+        ),
+        (
+            "task/reg.yaml",
+            "name: regression\nlos: l1\n",
+            ["task=reg"],
+            "myconf/task/reg.yaml: task.los: unknown key; did you mean task.loss?",
+        ),
+        (
+            "data/mine.yaml",
+            "name: synthetic\nnum_classes: many\n",
+            ["data=mine"],
+            "myconf/data/mine.yaml: data.num_classes=many: must be a whole number",
+        ),
+        (
+            "schedule/mine.yaml",
+            "name: cosine\nmin_lr_ration: 0.1\n",
+            ["schedule=mine"],
+            "myconf/schedule/mine.yaml: schedule.min_lr_ration: unknown key",
+        ),
+        (
+            "logger/mine.yaml",
+            "wandb:\n  enabled: maybe\n",
+            ["logger=mine"],
+            "myconf/logger/mine.yaml: logger.wandb.enabled: Value 'maybe' is not a valid bool",
+        ),
+        (  # an experiment file sets keys of other groups: it is named, not trainer's file
+            "experiment/mine.yaml",
+            "# @package _global_\ntrainer:\n  max_epoch: 3\n",
+            ["experiment=mine"],
+            "myconf/experiment/mine.yaml: trainer.max_epoch: unknown key; did you mean",
+        ),
+        (  # a profile that extends a bundled one through its own defaults list
+            "cluster/mine.yaml",
+            "defaults:\n  - slurm\n  - _self_\nname: mine\nqos: [a]\n",
+            ["cluster=mine"],
+            "myconf/cluster/mine.yaml: cluster.qos",
+        ),
+    ],
+)
+def test_a_bad_key_in_a_yaml_file_names_the_file(
+    path: str,
+    text: str,
+    overrides: list[str],
+    expected: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hpcdl.cli.expand import plan_sweep
+
+    write_conf(tmp_path / "myconf", path, text)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides, ["myconf"])
+    assert str(info.value).startswith(expected), str(info.value)
+    # A sweep names the trial, then the file.
+    with pytest.raises(ConfigError) as info:
+        plan_sweep([*overrides, "trainer.seed=1,2"], ["myconf"])
+    assert str(info.value).startswith(f"trial 0 (trainer.seed=1): {expected}"), str(info.value)
+
+
+def test_a_key_set_on_the_command_line_is_named_as_the_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_conf(tmp_path / "myconf", "cluster/mine.yaml", "name: mine\nlauncher: local\nmem_gb: 4\n")
+    monkeypatch.chdir(tmp_path)
+    for overrides, expected in [
+        (["cluster.mem_gb=lots"], "cluster.mem_gb=lots: must be a whole number"),
+        (["cluster.timeout_min=0"], "cluster.timeout_min=0: must be > 0"),
+        (["++cluster.mem_gb=lots"], "cluster.mem_gb=lots: must be a whole number"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            compose_config(["cluster=mine", *overrides], ["myconf"])
+        assert str(info.value).startswith(expected), str(info.value)
+    # A key the bundled YAML leaves required is the command line's to set, not the file's.
+    with pytest.raises(ConfigError, match=r"^data\.path: required value is missing"):
+        compose_config(["data=mnist"], ["myconf"])
+    # The file's bad value, overridden, is no error.
+    write_conf(tmp_path / "myconf", "cluster/bad.yaml", "name: bad\nlauncher: local\nmem_gb: x\n")
+    assert compose_config(["cluster=bad", "cluster.mem_gb=8"], ["myconf"]).cluster.mem_gb == 8

@@ -6,10 +6,11 @@ into one-line ConfigErrors naming the key or option.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -63,14 +64,19 @@ def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> Di
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    searchpath = [f"file://{d}" for d in user_conf_dirs(config_dirs)]
-    extra = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
+    extra = _searchpath(config_dirs)
 
     def attempt(overrides: list[str]) -> DictConfig:
         with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
             return hydra_compose("config", overrides=[*extra, *overrides])
 
     return _with_additions(overrides, attempt)
+
+
+def _searchpath(config_dirs: Optional[list[str]]) -> list[str]:
+    """The override that adds the --config-dir folders (and ~/.config/hpcdl) to Hydra's."""
+    searchpath = [f"file://{d}" for d in user_conf_dirs(config_dirs)]
+    return [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
 
 
 def _with_additions(overrides: list[str], attempt: Callable[[list[str]], DictConfig]) -> DictConfig:
@@ -175,11 +181,141 @@ def compose_config(
     script: Optional[schema.ScriptConfig] = None,
 ) -> schema.Config:
     """The typed, validated config; ``script``: `hpcdl run`'s program, validated with it."""
-    config = _typed_config(compose(overrides, config_dirs), overrides)
-    if script is not None:
-        config = replace(config, script=script)
-    validate(config)
+    composed = compose(overrides, config_dirs)
+    with _naming_the_file(overrides, config_dirs):
+        config = _typed_config(composed, overrides)
+        if script is not None:
+            config = replace(config, script=script)
+        validate(config)
     return config
+
+
+@contextlib.contextmanager
+def _naming_the_file(overrides: list[str], config_dirs: Optional[list[str]]) -> Iterator[None]:
+    """A ConfigError whose key a YAML file set (not an override) starts with that file:
+    `myconf/cluster/a100.yaml: cluster.gpus_per_nod: unknown key; ...`."""
+    try:
+        yield
+    except ConfigError as err:
+        key = error_key(str(err))
+        path = None if key is None else file_setting(key, overrides, config_dirs)
+        if path is None:
+            raise
+        raise ConfigError(f"{shown_path(path)}: {err}") from None
+
+
+# The key an error message starts with: `cluster.mem_gb=lots: ...`, `model.hidden_sizes[0]=a:`,
+# `cluster: holds a list ...`, `foo: unknown key ...`.
+_LEADING_KEY = re.compile(r"([A-Za-z_]\w*(?:\.\w+|\[\d+\])*)([=:])")
+
+
+def error_key(message: str) -> Optional[str]:
+    """The config key a ConfigError names first, without list indices; None where it names
+    none, or names a group's choice (`model=cnn needs image samples ...`)."""
+    match = _LEADING_KEY.match(message)
+    if match is None:
+        return None
+    key, sep = match.groups()
+    if sep == "=" and key in (*GROUPS, *PRESET_GROUPS):
+        return None
+    return re.sub(r"\[\d+\]", "", key)
+
+
+def file_setting(
+    key: str, overrides: list[str], config_dirs: Optional[list[str]] = None
+) -> Optional[Path]:
+    """The YAML file that gave `key` its value in compose(overrides, config_dirs): the last
+    one in Hydra's defaults list (group files, conf/config.yaml, experiment files, a file's
+    own defaults) that sets the key or a mapping above it. None where an override on the
+    command line sets it (overrides come after every file), where no file sets it (a
+    schema default), or where the file leaves it required (`???`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return None
+    for override in parsed:
+        name = override.key_or_group
+        if override.is_delete() or name.startswith("hydra"):
+            continue
+        if name in (*GROUPS, *PRESET_GROUPS) and not isinstance(override.value(), dict):
+            continue  # a group choice picks a file: the files below decide
+        if key == name or key.startswith(name + ".") or name.startswith(key + "."):
+            return None
+    for config_path, package in reversed(_defaults_list(overrides, config_dirs)):
+        path = _config_file(config_path, config_dirs)
+        if path is None:
+            continue
+        found = _lookup(path, package, key)
+        if found is not None:
+            return path if found else None
+    return None
+
+
+def _defaults_list(overrides: list[str], config_dirs: Optional[list[str]]) -> list[tuple[str, str]]:
+    """(config path, package) of each file Hydra merges for these overrides, in merge order."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+
+    try:
+        with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
+            loader = GlobalHydra.instance().config_loader()
+            defaults = loader.compute_defaults_list(
+                "config", [*_searchpath(config_dirs), *overrides], RunMode.RUN
+            ).defaults
+    except (HydraException, OmegaConfBaseException, ValueError):
+        return []
+    return [
+        (d.config_path, d.package or "")
+        for d in defaults
+        if d.config_path is not None and not (d.package or "").startswith("hydra")
+    ]
+
+
+def _config_file(config_path: str, config_dirs: Optional[list[str]]) -> Optional[Path]:
+    """The file Hydra reads for `cluster/mycluster`: the first in the search path (conf/, the
+    --config-dir folders, ~/.config/hpcdl; docs/configuration.md, "Your own YAML files")."""
+    for folder in [conf_dir(), *user_conf_dirs(config_dirs)]:
+        path = folder / f"{config_path}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
+def _lookup(path: Path, package: str, key: str) -> Optional[bool]:
+    """Whether the file (merged at `package`) sets `key`: True, False where it leaves it
+    required (`???`), None where it does not set it. A file of the key's group that is no
+    mapping (a list, a scalar) gave the group whatever it holds: True."""
+    try:
+        loaded = OmegaConf.load(path)
+    except (OSError, yaml.YAMLError, OmegaConfBaseException):
+        return None
+    parts = key.split(".")
+    prefix = package.split(".") if package else []
+    if parts[: len(prefix)] != prefix:
+        return None
+    if not isinstance(loaded, DictConfig):
+        return True if parts[: len(prefix)] == prefix and prefix else None
+    node: Any = loaded
+    for part in parts[len(prefix) :]:
+        if not isinstance(node, DictConfig) or part not in node:
+            return None
+        if OmegaConf.is_missing(node, part):
+            return False
+        node = node._get_node(part)
+    return True
+
+
+def shown_path(path: Path) -> str:
+    """A config file as the user would type it: relative to the current folder when inside it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _typed_config(composed: DictConfig, overrides: list[str]) -> schema.Config:
@@ -238,8 +374,9 @@ class SweepComposer:
         if merged is None:
             merged = self._merged[choices] = compose(list(choices), self._config_dirs)
         composed = _with_additions(values, lambda vs: self._applied(merged, vs))
-        config = _typed_config(composed, overrides)
-        validate(config)
+        with _naming_the_file(overrides, self._config_dirs):
+            config = _typed_config(composed, overrides)
+            validate(config)
         return config
 
     def _split(self, overrides: list[str]) -> Optional[tuple[tuple[str, ...], list[str]]]:

@@ -534,3 +534,28 @@ def test_a_key_set_on_the_command_line_is_named_as_the_override(
     # The file's bad value, overridden, is no error.
     write_conf(tmp_path / "myconf", "cluster/bad.yaml", "name: bad\nlauncher: local\nmem_gb: x\n")
     assert compose_config(["cluster=bad", "cluster.mem_gb=8"], ["myconf"]).cluster.mem_gb == 8
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "expected"),
+    [
+        # Empty, a cluster profile would run in-process (launcher: debug) instead of on Slurm.
+        ("cluster/mine.yaml", "", "myconf/cluster/mine.yaml: cluster: sets no keys; write at"),
+        ("model/mine.yaml", "", "myconf/model/mine.yaml: model: sets no keys; write at least"),
+        ("cluster/mine.yaml", "- a\n- b\n", "myconf/cluster/mine.yaml: cluster: holds a list"),
+        ("optim/mine.yaml", "- sgd\n", "myconf/optim/mine.yaml: optim: holds a list, not a"),
+    ],
+)
+def test_a_yaml_file_that_is_no_mapping_of_keys_is_refused_by_name(
+    path: str, text: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_conf(tmp_path / "myconf", path, text)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        compose_config([f"{Path(path).parent}=mine"], ["myconf"])
+    assert str(info.value).startswith(expected), str(info.value)
+
+
+def test_an_empty_trainer_file_takes_the_defaults(tmp_path: Path) -> None:
+    write_conf(tmp_path / "myconf", "trainer/mine.yaml", "")
+    assert compose_config(["trainer=mine"], [str(tmp_path / "myconf")]).trainer.max_epochs == 30

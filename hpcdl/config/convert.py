@@ -64,6 +64,8 @@ def from_dict(raw: dict[Any, Any]) -> schema.Config:
     ]
     if unknown:
         raise ConfigError(_unknown_key_message(unknown[0], [*GROUPS, *TOP_LEVEL_KEYS]))
+    for group in GROUPS:
+        _refuse_shapeless(group, raw.get(group))
     parts: dict[str, Any] = {}
     for group, options in NAMED_GROUPS.items():
         node = raw.get(group)
@@ -88,6 +90,28 @@ def from_dict(raw: dict[Any, Any]) -> schema.Config:
     if script is not None:
         parts["script"] = _typed("script", schema.ScriptConfig, script)
     return schema.Config(**parts)
+
+
+# Groups whose file must set keys: without `name` a named group has no schema, and an empty
+# cluster profile would silently run in-process (launcher: debug) instead of where it should.
+# trainer/schedule/logger files may be empty: they take the defaults (logger=csv is empty).
+_NON_EMPTY_GROUPS = {**{g: "name" for g in NAMED_GROUPS}, "cluster": "launcher"}
+
+
+def _refuse_shapeless(group: str, node: Any) -> None:
+    """A group's YAML that is not a mapping of keys (a list, a scalar), or an empty one
+    where keys are needed. The message starts with the group, so compose names the file."""
+    if node is not None and not isinstance(node, dict):
+        kind = "a list" if isinstance(node, list) else f"the value {node!r}"
+        raise ConfigError(
+            f"{group}: holds {kind}, not a mapping of keys; write one `key: value` per line, "
+            f"as conf/{group}/*.yaml do"
+        )
+    if node == {} and group in _NON_EMPTY_GROUPS:
+        raise ConfigError(
+            f"{group}: sets no keys; write at least `{_NON_EMPTY_GROUPS[group]}: ...`, "
+            f"as conf/{group}/*.yaml do"
+        )
 
 
 def model_from_dict(raw: dict[str, Any]) -> Any:

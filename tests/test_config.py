@@ -559,3 +559,23 @@ def test_a_yaml_file_that_is_no_mapping_of_keys_is_refused_by_name(
 def test_an_empty_trainer_file_takes_the_defaults(tmp_path: Path) -> None:
     write_conf(tmp_path / "myconf", "trainer/mine.yaml", "")
     assert compose_config(["trainer=mine"], [str(tmp_path / "myconf")]).trainer.max_epochs == 30
+
+
+def test_resume_with_a_group_option_names_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_conf(tmp_path / "myconf", "cluster/bad.yaml", "name: bad\nlauncher: local\nmem_gb: x\n")
+    monkeypatch.chdir(tmp_path)
+    base = compose_config([])
+    file_first = r"^myconf/cluster/bad\.yaml: cluster\.mem_gb=x: must be a whole number"
+    with pytest.raises(ConfigError, match=file_first):
+        apply_overrides(base, ["cluster=bad"], ["myconf"])
+    # The option's YAML replaces the whole group, a key set before it too.
+    with pytest.raises(ConfigError, match=file_first):
+        apply_overrides(base, ["cluster.mem_gb=4", "cluster=bad"], ["myconf"])
+    # A key set after the option is the override's.
+    assert (
+        apply_overrides(base, ["cluster=bad", "cluster.mem_gb=4"], ["myconf"]).cluster.mem_gb == 4
+    )
+    with pytest.raises(ConfigError, match=r"^cluster\.mem_gb=y: must be a whole number"):
+        apply_overrides(base, ["cluster=bad", "cluster.mem_gb=y"], ["myconf"])

@@ -459,6 +459,28 @@ def apply_overrides(
             raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from None
     raw = OmegaConf.to_container(tree, resolve=True)
     assert isinstance(raw, dict)
-    config = from_dict(raw)
-    validate(config)
+    try:
+        config = from_dict(raw)
+        validate(config)
+    except ConfigError as err:
+        named = error_key(str(err))
+        path = None if named is None else _resumed_file_setting(named, parsed, config_dirs)
+        if path is None:
+            raise
+        raise ConfigError(f"{shown_path(path)}: {err}") from None
     return config
+
+
+def _resumed_file_setting(
+    key: str, parsed: list[Override], config_dirs: Optional[list[str]]
+) -> Optional[Path]:
+    """The file behind `key` after apply_overrides: the option's YAML where the last override
+    that reaches the key picks its group (cluster=mycluster); None where it sets the key
+    itself, or where none reaches it (the run's config.yaml gave it)."""
+    for ov in reversed(parsed):
+        name = ov.key_or_group
+        if name in GROUPS and "." not in name and key.split(".", 1)[0] == name:
+            return file_setting(key, [f"{name}={ov.value()}"], config_dirs)
+        if key == name or key.startswith(name + ".") or name.startswith(key + "."):
+            return None
+    return None

@@ -656,3 +656,36 @@ def test_resume_with_another_cpu_thread_count_warns_that_results_differ(
     out = hpcdl("resume", "run", "trainer.max_epochs=3", env={"OMP_NUM_THREADS": "2"})
     assert out.returncode == 0, out.stderr
     assert "CPU threads" not in out.stdout
+
+
+def test_a_typo_in_a_profile_of_ones_own_names_the_file(hpcdl, tmp_path: Path) -> None:
+    """As a user meets it: one line naming the file and the key, exit status 2, nothing
+    created, for train, train -m and a --config-dir that is not there."""
+    profile = tmp_path / "myconf" / "cluster" / "mycluster.yaml"
+    profile.parent.mkdir(parents=True)
+    profile.write_text(
+        "# hpcdl train --config-dir myconf cluster=mycluster\n"
+        "name: mycluster\nlauncher: slurm\ngpus_per_nod: 4\n"
+    )
+    typo = (
+        "myconf/cluster/mycluster.yaml: cluster.gpus_per_nod: unknown key; "
+        "did you mean cluster.gpus_per_node?"
+    )
+    cases = [
+        (["--config-dir", "myconf", "cluster=mycluster", "--dry-run"], f"error: {typo}"),
+        (
+            ["-m", "--config-dir", "myconf", "cluster=local,mycluster", "--dry-run"],
+            f"error: trial 1 (cluster=mycluster): {typo}",
+        ),
+        (["-cd", "myconf", "cluster=mycluster"], f"error: {typo}"),
+        (
+            ["--config-dir", "nodir", "cluster=local"],
+            f"error: --config-dir {tmp_path / 'nodir'}: no such folder; give the folder",
+        ),
+    ]
+    for args, expected in cases:
+        out = hpcdl("train", *args)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(expected), (args, out.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["myconf"]

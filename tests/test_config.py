@@ -579,3 +579,23 @@ def test_resume_with_a_group_option_names_its_file(
     )
     with pytest.raises(ConfigError, match=r"^cluster\.mem_gb=y: must be a whole number"):
         apply_overrides(base, ["cluster=bad", "cluster.mem_gb=y"], ["myconf"])
+
+
+def test_a_bad_defaults_list_entry_names_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcdl.cli.expand import plan_sweep
+
+    write_conf(tmp_path / "myconf", "cluster/mine.yaml", "defaults:\n  - slurmm\n  - _self_\n")
+    monkeypatch.chdir(tmp_path)
+    expected = (
+        "myconf/cluster/mine.yaml: its defaults list: cluster=slurmm: unknown option; "
+        "choose one of cpu_partition, debug, devcluster, local, mine, rivanna_a100, slurm; "
+        "fix the entry there"
+    )
+    with pytest.raises(ConfigError) as info:
+        compose_config(["cluster=mine"], ["myconf"])
+    assert str(info.value) == expected
+    with pytest.raises(ConfigError) as info:
+        plan_sweep(["cluster=debug,mine"], ["myconf"])
+    assert str(info.value) == f"trial 1 (cluster=mine): {expected}"

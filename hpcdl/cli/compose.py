@@ -56,21 +56,47 @@ def user_conf_dirs(extra: Optional[list[str]] = None) -> list[Path]:
         dirs.append(home.resolve())
     for d in dirs:
         if not d.is_dir():
-            raise ConfigError(f"--config-dir {d}: no such folder")
+            raise ConfigError(
+                f"--config-dir {d}: no such folder; give the folder that holds your "
+                "<group>/<name>.yaml files (e.g. myconf for myconf/cluster/mine.yaml)"
+            )
     return dirs
 
 
 def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException
 
     extra = _searchpath(config_dirs)
 
     def attempt(overrides: list[str]) -> DictConfig:
         with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
-            return hydra_compose("config", overrides=[*extra, *overrides])
+            try:
+                return hydra_compose("config", overrides=[*extra, *overrides])
+            except HydraException as err:
+                raise _in_file(err, config_dirs) or err from None
 
     return _with_additions(overrides, attempt)
+
+
+def _in_file(err: Exception, config_dirs: Optional[list[str]]) -> Optional[ConfigError]:
+    """Hydra's error about a file's own content (`In 'cluster/mine': Could not load
+    'cluster/nonexist'`, from its defaults list) as one line naming the file; None for others."""
+    where = re.match(r"In '([^']+)': ", str(err))
+    path = _config_file(where.group(1), config_dirs) if where else None
+    if where is None or path is None or _yaml_cause(err) is not None:
+        return None
+    message = hydra_message(err).removeprefix(where.group(0))
+    loaded = re.match(r"Could not load '([^/']+)/([^']+)'", message)
+    if loaded:
+        group, option = loaded.groups()
+        dirs = [conf_dir(), *user_conf_dirs(config_dirs)]
+        options = sorted({f.stem for d in dirs for f in (d / group).glob("*.yaml")})
+        message = f"{group}={option}: unknown option; choose one of {', '.join(options)}"
+    if loaded or "unknown option" in message:
+        message = f"its defaults list: {message}; fix the entry there"
+    return ConfigError(f"{shown_path(path)}: {message}")
 
 
 def _searchpath(config_dirs: Optional[list[str]]) -> list[str]:

@@ -135,6 +135,69 @@ def test_a_slurm_run_resumed_locally_shows_the_local_attempt(tmp_path, monkeypat
     assert (report["job_id"], report["state"]) == ("23", "PENDING")
 
 
+def slurm_job_stops(run: RunDir, monkeypatch, signal_name: str | None, left_s: float) -> None:
+    """One attempt of Slurm job 22 as its rank 0 records it (hpcdl.launch.slurm_job.main):
+    training stopped on `signal_name` (None: `hpcdl run`'s program asked to stop) with
+    `left_s` seconds to the time limit; no Slurm to requeue it."""
+    from hpcdl.job import JobOutcome
+    from hpcdl.launch import slurm_job
+
+    for name in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_ARRAY_JOB_ID", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "22")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setattr(slurm_job, "seconds_left", lambda job_id: left_s)
+    monkeypatch.setattr(slurm_job, "restarts_now", lambda job_id: None)  # scontrol: none
+    monkeypatch.setattr(
+        slurm_job, "start_record", lambda env, n: {"event": "start", "job_id": "22"}
+    )
+    stopped = JobOutcome(0, completed=False, signal_name=signal_name, summary={}, global_step=5)
+    monkeypatch.setattr("hpcdl.job.run_job", lambda run_dir, stop: stopped)
+    with pytest.raises(SystemExit) as leaving:
+        slurm_job.main(str(run.path))
+    assert leaving.value.code == 3
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "left_s", "reason", "state"),
+    [
+        ("SIGTERM", 3000.0, "cancelled", "CANCELLED"),  # scancel: was FAILED
+        (None, 3000.0, "requested", "INTERRUPTED"),  # the program stopped itself: was FAILED
+        ("SIGUSR2", 40.0, "timeout", "TIMEOUT"),
+        ("SIGUSR2", 3000.0, "preempted", "PREEMPTED"),
+    ],
+)
+def test_a_slurm_job_gone_from_the_queue_is_judged_by_its_end_record(
+    tmp_path, monkeypatch, capsys, signal_name, left_s, reason, state
+) -> None:
+    # No accounting: once squeue no longer lists the job, the run dir's last end decides.
+    run = create_run_dir(
+        compose_config(
+            [f"run_dir={tmp_path / 'run'}", "cluster=devcluster", "cluster.max_requeues=0"]
+        )
+    )[1]
+    run.record_submission("22", "devcluster", run.log_dir)
+    slurm_job_stops(run, monkeypatch, signal_name, left_s)
+    monkeypatch.setattr("hpcdl.launch.monitor.query", lambda cmd: "" if "squeue" in cmd else None)
+    report = status_lines(run, capsys)
+    assert report["last_end"].startswith(reason)
+    assert (report["state"], report["source"]) == (state, "run dir (not queued; no accounting)")
+    assert "cause" not in report  # a stop it recorded: no error to look for in its logs
+
+
+def test_every_end_reason_hpcdl_writes_has_its_state() -> None:
+    import re
+
+    from hpcdl.launch import foreground, monitor
+
+    written = set(foreground.END_REASONS.values()) | {"failed"}
+    source = (Path(monitor.__file__).parent / "slurm_job.py").read_text()
+    written |= set(re.findall(r'"reason": "(\w+)"', source))
+    written |= set(re.findall(r'return "(\w+)"', source))  # classify()
+    assert written - {"requeued"} <= set(monitor.END_STATES), written
+    assert "requeued" not in monitor.END_STATES  # the job comes back under its id
+
+
 def test_the_rank_past_an_ended_jobs_world_size_is_named(tmp_path, monkeypatch, capsys) -> None:
     run = new_run(tmp_path)
     run.record_submission("3", "devcluster", run.log_dir)

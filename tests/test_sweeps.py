@@ -264,6 +264,12 @@ def test_a_job_that_left_the_queue_is_judged_by_its_run_dir(tmp_path: Path) -> N
     cancelled = {"event": "end", "reason": "cancelled", "action": "exit"}
     _attempts(tmp_path / "resumed", start, cancelled, start, done)
     assert requeues(tmp_path / "resumed") == 0
+    # The stops a job records itself keep their names (they were all FAILED).
+    _attempts(tmp_path / "cancelled", start, cancelled)
+    assert state_from_run_dir(tmp_path / "cancelled") == "CANCELLED"
+    asked = {"event": "end", "reason": "requested", "action": "not requeued"}
+    _attempts(tmp_path / "asked", start, asked)  # `hpcdl run`'s program stopped itself
+    assert state_from_run_dir(tmp_path / "asked") == "INTERRUPTED"
 
 
 def test_ledger_written_by_an_older_version_still_loads(tmp_path: Path) -> None:
@@ -285,6 +291,7 @@ def test_ledger_written_by_an_older_version_still_loads(tmp_path: Path) -> None:
 def test_a_trial_that_left_the_queue_without_running_is_cancelled(
     tmp_path: Path, monkeypatch
 ) -> None:
+    from hpcdl.launch.foreground import record_end, record_start
     from hpcdl.rundir import RunDir
     from hpcdl.sweep import states
     from hpcdl.sweep.states import SchedulerView, task_state
@@ -320,6 +327,13 @@ def test_a_trial_that_left_the_queue_without_running_is_cancelled(
     lagging = SchedulerView({}, {"53_2": "RUNNING"})
     assert task_state(lagging, "53_2", RunDir(tmp_path / "rerun")) == "FAILED"
     assert task_state(lagging, "53_2", never) == "CANCELLED"
+    # A task resumed by hand in the foreground (`hpcdl resume SWEEP/2 cluster=local`),
+    # then stopped with Ctrl-C: its own end record says so.
+    local = RunDir(tmp_path / "local")
+    _attempts(local.path, earlier)
+    record_start(local, "local", "4711", 1)
+    record_end(local, "local", "4711", 3)
+    assert task_state(lagging, "53_2", local) == "INTERRUPTED"  # was FAILED
     # Without accounting a task that never started stays UNKNOWN (rerunnable too); with the
     # controller down, nothing is guessed.
     assert task_state(SchedulerView({}, None), "53_2", never) == "UNKNOWN"

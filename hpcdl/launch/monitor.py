@@ -274,8 +274,22 @@ def foreground_report(run_dir: RunDir, launch: Launch) -> dict[str, Any]:
     return {**report, **run_status(run_dir)}
 
 
-# A foreground attempt's state, by its end record's reason (hpcdl.launch.foreground).
-FOREGROUND_END_STATES = {"completed": "COMPLETED", "interrupted": "INTERRUPTED"}
+# An attempt's state by its end record's reason: every reason hpcdl.launch.foreground (a
+# run in the foreground) and hpcdl.launch.slurm_job (a Slurm job's rank 0) write. Any other
+# reason, or no end record at all (killed), is FAILED.
+END_STATES = {
+    "completed": "COMPLETED",
+    "failed": "FAILED",
+    "busy": "FAILED",  # another process held the run dir: this job did not train
+    "interrupted": "INTERRUPTED",  # stopped on a signal in the foreground, checkpoint saved
+    "requested": "INTERRUPTED",  # `hpcdl run`'s program stopped itself (exit 3), not requeued
+    "cancelled": "CANCELLED",  # scancel, or a kill, on Slurm: checkpoint saved
+    "timeout": "TIMEOUT",
+    "preempted": "PREEMPTED",
+    # "requeued" (an outside `scontrol requeue`) is left to FAILED: the job comes back
+    # under its id, so one gone from the queue without a new start was ended by something
+    # the run dir cannot tell.
+}
 
 
 def foreground_state(run_dir: RunDir, launch: Launch) -> str:
@@ -284,7 +298,7 @@ def foreground_state(run_dir: RunDir, launch: Launch) -> str:
     from hpcdl.runlock import is_held
 
     if launch.end is not None:
-        return FOREGROUND_END_STATES.get(str(launch.end.get("reason")), "FAILED")
+        return END_STATES.get(str(launch.end.get("reason")), "FAILED")
     if is_held(run_dir):
         return "RUNNING"
     if launch.start is not None:
@@ -295,16 +309,17 @@ def foreground_state(run_dir: RunDir, launch: Launch) -> str:
 
 def state_from_run_dir(run_dir: RunDir) -> str:
     """A job that left the queue, judged by its run dir alone (no accounting): the last
-    attempt's end record, or FAILED when it started and recorded no end (a crash, scancel,
-    a node failure: rerunnable either way), or UNKNOWN when it never started."""
+    attempt's end record (END_STATES), or FAILED when it started and recorded no end (a
+    crash, a node failure, a kill: rerunnable either way), or UNKNOWN when it never
+    started."""
     if run_dir.is_complete():
         return "COMPLETED"
     events = run_dir.read_attempts()
     if not events:
         return "UNKNOWN"
     last = events[-1]
-    if last.get("event") == "end" and last.get("reason") in ("timeout", "preempted"):
-        return "TIMEOUT" if last["reason"] == "timeout" else "PREEMPTED"
+    if last.get("event") == "end":
+        return END_STATES.get(str(last.get("reason")), "FAILED")
     return "FAILED"
 
 

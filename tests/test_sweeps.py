@@ -458,3 +458,39 @@ def test_a_trial_resumed_by_hand_counts_as_an_attempt(tmp_path: Path, monkeypatc
     monkeypatch.setattr(states, "query", lambda cmd: "")  # squeue and sacct: nothing known
     ledger, _ = report.refresh(sweep)
     assert [(t.attempts, t.requeues) for t in ledger.trials] == [(1, 0), (2, 1)]
+
+
+@pytest.mark.slow
+def test_a_local_trial_resumed_by_hand_counts_as_an_attempt(hpcdl, tmp_path: Path) -> None:
+    # As on Slurm: `hpcdl resume SWEEP_DIR/1` of a cluster=local sweep's trial is an attempt
+    # of the trial (the ledger counted only the pool's), and its end is the trial's state.
+    from sklearn.datasets import load_breast_cancer
+
+    from hpcdl.launch.foreground import record_end, record_start
+    from hpcdl.rundir import RunDir
+
+    x, y = load_breast_cancer(return_X_y=True)
+    np.savez(tmp_path / "good.npz", x=x, y=y)
+    (tmp_path / "broken.npz").write_bytes(b"not an npz file")
+    local = ["cluster=local", "cluster.tasks_per_node=1", "trainer.max_epochs=1", "data=files"]
+    out = hpcdl("train", "-m", *local, "data.path=good.npz,broken.npz", "hydra.sweep.dir=sw")
+    assert out.returncode == 1, out.stdout + out.stderr
+    sweep = tmp_path / "sw"
+
+    def table() -> list[tuple[str, str]]:
+        status = hpcdl("sweep", "status", str(sweep))
+        rows = [line.split("|") for line in status.stdout.splitlines()[2:4]]
+        return [(row[4].strip(), row[5].strip()) for row in rows]  # state, attempts
+
+    assert table() == [("COMPLETED", "1"), ("FAILED", "1")]
+    # A resume by hand stopped with Ctrl-C, as `hpcdl resume` with cluster=local records it.
+    record_start(RunDir(sweep / "1"), "local", "4711", 1)
+    record_end(RunDir(sweep / "1"), "local", "4711", 3)
+    assert table() == [("COMPLETED", "1"), ("INTERRUPTED", "2")]
+    np.savez(tmp_path / "broken.npz", x=x, y=y)  # fixed, then resumed for real
+    resumed = hpcdl("resume", str(sweep / "1"))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert table() == [("COMPLETED", "1"), ("COMPLETED", "3")]
+    rerun = hpcdl("sweep", "rerun", str(sweep), "--failed")  # nothing failed: nothing run
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert table() == [("COMPLETED", "1"), ("COMPLETED", "3")]  # the pool's are not recounted

@@ -7,6 +7,7 @@ report on a run's newest attempt, whichever launcher ran it. Stdlib only.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import socket
 from typing import Any, Optional
 
@@ -18,6 +19,12 @@ FOREGROUND_LAUNCHERS = ("local", "debug")
 
 # An end record's reason, by the attempt's exit status; any other status is "failed".
 END_REASONS = {EXIT_OK: "completed", EXIT_INTERRUPTED: "interrupted"}
+
+# Set by a local sweep (hpcdl.sweep.launch) in the `hpcdl resume` of each trial it starts:
+# that attempt's start record says `"sweep": true`, so that `hpcdl sweep status` tells the
+# sweep's own attempts (it counts them as it starts them) from a `hpcdl resume SWEEP_DIR/N`
+# run by hand (counted from its start record, as on Slurm).
+SWEEP_VAR = "HPCDL_SWEEP_ATTEMPT"
 
 
 def _now() -> str:
@@ -39,6 +46,7 @@ def record_start(run_dir: RunDir, launcher: str, job_id: Optional[str], world_si
             "nodes": socket.gethostname(),
             "world_size": world_size,
             "start": _now(),
+            **({"sweep": True} if os.environ.get(SWEEP_VAR) else {}),
         }
     )
 

@@ -25,6 +25,7 @@ from hpcdl.config.convert import to_plain
 from hpcdl.config.schema import Config, Launcher
 from hpcdl.errors import HpcdlError, RunDirError, os_error_reason
 from hpcdl.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.launch.foreground import SWEEP_VAR
 from hpcdl.rundir import RunDir, SweepDir, create_run_dir, default_run_dir, open_run_dir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.ledger import Ledger, TrialRecord
@@ -204,13 +205,14 @@ def _start_trial(
         [sys.executable, "-m", "hpcdl.cli.main", "resume", record.run_dir],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=env,
+        env={**env, SWEEP_VAR: "1"},  # its start record: the sweep's attempt
         start_new_session=True,  # our handler forwards Ctrl-C as one SIGTERM
     )
     log.close()
     with ledger_mod.locked(sweep_dir) as led:
         trial = led.trial(index)
         trial.job_id, trial.state, trial.attempts = str(proc.pid), "RUNNING", trial.attempts + 1
+        led.submissions.append({"pid": trial.job_id, "trials": [index], "time": time.time()})
     print(
         f"trial {index} ({' '.join(record.overrides)}): started, log {trial_log}",
         flush=True,

@@ -21,7 +21,13 @@ from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.ledger import COMPLETED, Ledger
 from hpcdl.sweep.overrides import as_run
-from hpcdl.sweep.states import current_job, slurm_states, submissions, task_state
+from hpcdl.sweep.states import (
+    current_job,
+    local_state,
+    slurm_states,
+    submissions,
+    task_state,
+)
 
 DEFAULT_METRIC = "val_accuracy"
 FOLD_KEY = "data.fold"
@@ -90,8 +96,11 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
             for t in ledger.trials:
                 state = task_state(view, t.job_id, RunDir(Path(t.run_dir))) if t.job_id else None
                 t.state = state or t.state
-                t.attempts = max(t.attempts, submissions(ledger, t.index))
+        else:  # the local pool records its trials' ends; a resume by hand records its own
+            for t in ledger.trials:
+                t.state = local_state(RunDir(Path(t.run_dir))) or t.state
         for t in ledger.trials:
+            t.attempts = max(t.attempts, submissions(ledger, t.index))
             run_dir = RunDir(Path(t.run_dir))
             if run_dir.is_complete():
                 t.state = COMPLETED

@@ -8,9 +8,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from hpcdl.launch.monitor import is_active, query, state_from_run_dir
+from hpcdl.launch.monitor import (
+    foreground_state,
+    is_active,
+    newest_launch,
+    query,
+    state_from_run_dir,
+)
 from hpcdl.rundir import RunDir
 from hpcdl.sweep.ledger import CANCELLED, Ledger
 
@@ -84,18 +90,39 @@ def task_state(view: SchedulerView, job_id: str, run_dir: RunDir) -> Optional[st
 
 
 def submissions(ledger: Ledger, index: int) -> int:
-    """A trial's submissions: the sweep's (its arrays, `sweep rerun`) and, once they have
-    started, those of `hpcdl resume SWEEP_DIR/<index>` (a start under a job the sweep did
-    not submit; requeues and a chain's next links are no submission)."""
-    ours = {str(s["array_job_id"]) for s in ledger.submissions if index in s["trials"]}
-    by_hand = [
+    """A trial's submissions: the sweep's (its arrays and `sweep rerun`'s on Slurm, each
+    start of its local pool) and, once they have started, those of `hpcdl resume
+    SWEEP_DIR/<index>` (a start under a job the sweep did not submit, or, locally, one the
+    pool did not mark; requeues and a chain's next links are no submission)."""
+    ours = [s for s in ledger.submissions if index in s["trials"]]
+    arrays = {str(s["array_job_id"]) for s in ours if "array_job_id" in s}
+    return len(ours) + len(resumed_by_hand(RunDir(Path(ledger.trial(index).run_dir)), arrays))
+
+
+def resumed_by_hand(run_dir: RunDir, arrays: set[str]) -> list[dict[str, Any]]:
+    """The start records of a trial's `hpcdl resume SWEEP_DIR/<index>` runs: neither under
+    one of the sweep's `arrays` nor marked as the local pool's (hpcdl.launch.foreground.
+    SWEEP_VAR), nor a requeue's restart."""
+    return [
         a
-        for a in RunDir(Path(ledger.trial(index).run_dir)).read_attempts()
+        for a in run_dir.read_attempts()
         if a.get("event") == "start"
         and not a.get("restart_count")
-        and str(a.get("array_job") or a.get("job_id")) not in ours
+        and not a.get("sweep")
+        and str(a.get("array_job") or a.get("job_id")) not in arrays
     ]
-    return len(ours) + len(by_hand)
+
+
+def local_state(run_dir: RunDir) -> Optional[str]:
+    """A local sweep's trial whose newest attempt is a `hpcdl resume SWEEP_DIR/<index>` by
+    hand in the foreground: its state as `hpcdl status` judges it (RUNNING while it holds
+    the run dir's lock, then its end record's). None while the newest is the pool's: the
+    pool records its trials' ends in the ledger itself."""
+    starts = [a for a in run_dir.read_attempts() if a.get("event") == "start"]
+    if not starts or starts[-1].get("sweep"):
+        return None
+    launch = newest_launch(run_dir)
+    return foreground_state(run_dir, launch) if launch.in_foreground else None
 
 
 def ran_as(run_dir: RunDir, job_id: str) -> bool:

@@ -148,10 +148,11 @@ class Job:
         return f"Job({str(self.run_dir)!r}, job_id={self.job_id!r})"
 
     def status(self) -> dict[str, Any]:
-        """What `hpcdl status RUN_DIR` prints, as a dict: job_id, state, elapsed, source,
-        attempts, requeues, last_end, last_epoch, last_metrics, test_accuracy, ... of the
-        run's newest attempt (a Slurm job, or a run in the foreground: job_id is then the
-        local job's, None in-process; state COMPLETED, INTERRUPTED, FAILED or RUNNING)."""
+        """What `hpcdl status RUN_DIR` prints, as a dict: job_id, state, elapsed (a string,
+        `[D-]HH:MM:SS` as sacct writes it, whoever ran the job), source, attempts, requeues,
+        last_end, last_epoch, last_metrics, test_accuracy, ... of the run's newest attempt
+        (a Slurm job, or a run in the foreground: job_id is then the local job's, None
+        in-process; state COMPLETED, INTERRUPTED, FAILED or RUNNING)."""
         from hpcdl.launch.monitor import run_report
 
         return run_report(RunDir(self.run_dir))

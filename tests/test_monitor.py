@@ -360,3 +360,59 @@ def test_a_failed_scancel_is_one_line(tmp_path, monkeypatch, capsys) -> None:
     assert main(["cancel", "123"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: scancel 123 failed: ") and err.count("\n") == 1
+
+
+def test_elapsed_is_shown_in_one_format_whoever_ran_the_job(tmp_path, monkeypatch, capsys) -> None:
+    from hpcdl.launch import foreground, monitor
+
+    # squeue's %M and sacct's Elapsed, as hpcdl shows them: [D-]HH:MM:SS.
+    answers = {"squeue": "22|RUNNING|0:06|1:00:00|1|n1\n", "sacct": None}
+    monkeypatch.setattr(monitor, "query", lambda cmd: answers[cmd[0]])
+    assert monitor.job_state("22")["elapsed"] == "00:00:06"  # squeue said 0:06
+    answers.update(squeue="", sacct="22|COMPLETED|00:01:05|0:0|n1\n")
+    assert monitor.job_state("22")["elapsed"] == "00:01:05"
+    for slurm, shown in [
+        ("0:06", "00:00:06"),
+        ("12:34", "00:12:34"),
+        ("1:02:03", "01:02:03"),
+        ("00:00:06", "00:00:06"),
+        ("2-03:04:05", "2-03:04:05"),
+        ("INVALID", "INVALID"),
+    ]:
+        assert monitor.normalized_elapsed(slurm) == shown
+
+    # A run in the foreground: from its attempt's records, in the same format.
+    times = iter(["2026-11-26T10:00:00", "2026-11-26T11:02:05"])
+    monkeypatch.setattr(foreground, "_now", lambda: next(times))
+    run = new_run(tmp_path)
+    local_run(run, "4711", exit_code=0)
+    report = status_lines(run, capsys)
+    assert (report["state"], report["elapsed"]) == ("COMPLETED", "01:02:05")
+    # A Slurm job gone from the queue on a cluster without accounting: from the run dir.
+    answers.update(squeue="", sacct=None)
+    run = new_run(tmp_path, "slurm")
+    run.record_submission("22", "devcluster", run.log_dir)
+    run.append_attempt({"event": "start", "job_id": "22", "start": "2026-11-26T10:00:00"})
+    run.append_attempt({"event": "end", "job_id": "22", "end": "2026-11-27T10:00:09"})
+    report = status_lines(run, capsys)
+    assert (report["source"], report["elapsed"]) == (
+        "run dir (not queued; no accounting)",
+        "1-00:00:09",
+    )
+
+
+def test_a_running_foreground_attempt_shows_its_elapsed_time_so_far(tmp_path, capsys) -> None:
+    import datetime as dt
+
+    from hpcdl.client import Job
+    from hpcdl.runlock import hold
+
+    run = new_run(tmp_path)
+    an_hour_ago = dt.datetime.now() - dt.timedelta(hours=1)
+    with hold(run):
+        run.append_attempt(
+            {"event": "start", "launcher": "debug", "job_id": None, "after_job": None}
+            | {"start": an_hour_ago.isoformat(timespec="seconds")}
+        )
+        report = Job(run.path).status()  # the Python API's dict: the same string
+    assert report["state"] == "RUNNING" and report["elapsed"] in ("01:00:00", "01:00:01")

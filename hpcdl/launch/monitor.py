@@ -8,6 +8,7 @@ records (hpcdl.launch.foreground) and the process holding its lock (hpcdl.runloc
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import time
@@ -158,6 +159,51 @@ def query(cmd: list[str]) -> Optional[str]:
     return out.stdout if out.returncode == 0 else None
 
 
+def elapsed_text(seconds: float) -> str:
+    """`[D-]HH:MM:SS`, sacct's Elapsed format: the one format hpcdl shows an elapsed time in
+    (squeue's `0:06` normalized, a foreground attempt's from its records)."""
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return (f"{days}-" if days else "") + f"{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def normalized_elapsed(slurm: str) -> str:
+    """squeue's %M (`0:06`, `1:02:03`, `1-02:03:04`) or sacct's Elapsed (`00:00:06`) as
+    elapsed_text(); anything else (`INVALID`) as Slurm wrote it."""
+    days, _, clock = slurm.strip().rpartition("-")
+    parts = clock.split(":")
+    if not (days.isdigit() or days == "") or len(parts) > 3:
+        return slurm
+    if not all(part.isdigit() for part in parts):
+        return slurm
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return elapsed_text(int(days or 0) * 86400 + seconds)
+
+
+def attempt_elapsed(start: dict[str, Any], end: Optional[dict[str, Any]]) -> Optional[str]:
+    """An attempt's elapsed time from its records' times (whole seconds): start to end, or
+    to now while it runs (end None); None where a record has no readable time."""
+    try:
+        began = dt.datetime.fromisoformat(str(start["start"]))
+        ended = dt.datetime.fromisoformat(str(end["end"])) if end else dt.datetime.now()
+    except (KeyError, ValueError):
+        return None
+    return elapsed_text((ended - began).total_seconds())
+
+
+def last_attempt(run_dir: RunDir) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
+    """The run's newest start record and the end that followed it (None: none yet)."""
+    events = run_dir.read_attempts()
+    starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+    if not starts:
+        return None, None
+    later = events[starts[-1] + 1 :]
+    return events[starts[-1]], next((e for e in later if e.get("event") == "end"), None)
+
+
 def job_state(job_id: str) -> dict[str, str]:
     """squeue while queued/running; sacct once it has left the queue (if accounting exists)."""
     out = query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
@@ -169,7 +215,7 @@ def job_state(job_id: str) -> dict[str, str]:
         return {
             "job_id": jid,
             "state": state,
-            "elapsed": elapsed,
+            "elapsed": normalized_elapsed(elapsed),
             "time_limit": limit,
             "nodes": nodes,
             "where": where,
@@ -185,7 +231,7 @@ def job_state(job_id: str) -> dict[str, str]:
         return {
             "job_id": jid,
             "state": state.split()[0],
-            "elapsed": elapsed,
+            "elapsed": normalized_elapsed(elapsed),
             "exit_code": code,
             "where": nodes,
             "source": "sacct",
@@ -242,9 +288,12 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
                 "(`squeue --me` lists your queued jobs), or pass the run dir"
             )
         return report
-    report["state"] = state_from_run_dir(run_dir)
+    verdict = {"job_id": report["job_id"], "state": state_from_run_dir(run_dir)}
+    start, end = last_attempt(run_dir)
+    if start is not None and end is not None:  # a killed attempt's is unknown
+        verdict["elapsed"] = attempt_elapsed(start, end)
     report["source"] = "run dir (" + report["source"].removeprefix("none (")
-    return report
+    return {**verdict, **{k: v for k, v in report.items() if k not in verdict}}
 
 
 def run_report(run_dir: RunDir) -> dict[str, Any]:
@@ -266,7 +315,10 @@ def foreground_report(run_dir: RunDir, launch: Launch) -> dict[str, Any]:
     source = f"run dir ({how}trained in the foreground, not on Slurm)"
     if state == "UNKNOWN" and not run_dir.has_started():
         state, source = "NOT_STARTED", "run dir (no attempt has started)"
-    report: dict[str, Any] = {"job_id": launch.job_id, "state": state, "source": source}
+    report: dict[str, Any] = {"job_id": launch.job_id, "state": state}
+    if launch.start is not None and (launch.end is not None or state == "RUNNING"):
+        report["elapsed"] = attempt_elapsed(launch.start, launch.end)
+    report["source"] = source
     if state == "RUNNING":
         holder = last_holder(run_dir)
         if holder:

@@ -200,7 +200,7 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
     assert all(Path(t["run_dir"]).parent == sweep for t in ledger["trials"])
 
     status = hpcdl("sweep", "status", str(sweep))
-    assert status.returncode == 0 and "3 COMPLETED, 3 FAILED" in status.stdout
+    assert status.returncode == 1 and "3 COMPLETED, 3 FAILED" in status.stdout
     assert "trial 5 failed: data.path: cannot read 'broken.npz'" in status.stdout  # the cause
 
     # Fix the cause, rerun only the failed trials: the completed ones are not touched.
@@ -494,3 +494,24 @@ def test_a_local_trial_resumed_by_hand_counts_as_an_attempt(hpcdl, tmp_path: Pat
     rerun = hpcdl("sweep", "rerun", str(sweep), "--failed")  # nothing failed: nothing run
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert table() == [("COMPLETED", "1"), ("COMPLETED", "3")]  # the pool's are not recounted
+
+
+def test_sweep_status_exits_1_once_a_trial_ended_without_completing(tmp_path: Path, capsys) -> None:
+    # For a script polling the sweep: 0 while trials are waiting, running or completed.
+    from hpcdl.cli.main import main
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import launch
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01,0.001", f"hydra.sweep.dir={sweep}"]))
+    assert main(["sweep", "status", str(sweep)]) == 0  # NOT_STARTED: nothing failed
+    launch._finish_trial(sweep, 0, 0)  # as the local pool records its trials' ends
+    launch._finish_trial(sweep, 1, 3)  # stopped with Ctrl-C
+    assert main(["sweep", "status", str(sweep)]) == 1
+    assert "1 COMPLETED, 1 INTERRUPTED, 1 NOT_STARTED" in capsys.readouterr().out
+    launch._finish_trial(sweep, 1, 0)  # rerun: now complete
+    RunDir(sweep / "1").write_summary({"val_accuracy": 0.9})
+    assert main(["sweep", "status", str(sweep)]) == 0
+    launch._finish_trial(sweep, 2, 1)
+    assert main(["sweep", "status", str(sweep)]) == 1
+    assert "2 COMPLETED, 1 FAILED" in capsys.readouterr().out

@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from hpcdl.errors import ConfigError, HpcdlError, warnings_as_lines
-from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+)
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
@@ -390,8 +396,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return rerun_failed(sweep_dir, dry_run=args.dry_run)[1]
     ledger, metric = refresh(sweep_dir, getattr(args, "metric", None))
     if args.sweep_command == "status":
+        from hpcdl.sweep.ledger import ENDED_UNFINISHED
+
         print(status_table(ledger, metric), end="")
-        return EXIT_OK
+        # A script polling the sweep: 1 once a trial has ended without completing.
+        failed = any(t.state in ENDED_UNFINISHED for t in ledger.trials)
+        return EXIT_FAILED if failed else EXIT_OK
     if args.sweep_command == "summary":
         table, files = write_summary(ledger, metric)
         if args.format == "csv":

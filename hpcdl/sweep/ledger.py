@@ -37,6 +37,10 @@ RERUNNABLE = (
     "UNKNOWN",
     NOT_STARTED,
 )
+# Trials that ended without completing: `hpcdl sweep status` exits with EXIT_FAILED while
+# one is left. Not UNKNOWN or NOT_STARTED: nothing says those failed (a local sweep's
+# trials wait as NOT_STARTED for a free core).
+ENDED_UNFINISHED = tuple(s for s in RERUNNABLE if s not in ("UNKNOWN", NOT_STARTED))
 
 
 @dataclass

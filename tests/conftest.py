@@ -45,6 +45,22 @@ def run_hpcdl(
     )
 
 
+def run_without_torch(code: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Python `code` (with `sys` imported) in a fresh interpreter, as the login node runs
+    it: it must exit 0, and torch must not have been imported by its end (STYLE.md: the
+    login-node path never imports torch). Its output, for the caller's own checks."""
+    no_torch = "\nassert 'torch' not in sys.modules, 'torch imported on the login path'\n"
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + code + no_torch],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
 def smoke_benchmarks(out: Path, *names: str, timeout: float = 240) -> dict:
     """`python -m benchmarks.run NAMES --smoke --out OUT` from the repo; its JSON record."""
     import json

@@ -515,3 +515,17 @@ def test_sweep_status_exits_1_once_a_trial_ended_without_completing(tmp_path: Pa
     launch._finish_trial(sweep, 2, 1)
     assert main(["sweep", "status", str(sweep)]) == 1
     assert "2 COMPLETED, 1 FAILED" in capsys.readouterr().out
+
+
+def test_sweep_status_never_imports_torch(tmp_path: Path) -> None:
+    from hpcdl.sweep import launch
+    from tests.conftest import run_without_torch
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={sweep}"]))
+    launch._finish_trial(sweep, 0, 1)
+    code = (
+        f"from hpcdl.cli.main import main\nassert main(['sweep', 'status', {str(sweep)!r}]) == 1\n"
+    )
+    out = run_without_torch(code, cwd=tmp_path)
+    assert "2 trials: 1 FAILED, 1 NOT_STARTED" in out.stdout

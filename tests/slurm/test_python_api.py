@@ -4,14 +4,11 @@ and a two-trial sweep's wait() and summary()."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from hpcdl import Job, JobFailedError, submit, submit_sweep
 from hpcdl.launch.monitor import is_active
-from tests.conftest import run_hpcdl
+from tests.conftest import run_hpcdl, run_without_torch
 from tests.slurm.conftest import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -28,16 +25,11 @@ LONG = [
 def test_submit_returns_without_torch_then_status_wait_and_logs(devcluster, tmp_path) -> None:
     run_dir = tmp_path / "run"
     code = (
-        "import sys\n"
         "from hpcdl import submit\n"
         f"job = submit(['cluster=devcluster', 'run_dir={run_dir}', 'trainer.max_epochs=3'])\n"
-        "assert 'torch' not in sys.modules, 'torch imported on the login path'\n"
         "print('job id', job.job_id)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
+    out = run_without_torch(code, cwd=tmp_path, timeout=120)
     job = Job.from_run_dir(run_dir)
     assert f"job id {job.job_id}\n" in out.stdout
     running = job.status()  # the job needs seconds just to import torch

@@ -17,6 +17,7 @@ import errno
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -47,6 +48,10 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
         "one row per epoch: train/val loss and the task's metrics, lr, seconds, samples/s",
     ),
     ("checkpoints/", "step_<N>.pt (the newest keep_last) and best.pt"),
+    (
+        "checkpoint.json",
+        "what the newest step_<N>.pt was saved with (progress, data config, early stopping), for `hpcdl resume` on the login node",
+    ),
     (
         "summary.json",
         "written once the run completes: test metrics, weights hash, peak memory, versions",
@@ -82,6 +87,9 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ),
 )
 
+
+# The checkpoint store's step files (hpcdl.checkpoint.step_file_name), found by name alone.
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 # A run with this many epochs in metrics.csv has saved a checkpoint (one per epoch end,
 # the newest always kept): none left means they were lost, and a resume must not silently
@@ -122,6 +130,7 @@ class RunDir(JobDir):
     COMMANDS: ClassVar[str] = "commands.log"
     METRICS: ClassVar[str] = "metrics.csv"
     CHECKPOINTS: ClassVar[str] = "checkpoints"
+    CHECKPOINT_RECORD: ClassVar[str] = "checkpoint.json"
     SUMMARY: ClassVar[str] = "summary.json"
     CURVES: ClassVar[str] = "learning_curves.png"
     CONFUSION: ClassVar[str] = "confusion_matrix.png"
@@ -148,6 +157,10 @@ class RunDir(JobDir):
     @property
     def checkpoint_dir(self) -> Path:
         return self.path / self.CHECKPOINTS
+
+    @property
+    def checkpoint_record_file(self) -> Path:
+        return self.path / self.CHECKPOINT_RECORD
 
     @property
     def summary_file(self) -> Path:
@@ -209,6 +222,7 @@ class RunDir(JobDir):
             path.unlink(missing_ok=True)
         for path in (self.confusion_png, self.scatter_png, self.path / self.TRACKERS):
             path.unlink(missing_ok=True)
+        self.checkpoint_record_file.unlink(missing_ok=True)
 
     def stop_file(self, job_id: Optional[str], restart_count: int) -> Path:
         """Where `hpcdl run` makes a file when this attempt is asked to stop (not created)."""
@@ -263,6 +277,39 @@ class RunDir(JobDir):
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         write_json_atomic(self.summary_file, dict(summary))
+
+    def newest_checkpoint(self) -> Optional[Path]:
+        """The step file with the highest step, from the names alone (as the checkpoint
+        store finds it; whether it loads is only known by reading it, with torch)."""
+        if not self.checkpoint_dir.is_dir():
+            return None
+        found = [
+            (int(m.group(1)), entry)
+            for entry in self.checkpoint_dir.iterdir()
+            if (m := STEP_FILE.match(entry.name))
+        ]
+        return max(found)[1] if found else None
+
+    def write_checkpoint_record(self, checkpoint: Path, record: Mapping[str, Any]) -> None:
+        """checkpoint.json: what ``checkpoint`` holds besides tensors (its progress, data
+        config, early-stopping settings), so that the login node reads it without torch.
+        Written by the saving rank once the save is issued: with async saves it may name a
+        file still being written, which read_checkpoint_record does not trust until it is
+        the newest on disk."""
+        write_json_atomic(self.checkpoint_record_file, {"checkpoint": checkpoint.name, **record})
+
+    def read_checkpoint_record(self) -> Optional[dict[str, Any]]:
+        """checkpoint.json when it describes the newest step file; None when there is no
+        such file, no record, or the record names another file (an older hpcdl saved the
+        newest, or a save in flight or failed): the caller then does not know."""
+        newest = self.newest_checkpoint()
+        try:
+            record = _read_json(self.checkpoint_record_file)
+        except (OSError, ValueError):
+            return None
+        if newest is None or record is None or record.get("checkpoint") != newest.name:
+            return None
+        return record
 
     def requeues(self) -> int:
         """Runs started again after a stop (preemption, time limit, scontrol requeue, or the

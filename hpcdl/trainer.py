@@ -31,10 +31,11 @@ from hpcdl.env import RankEnv
 from hpcdl.errors import CheckpointError, DeviceMemoryError, HpcdlError, RunDirError
 from hpcdl.evaluation import EvalResult, evaluate
 from hpcdl.hooks import StepEvent, StepHook
+from hpcdl.nothing_to_train import limit_reached_line
 from hpcdl.optim import StepSchedule, load_optimizer_state, match_parameter_layout
 from hpcdl.progress import ProgressReporter
 from hpcdl.provenance import collect_versions, weights_sha256
-from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT, MetricsLog
+from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT, MetricsLog, RunDir
 from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
 from hpcdl.step_sums import StepSums, Value
@@ -136,6 +137,11 @@ def resumed_progress(
         )
     progress.step_in_epoch = step
     return progress
+
+
+# What checkpoint.json holds of a checkpoint (hpcdl.nothing_to_train and the split check
+# of `hpcdl resume` read it): plain data, no tensors.
+CHECKPOINT_RECORD_KEYS = ("progress", "batch_size", "early_stopping", "data_config")
 
 
 def saved_with(saved: dict[str, Any], now: dict[str, Any], group: str) -> str:
@@ -699,8 +705,19 @@ class Trainer:
             return self._last_saved_path
         self._last_saved_step = step
         write = self.p.store.save_async if self._async_checkpoint() else self.p.store.save
-        self._last_saved_path = write(self.state_dict(rng_states), step, is_best=is_best)
+        state = self.state_dict(rng_states)
+        self._last_saved_path = write(state, step, is_best=is_best)
+        self._record_checkpoint(self._last_saved_path, state)
         return self._last_saved_path
+
+    def _record_checkpoint(self, path: Path, state: dict[str, Any]) -> None:
+        """The run dir's checkpoint.json: what `hpcdl resume` needs of this checkpoint on
+        the login node, without torch. Trusted there only while it names the newest file
+        on disk, so a record that cannot be written (a full disk) only leaves the decision
+        to the job."""
+        record = {key: state[key] for key in CHECKPOINT_RECORD_KEYS}
+        with contextlib.suppress(HpcdlError, OSError, TypeError, ValueError):
+            RunDir(self.p.store.directory.parent).write_checkpoint_record(path, record)
 
     def _async_checkpoint(self) -> bool:
         choice = self.t.async_checkpoint.lower()  # validated: auto, true or false
@@ -778,21 +795,11 @@ class Trainer:
     def _report_nothing_left(self, path: Path) -> None:
         """A resume of a run that has reached trainer.max_epochs (or max_steps) says so,
         rather than end at once with nothing trained (a run that stopped early says why)."""
-        pr, t = self.progress, self.t
-        if pr.early_stopped:
+        if self.progress.early_stopped:
             return
-        if pr.epoch >= t.max_epochs:
-            self.p.reporter.message(
-                f"{path}: the run has trained {pr.epoch} epochs, trainer.max_epochs="
-                f"{t.max_epochs}: nothing to train; to train on, resume with a larger "
-                f"trainer.max_epochs (e.g. {pr.epoch + max(1, pr.epoch // 2)})"
-            )
-        elif self.max_steps_reached():
-            self.p.reporter.message(
-                f"{path}: the run has taken {pr.global_step} steps, trainer.max_steps="
-                f"{t.max_steps}: nothing to train; to train on, resume with a larger "
-                "trainer.max_steps (or trainer.max_steps=null)"
-            )
+        line = limit_reached_line(self.progress, self.t.max_epochs, self.t.max_steps)
+        if line is not None:
+            self.p.reporter.message(f"{path}: {line}")
 
     def _warn_other_threads(self, path: Path, saved: Optional[int]) -> None:
         """On the CPU, an op's sums are split over the threads: another thread count gives

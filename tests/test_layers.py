@@ -30,6 +30,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.signals",
         "hpcdl.state",
         "hpcdl.early_stop",
+        "hpcdl.nothing_to_train",
         "hpcdl.samples",
     ],
     [

@@ -576,9 +576,10 @@ def program_line(cfg: Config, run_dir: RunDir) -> str:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import apply_overrides
+    from hpcdl.nothing_to_train import nothing_to_train
     from hpcdl.probe import probe_user_code
     from hpcdl.rundir import open_run_dir
-    from hpcdl.runlock import hold
+    from hpcdl.runlock import hold, is_held
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_if_still_queued(run_dir)
@@ -589,6 +590,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
             probe_user_code(cfg)  # before the changed config is saved
         refuse_another_optimizer(stored, cfg, run_dir)
         refuse_another_split(stored, cfg, run_dir)
+    if not args.from_scratch and not is_held(run_dir):  # a holder is refused below
+        line = nothing_to_train(cfg, run_dir)
+        if line is not None:  # what the job would say once it had waited in the queue
+            print(line, flush=True)
+            return EXIT_OK
     preflight(cfg, args.no_preflight)
     if not args.from_scratch:
         refuse_lost_checkpoints(run_dir)

@@ -1,0 +1,180 @@
+"""`hpcdl resume` decides on the login node, before launching anything and without torch,
+what the job would otherwise find out only after its queue wait: that there is nothing to
+train. Nothing in the run dir changes when it says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcdl.rundir import RunDir
+from tests.conftest import run_hpcdl
+
+# 256 samples: 180 training rows, 6 steps of 32 an epoch.
+SMALL = ["data=synthetic", "data.num_samples=256", "data.shape=[8]", "data.num_workers=0"]
+STEP = "step_000000012.pt"  # the newest checkpoint after 2 epochs
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run that completed trainer.max_epochs=2; each test trains on a copy."""
+    base = tmp_path_factory.mktemp("finished")
+    out = run_hpcdl("train", "run_dir=run", "trainer.max_epochs=2", *SMALL, cwd=base)
+    assert out.returncode == 0, out.stderr
+    assert (base / "run" / "checkpoints" / STEP).is_file()
+    return base / "run"
+
+
+@pytest.fixture
+def run(finished: Path, tmp_path: Path) -> Path:
+    shutil.copytree(finished, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def fake_slurm(tmp_path: Path) -> dict[str, str]:
+    """sbatch, sinfo, squeue, scontrol on PATH that only leave a mark: a resume that
+    decides on the login node runs none of them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "sinfo", "squeue", "scontrol", "sacct"):
+        tool = bin_dir / name
+        tool.write_text(f"#!/bin/sh\necho {name} >> {tmp_path / 'slurm_called'}\nexit 1\n")
+        tool.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def nothing_line(run: Path, text: str) -> str:
+    return f"{run / 'checkpoints' / STEP}: {text}\n"
+
+
+def test_a_finished_slurm_run_is_told_on_the_login_node_and_submits_nothing(
+    run: Path, tmp_path: Path
+) -> None:
+    before = snapshot(run)
+    for overrides in ([], ["cluster=slurm"], ["cluster=local", "cluster.tasks_per_node=2"]):
+        out = run_hpcdl("resume", "run", *overrides, cwd=tmp_path, env=fake_slurm(tmp_path))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == nothing_line(
+            run,
+            "the run has trained 2 epochs, trainer.max_epochs=2: nothing to train; to train "
+            "on, resume with a larger trainer.max_epochs (e.g. 3)",
+        ), overrides
+        assert out.stderr == ""
+        assert not (tmp_path / "slurm_called").exists()
+        shutil.rmtree(tmp_path / "bin")
+    # config.yaml (no cluster=slurm in it), commands.log, attempts.jsonl: as they were.
+    assert snapshot(run) == before
+    out = run_hpcdl("resume", "run", "trainer.max_epochs=5", "trainer.max_steps=10", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == nothing_line(
+        run,
+        "the run has taken 12 steps, trainer.max_steps=10: nothing to train; to train on, "
+        "resume with a larger trainer.max_steps (or trainer.max_steps=null)",
+    )
+    assert snapshot(run) == before
+
+
+def test_the_login_node_decision_never_imports_torch(run: Path, tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from hpcdl.cli.main import main\n"
+        f"assert main(['resume', {str(run)!r}]) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "nothing to train" in out.stdout
+
+
+def test_more_epochs_and_from_scratch_still_train(run: Path, tmp_path: Path) -> None:
+    out = run_hpcdl("resume", "run", "trainer.max_epochs=3", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "epoch 3/3" in out.stdout
+    record = json.loads((run / "checkpoint.json").read_text())
+    assert record["checkpoint"] == "step_000000018.pt"
+    assert record["progress"]["epoch"] == 3
+    # Checkpoints gone: --from-scratch retrains, whatever the records of the old run say.
+    shutil.rmtree(run / "checkpoints")
+    out = run_hpcdl("resume", "run", "--from-scratch", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "epoch 3/3" in out.stdout and "nothing to train" not in out.stdout
+
+
+def test_checkpoints_saved_before_checkpoint_json_are_decided_from_summary_json(
+    run: Path, tmp_path: Path
+) -> None:
+    (run / "checkpoint.json").unlink()
+    before = snapshot(run)
+    out = run_hpcdl("resume", "run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "resuming" not in out.stdout and "nothing to train" in out.stdout
+    assert snapshot(run) == before
+    # A summary of another checkpoint than the newest does not tell: the job decides.
+    summary = json.loads((run / "summary.json").read_text())
+    summary["checkpoint"] = str(run / "checkpoints" / "step_000000006.pt")
+    (run / "summary.json").write_text(json.dumps(summary))
+    out = run_hpcdl("resume", "run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("resuming run dir: ")
+    assert "nothing to train" in out.stdout  # the trainer's backstop
+
+
+def test_an_early_stopped_run_is_told_on_the_login_node(tmp_path: Path) -> None:
+    stop_at_2 = ["trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=100"]
+    out = run_hpcdl(
+        "train", "run_dir=run", "trainer.max_epochs=30", *SMALL, *stop_at_2, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "run"
+    best = float(next(iter(csv_rows(run / "metrics.csv")))["val_loss"])
+    before = snapshot(run)
+    out = run_hpcdl("resume", "run", "trainer.max_epochs=50", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == nothing_line(
+        run,
+        f"the run stopped early after epoch 2 (val_loss did not improve on epoch 1's "
+        f"{best:.4g} in 1 evaluations, trainer.early_stopping.patience=1): nothing to train; "
+        "to train on, resume with trainer.early_stopping.patience=0 (off) or a larger patience",
+    )
+    assert snapshot(run) == before
+    out = run_hpcdl(
+        "resume", "run", "trainer.max_epochs=3", "trainer.early_stopping.patience=0", cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert "training goes on" in out.stdout and "epoch 3/3" in out.stdout
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def with_step_file(tmp_path: Path) -> RunDir:
+    run_dir = RunDir(tmp_path)
+    run_dir.checkpoint_dir.mkdir()
+    (run_dir.checkpoint_dir / "step_000000004.pt").write_bytes(b"")
+    return run_dir
+
+
+def test_checkpoint_json_is_trusted_only_for_the_newest_step_file(tmp_path: Path) -> None:
+    run_dir = with_step_file(tmp_path)
+    assert run_dir.read_checkpoint_record() is None
+    run_dir.write_checkpoint_record(run_dir.checkpoint_dir / "step_000000004.pt", {"x": 1})
+    assert run_dir.read_checkpoint_record() == {"checkpoint": "step_000000004.pt", "x": 1}
+    (run_dir.checkpoint_dir / "step_000000010.pt").write_bytes(b"")  # saved by an older hpcdl
+    assert run_dir.newest_checkpoint() == run_dir.checkpoint_dir / "step_000000010.pt"
+    assert run_dir.read_checkpoint_record() is None
+    run_dir.checkpoint_record_file.write_text('{"checkpoint": "step_0000')  # cut short
+    assert run_dir.read_checkpoint_record() is None

@@ -1,6 +1,7 @@
 """`hpcdl resume` decides on the login node, before launching anything and without torch,
 what the job would otherwise find out only after its queue wait: that there is nothing to
-train. Nothing in the run dir changes when it says so."""
+train, or that the run's dataset or split is not the one its checkpoints were trained on.
+Nothing in the run dir changes when it says so."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
+from hpcdl.cli.main import refuse_another_split
+from hpcdl.config.schema import Config, CustomDataConfig, FilesConfig
+from hpcdl.errors import HpcdlError
 from hpcdl.rundir import RunDir
 from tests.conftest import run_hpcdl
 
@@ -161,11 +167,83 @@ def csv_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def test_synthetic_data_keys_are_refused_and_loader_keys_are_free(
+    run: Path, tmp_path: Path
+) -> None:
+    before = snapshot(run)
+    out = run_hpcdl("resume", "run", "data.seed=1", "trainer.max_epochs=3", cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.splitlines() == [
+        f"error: data.seed=1: {run}'s checkpoints were trained on data.seed=0, another "
+        f"dataset; resume with data.seed=0, or start a new run: hpcdl train data.seed=1 "
+        f"(init_from={run} for its weights only)"
+    ]
+    for override in ("data.num_samples=300", "data.num_classes=3", "data.noise=2.0"):
+        out = run_hpcdl("resume", "run", override, cwd=tmp_path)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert out.stderr.startswith(f"error: {override}: ") and out.stderr.count("\n") == 1
+    out = run_hpcdl("resume", "run", "data.shape=[4]", cwd=tmp_path)
+    assert out.returncode == 2 and "resume with 'data.shape=[8]'" in out.stderr, out.stderr
+    assert snapshot(run) == before
+    out = run_hpcdl("resume", "run", "data.num_workers=1", "data.in_memory=false", cwd=tmp_path)
+    assert out.returncode == 0 and "nothing to train" in out.stdout, out.stderr
+
+
+def test_a_split_edited_in_config_yaml_is_refused_on_the_login_node(
+    run: Path, tmp_path: Path
+) -> None:
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    raw["data"]["split_seed"] = 3
+    (run / "config.yaml").write_text(yaml.safe_dump(raw))
+    before = snapshot(run)
+    out = run_hpcdl("resume", "run", "trainer.max_epochs=3", cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.splitlines() == [
+        f"error: data.split_seed=3 in {run / 'config.yaml'}: {run}'s checkpoints were "
+        "trained on the training rows of data.split_seed=0, some of which would be "
+        "validation and test rows with data.split_seed=3; resume with data.split_seed=0, or "
+        f"start a new run: hpcdl train data.split_seed=3 (init_from={run} for its weights only)"
+    ]
+    assert snapshot(run) == before
+    # What the advice says trains on.
+    out = run_hpcdl("resume", "run", "data.split_seed=0", "trainer.max_epochs=3", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "epoch 3/3" in out.stdout and "changed since this checkpoint" not in out.stdout
+
+
 def with_step_file(tmp_path: Path) -> RunDir:
     run_dir = RunDir(tmp_path)
     run_dir.checkpoint_dir.mkdir()
     (run_dir.checkpoint_dir / "step_000000004.pt").write_bytes(b"")
     return run_dir
+
+
+def test_custom_kwargs_and_the_label_column_are_the_dataset(tmp_path: Path) -> None:
+    run_dir = with_step_file(tmp_path)
+    custom = Config(data=CustomDataConfig(target="lab.data:build", kwargs={"root": "/a", "n": 3}))
+    other = replace(custom, data=replace(custom.data, kwargs={"root": "/b", "n": 3}))
+    with pytest.raises(HpcdlError) as refused:
+        refuse_another_split(plain_data(custom), custom, other, run_dir)
+    assert str(refused.value) == (
+        f"'data.kwargs={{root:/b,n:3}}': {tmp_path}'s checkpoints were trained on "
+        "'data.kwargs={root:/a,n:3}', another dataset; resume with "
+        "'data.kwargs={root:/a,n:3}', or start a new run: hpcdl train "
+        f"'data.kwargs={{root:/b,n:3}}' (init_from={tmp_path} for its weights only)"
+    )
+    loader = replace(custom, data=replace(custom.data, num_workers=0, prefetch_factor=4))
+    refuse_another_split(plain_data(custom), custom, loader, run_dir)  # free to change
+    files = Config(data=FilesConfig(path="a.csv", label_column="label"))
+    other = replace(files, data=replace(files.data, label_column="y"))
+    with pytest.raises(HpcdlError, match=r"^data.label_column=y: .* another dataset; resume"):
+        refuse_another_split(plain_data(files), files, other, run_dir)
+    moved = replace(files, data=replace(files.data, path="moved/a.csv", labels_path="b.npy"))
+    refuse_another_split(plain_data(files), files, moved, run_dir)  # free to change
+
+
+def plain_data(cfg: Config) -> dict:
+    from hpcdl.config.convert import to_plain
+
+    return to_plain(cfg)["data"]
 
 
 def test_checkpoint_json_is_trusted_only_for_the_newest_step_file(tmp_path: Path) -> None:

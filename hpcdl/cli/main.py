@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpcdl.errors import ConfigError, HpcdlError, warnings_as_lines
 from hpcdl.exit_codes import (
@@ -583,13 +584,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_if_still_queued(run_dir)
+    stored = cfg
     if args.overrides:
-        stored = cfg
         cfg = apply_overrides(cfg, args.overrides, args.config_dir)
         if (cfg.model, cfg.data, cfg.task) != (stored.model, stored.data, stored.task):
             probe_user_code(cfg)  # before the changed config is saved
         refuse_another_optimizer(stored, cfg, run_dir)
-        refuse_another_split(stored, cfg, run_dir)
+    refuse_another_split(trained_data(stored, run_dir), stored, cfg, run_dir)
     if not args.from_scratch and not is_held(run_dir):  # a holder is refused below
         line = nothing_to_train(cfg, run_dir)
         if line is not None:  # what the job would say once it had waited in the queue
@@ -654,42 +655,92 @@ SPLIT_KEYS = (
     "fold",
     "standardize",
 )
+# Per data kind, the keys whose value makes another dataset (schema.DATA_SCHEMAS): other
+# samples, labels or classes. Where the data is read from (data.path, data.labels_path,
+# after moving the files) and how (the loader's keys) stay free.
+DATASET_KEYS: dict[str, tuple[str, ...]] = {
+    "synthetic": ("num_samples", "num_classes", "shape", "noise", "seed"),
+    "custom": ("kwargs",),
+    "files": ("label_column",),
+}
 
 
-def refuse_another_split(stored: Config, cfg: Config, run_dir: RunDir) -> None:
-    """A run's checkpoints were trained on its training rows: continued on another split,
-    rows it trained on would become validation and test rows (the val and test metrics
-    silently wrong), and mid-run the old val and test rows would be trained on. Refused
-    before config.yaml changes, like another optimizer; data.path, the loader's keys stay
+def refuse_another_split(
+    trained: dict[str, Any], stored: Config, cfg: Config, run_dir: RunDir
+) -> None:
+    """A run's checkpoints were trained on its training rows of its dataset (`trained`: the
+    data config of the newest checkpoint, or config.yaml's before the overrides where no
+    checkpoint.json tells): continued on another split, rows it trained on would become
+    validation and test rows (the val and test metrics silently wrong), and mid-run the
+    old val and test rows would be trained on; on another dataset, it would silently be
+    another run. Refused before config.yaml changes, like another optimizer, whether the
+    overrides or an edit of config.yaml changed it; data.path, the loader's keys stay
     free to change."""
-    from dataclasses import asdict
+    from hpcdl.config.convert import to_plain
 
-    before, after = asdict(stored.data), asdict(cfg.data)
-    changed = [key for key in SPLIT_KEYS if before.get(key) != after.get(key)]
-    if not changed or not any(run_dir.checkpoint_dir.glob("step_*")):
+    after = to_plain(cfg)["data"]
+    keys = (*SPLIT_KEYS, *DATASET_KEYS.get(str(after.get("name")), ()))
+    # Keys a record of an older hpcdl lacks are not known: not compared.
+    changed = [key for key in keys if key in trained and trained[key] != after.get(key)]
+    if not changed or run_dir.newest_checkpoint() is None:
         return
     if "name" in changed:  # another dataset: its other keys are another dataset's
         changed = ["name"]
+    edited = all(to_plain(stored)["data"].get(key) == after.get(key) for key in changed)
 
-    def setting(data: dict[str, object], key: str) -> str:
-        value = data.get(key)
-        shown = str(value).lower() if isinstance(value, bool) else value
-        return f"data={shown}" if key == "name" else f"data.{key}={shown}"
+    def setting(data: dict[str, Any], key: str) -> str:
+        if key == "name":
+            return f"data={data.get(key)}"
+        return shlex.quote(f"data.{key}={override_value(data.get(key))}")
 
-    old = " ".join(setting(before, key) for key in changed)
+    old = " ".join(setting(trained, key) for key in changed)
     new = " ".join(setting(after, key) for key in changed)
-    if changed == ["name"]:
-        trained = f"on {old}, another dataset"
+    dataset_keys = DATASET_KEYS.get(str(after.get("name")), ())
+    if changed == ["name"] or any(key in dataset_keys for key in changed):
+        trained_on = f"on {old}, another dataset"
     elif changed == ["standardize"]:
-        trained = f"on inputs preprocessed with {old}, unlike {new}'s"
+        trained_on = f"on inputs preprocessed with {old}, unlike {new}'s"
     else:
-        trained = f"on the training rows of {old}, some of which would be validation and "
-        trained += f"test rows with {new}"
+        trained_on = f"on the training rows of {old}, some of which would be validation "
+        trained_on += f"and test rows with {new}"
+    where = f" in {run_dir.config_file}" if edited else ""
     raise HpcdlError(
-        f"{new}: {run_dir.path}'s checkpoints were trained {trained}; resume with {old}, "
-        f"or start a new run: hpcdl train {new} (init_from={run_dir.path} for its weights "
-        "only)"
+        f"{new}{where}: {run_dir.path}'s checkpoints were trained {trained_on}; resume with "
+        f"{old}, or start a new run: hpcdl train {new} (init_from={run_dir.path} for its "
+        "weights only)"
     )
+
+
+def trained_data(stored: Config, run_dir: RunDir) -> dict[str, Any]:
+    """The data config the newest checkpoint was saved with (checkpoint.json), else
+    config.yaml's as it was before this resume."""
+    from hpcdl.config.convert import to_plain
+
+    record = run_dir.read_checkpoint_record()
+    if record is not None and isinstance(record.get("data_config"), dict):
+        return dict(record["data_config"])
+    return dict(to_plain(stored)["data"])
+
+
+def override_value(value: Any) -> str:
+    """A value as an override writes it (Hydra's grammar): true, null, [16], {root:/data}."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{override_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    text = str(value)
+    plain = re.fullmatch(r"[A-Za-z_/][\w./-]*", text) and text.lower() not in KEYWORDS
+    if isinstance(value, str) and not plain:  # else read as another type, or not at all
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
+
+
+# Words Hydra's override grammar reads as other types than strings.
+KEYWORDS = ("true", "false", "null", "nan", "inf")
 
 
 def refuse_lost_checkpoints(run_dir: RunDir) -> None:

@@ -49,6 +49,10 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ),
     ("checkpoints/", "step_<N>.pt (the newest keep_last) and best.pt"),
     (
+        "checkpoints.set-aside-<N>/",
+        "`hpcdl resume --from-scratch`: the checkpoints it found there, moved aside (nothing deleted)",
+    ),
+    (
         "checkpoint.json",
         "what the newest step_<N>.pt was saved with (progress, data config, early stopping), for `hpcdl resume` on the login node",
     ),
@@ -130,6 +134,7 @@ class RunDir(JobDir):
     COMMANDS: ClassVar[str] = "commands.log"
     METRICS: ClassVar[str] = "metrics.csv"
     CHECKPOINTS: ClassVar[str] = "checkpoints"
+    SET_ASIDE: ClassVar[str] = "checkpoints.set-aside-<N>"
     CHECKPOINT_RECORD: ClassVar[str] = "checkpoint.json"
     SUMMARY: ClassVar[str] = "summary.json"
     CURVES: ClassVar[str] = "learning_curves.png"
@@ -223,6 +228,20 @@ class RunDir(JobDir):
         for path in (self.confusion_png, self.scatter_png, self.path / self.TRACKERS):
             path.unlink(missing_ok=True)
         self.checkpoint_record_file.unlink(missing_ok=True)
+
+    def set_aside_checkpoints(self) -> Optional[Path]:
+        """`hpcdl resume --from-scratch` of a run whose checkpoints are still there (some
+        damaged, or all good): the folder moves to checkpoints.set-aside-N, deleting nothing,
+        so that the retrained run starts at epoch 1 instead of loading them. None when there
+        was nothing to move."""
+        if not self.checkpoint_dir.is_dir() or not any(self.checkpoint_dir.iterdir()):
+            return None
+        number = 1
+        while (self.path / self.SET_ASIDE.replace("<N>", str(number))).exists():
+            number += 1
+        target = self.path / self.SET_ASIDE.replace("<N>", str(number))
+        self.checkpoint_dir.rename(target)
+        return target
 
     def stop_file(self, job_id: Optional[str], restart_count: int) -> Path:
         """Where `hpcdl run` makes a file when this attempt is asked to stop (not created)."""

@@ -116,6 +116,22 @@ def test_more_epochs_and_from_scratch_still_train(run: Path, tmp_path: Path) -> 
     assert "epoch 3/3" in out.stdout and "nothing to train" not in out.stdout
 
 
+def test_from_scratch_sets_the_checkpoints_left_aside_and_retrains_from_epoch_1(
+    run: Path, tmp_path: Path
+) -> None:
+    old = (run / "checkpoints" / STEP).read_bytes()
+    out = run_hpcdl("resume", "run", "--from-scratch", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"its checkpoints moved to {run / 'checkpoints.set-aside-1'}" in out.stdout
+    assert "epoch 1/2" in out.stdout and "nothing to train" not in out.stdout
+    rows = (run / "metrics.csv").read_text().splitlines()[1:]
+    assert [row.split(",")[0] for row in rows] == ["1", "2"]  # its own history, retrained
+    assert (run / "checkpoints.set-aside-1" / STEP).read_bytes() == old  # nothing deleted
+    assert (run / "checkpoints" / STEP).is_file()  # the retrained run's own
+    again = run_hpcdl("resume", "run", "--from-scratch", cwd=tmp_path)
+    assert again.returncode == 0 and (run / "checkpoints.set-aside-2" / STEP).is_file()
+
+
 def test_checkpoints_saved_before_checkpoint_json_are_decided_from_summary_json(
     run: Path, tmp_path: Path
 ) -> None:

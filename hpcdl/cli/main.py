@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument(
         "--from-scratch",
         action="store_true",
-        help="the run's checkpoints are gone: retrain from epoch 1, clearing its metrics and summary",
+        help="retrain from epoch 1: clears its metrics and summary, and moves any checkpoints "
+        "left to checkpoints.set-aside-N",
     )
 
     status = sub.add_parser("status", help="Slurm job state, attempts, last metrics")
@@ -601,7 +602,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         refuse_lost_checkpoints(run_dir)
     with hold(run_dir):  # before anything is written: a second resume changes nothing
         if args.from_scratch:
+            aside = run_dir.set_aside_checkpoints()
             run_dir.clear_history()
+            if aside is not None:
+                print(f"--from-scratch: its checkpoints moved to {aside}", flush=True)
         stored_config = run_dir.config_file.read_bytes()
         cfg = run_dir.save_config(cfg)
         run_dir.record_command("resume")

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpcdl.config.metrics import TASK_METRICS
 from hpcdl.config.schema import (
     ClassificationTaskConfig,
     CustomTaskConfig,
@@ -122,7 +123,7 @@ class ClassificationTask(Task):
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return ("accuracy",)
+        return tuple(TASK_METRICS[self.name])
 
 
 class RegressionTask(Task):
@@ -182,7 +183,7 @@ class RegressionTask(Task):
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return ("mae", "rmse", "r2")
+        return tuple(TASK_METRICS[self.name])
 
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
         """Model outputs -> predictions in the target's units."""

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from hpcdl.config import schema
+from hpcdl.config.metrics import TASK_METRICS
 from hpcdl.errors import ConfigError
 
 TARGET_FORM = "expected 'package.module:factory', e.g. mypkg.models:build"
@@ -343,11 +344,6 @@ def check_lagged_sync(t: schema.TrainerConfig, optim: object) -> None:
         )
 
 
-# What each built-in task reports, besides the loss (a custom task's metrics are known only
-# once its function has run: the job checks the monitor then).
-TASK_METRICS = {"classification": ("accuracy",), "regression": ("mae", "rmse", "r2")}
-
-
 def check_task(task: object) -> None:
     if isinstance(task, schema.CustomTaskConfig):
         check_target_form("task.target", task.target)
@@ -371,6 +367,7 @@ def _check_monitor(monitor: str, task: object) -> None:
             "e.g. val_loss, val_accuracy or train_loss"
         )
     name = getattr(task, "name", "")
+    # A custom task's metrics are known only once its function has run: the job checks then.
     if name in TASK_METRICS and metric not in ("loss", *TASK_METRICS[name]):
         choices = [f"{s}_{m}" for s in ("val", "train") for m in ("loss", *TASK_METRICS[name])]
         raise ConfigError(

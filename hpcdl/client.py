@@ -250,17 +250,23 @@ class Sweep:
             f"sweep {self.sweep_dir}",
         )
 
-    def summary(self, metric: Optional[str] = None) -> list[dict[str, Any]]:
+    def summary(
+        self, metric: Optional[str] = None, mode: Optional[str] = None
+    ) -> list[dict[str, Any]]:
         """`hpcdl sweep summary` as data, best first: rank, overrides, trials, n, mean, std
-        (across the folds of a k-fold sweep) and the metric's name. Also writes summary.md,
-        summary.csv and summary_<metric>.png into the sweep dir, as the command does."""
+        (across the folds of a k-fold sweep), the metric's name and `mode` ('min': lowest
+        first). `mode` is `--mode`: 'min' or 'max' to choose the direction, else as the
+        command decides it. Also writes summary.md, summary.csv and summary_<metric>.png
+        into the sweep dir, as the command does."""
+        from hpcdl.sweep.direction import direction
         from hpcdl.sweep.report import refresh, summarize, write_summary
 
         ledger, metric = refresh(self.sweep_dir, metric)
-        write_summary(ledger, metric)
+        ranking = direction(ledger, metric, mode)
+        write_summary(ledger, metric, ranking)
         return [
-            {"rank": rank, **entry, "metric": metric}
-            for rank, entry in enumerate(summarize(ledger, metric), 1)
+            {"rank": rank, **entry, "metric": metric, "mode": ranking.mode.value}
+            for rank, entry in enumerate(summarize(ledger, metric, ranking), 1)
         ]
 
     def rerun_failed(self) -> list[int]:

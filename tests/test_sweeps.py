@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcdl.cli.expand import plan_sweep
-from hpcdl.errors import ConfigError
+from hpcdl.errors import ConfigError, HpcdlError
 
 
 def test_lists_range_choice_and_glob_expand_like_hydra() -> None:
@@ -351,6 +351,7 @@ def test_a_trial_that_left_the_queue_without_running_is_cancelled(
 def test_status_and_summary_show_a_value_edited_in_a_trials_config(tmp_path: Path) -> None:
     # The documented fix of a failed trial: edit its config.yaml, then `sweep rerun --failed`.
     from hpcdl.sweep import launch
+    from hpcdl.sweep.direction import direction
     from hpcdl.sweep.report import refresh, status_table, summarize
 
     sweep = tmp_path / "sw"
@@ -366,7 +367,8 @@ def test_status_and_summary_show_a_value_edited_in_a_trials_config(tmp_path: Pat
     assert "trial 1: its config.yaml has optim.lr=0.05 (the sweep planned optim.lr=1e+30)\n" in (
         status_table(ledger, metric)
     )
-    assert "optim.lr=0.05" in [e["overrides"] for e in summarize(ledger, metric)]
+    entries = summarize(ledger, metric, direction(ledger, metric))
+    assert "optim.lr=0.05" in [e["overrides"] for e in entries]
     stored = json.loads((sweep / "sweep.json").read_text())["trials"][1]
     assert (stored["overrides"], stored["planned"]) == (["optim.lr=0.05"], ["optim.lr=1e+30"])
 
@@ -529,3 +531,250 @@ def test_sweep_status_never_imports_torch(tmp_path: Path) -> None:
     )
     out = run_without_torch(code, cwd=tmp_path)
     assert "2 trials: 1 FAILED, 1 NOT_STARTED" in out.stdout
+
+
+# ----------------------------------------------------------------------------- ranking
+def _completed_sweep(plan, rows: list[dict]) -> Path:
+    """A sweep made by the planner and ledger; each trial completed, with its last epoch's
+    row in metrics.csv (`rows[i]`), as the trainer writes it, or a program's summary.json."""
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import launch
+
+    ledger = launch.create_sweep(plan)
+    for t, row in zip(ledger.trials, rows, strict=True):
+        run_dir = RunDir(Path(t.run_dir))
+        if plan.trials[0].config.script is None:
+            run_dir.metrics.append({"epoch": 1, **row})
+            run_dir.write_summary({"outcome": "completed", "best_epoch": 1})
+        else:  # as hpcdl.script_job writes it: the program's metrics after hpcdl's own
+            run_dir.write_summary({"outcome": "completed", "exit_code": 0, "wall_s": 2.0, **row})
+    return Path(ledger.sweep_dir)
+
+
+def _ranked(table: str) -> list[str]:
+    """The overrides column of a summary table, best first."""
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
+    return [row[2].strip() for row in rows[1:]]
+
+
+def _regression_sweep(tmp_path: Path) -> Path:
+    (tmp_path / "houses.csv").write_text("rooms,price\n3,200\n4,260\n")
+    overrides = ["task=regression", "data=files", f"data.path={tmp_path / 'houses.csv'}"]
+    plan = plan_sweep(
+        [
+            *overrides,
+            "data.label_column=price",
+            "optim.lr=0.1,0.01,0.001",
+            f"hydra.sweep.dir={tmp_path / 'sw'}",
+        ]
+    )
+    rows = [
+        {"val_loss": 0.3, "val_mae": 5.0, "val_rmse": 7.0, "val_r2": 0.5},
+        {"val_loss": 0.1, "val_mae": 2.0, "val_rmse": 3.0, "val_r2": 0.9},
+        {"val_loss": 0.6, "val_mae": 9.0, "val_rmse": 11.0, "val_r2": 0.1},
+    ]
+    return _completed_sweep(plan, rows)
+
+
+@pytest.mark.parametrize("metric", ["val_mae", "val_rmse"])
+def test_a_sweep_ranked_by_an_error_metric_puts_the_smallest_first(
+    tmp_path: Path, capsys, metric: str
+) -> None:
+    from hpcdl.cli.main import main
+
+    sweep = _regression_sweep(tmp_path)
+    assert main(["sweep", "summary", str(sweep), "--metric", metric]) == 0
+    out = capsys.readouterr().out
+    header = (
+        f"ranked by {metric}, lowest first ({metric[4:]}: lower is better); --mode max reverses it"
+    )
+    assert _ranked(out) == ["optim.lr=0.01", "optim.lr=0.1", "optim.lr=0.001"]
+    assert out.startswith(header + "\n")
+    assert (sweep / "summary.md").read_text().startswith(header + "\n\n| rank |")
+    csv_rows = (sweep / "summary.csv").read_text().splitlines()[1:]
+    assert [row.split(",")[1] for row in csv_rows] == _ranked(out)
+    # r2, the same task's other metric, is higher-better.
+    assert main(["sweep", "summary", str(sweep), "--metric", "val_r2"]) == 0
+    assert _ranked(capsys.readouterr().out) == ["optim.lr=0.01", "optim.lr=0.1", "optim.lr=0.001"]
+
+
+def test_sweep_summary_never_imports_torch(tmp_path: Path) -> None:
+    # The ranking reads the trials' config.yaml and the metric table on the login node.
+    from tests.conftest import run_without_torch
+
+    sweep = _regression_sweep(tmp_path)
+    code = (
+        "from hpcdl.cli.main import main\n"
+        f"assert main(['sweep', 'summary', {str(sweep)!r}, '--metric', 'val_mae']) == 0\n"
+    )
+    out = run_without_torch(code, cwd=tmp_path)
+    assert out.stdout.startswith("ranked by val_mae, lowest first")
+
+
+def test_mode_max_overrides_the_metrics_own_direction(tmp_path: Path, capsys) -> None:
+    from hpcdl.cli.main import main
+    from hpcdl.client import Sweep
+
+    sweep = _regression_sweep(tmp_path)
+    assert main(["sweep", "summary", str(sweep), "--metric", "val_mae", "--mode", "max"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ranked by val_mae, highest first (--mode max); --mode min reverses it\n")
+    assert _ranked(out) == ["optim.lr=0.001", "optim.lr=0.1", "optim.lr=0.01"]
+    # The Python API ranks as the command does, and says which way.
+    api = Sweep.from_sweep_dir(sweep)
+    ranked = api.summary(metric="val_mae")
+    assert [(e["overrides"], e["mode"]) for e in ranked] == [
+        ("optim.lr=0.01", "min"),
+        ("optim.lr=0.1", "min"),
+        ("optim.lr=0.001", "min"),
+    ]
+    assert [e["overrides"] for e in api.summary(metric="val_mae", mode="max")] == _ranked(out)
+    with pytest.raises(HpcdlError, match="mode='up': choose 'min'"):
+        api.summary(metric="val_mae", mode="up")
+
+
+def _custom_task_sweep(tmp_path: Path, mode: str) -> Path:
+    plan = plan_sweep(
+        [
+            "task=custom",
+            "task.target=mylab.tasks:step",
+            "trainer.early_stopping.monitor=val_dist",
+            f"trainer.early_stopping.mode={mode}",
+            "optim.lr=0.1,0.01,0.001",
+            f"hydra.sweep.dir={tmp_path / 'sw'}",
+        ]
+    )
+    return _completed_sweep(plan, [{"val_dist": 3.0}, {"val_dist": 1.0}, {"val_dist": 2.0}])
+
+
+@pytest.mark.parametrize(
+    ("mode", "ranked"),
+    [
+        ("min", ["optim.lr=0.01", "optim.lr=0.001", "optim.lr=0.1"]),
+        ("max", ["optim.lr=0.1", "optim.lr=0.001", "optim.lr=0.01"]),
+    ],
+)
+def test_the_trials_early_stopping_mode_ranks_their_monitor(
+    tmp_path: Path, capsys, mode: str, ranked: list[str]
+) -> None:
+    # val_dist is the custom task's own metric: nothing in its name says which way is better.
+    from hpcdl.cli.main import main
+    from hpcdl.config.schema import Mode
+    from hpcdl.sweep import ledger as ledger_mod
+    from hpcdl.sweep.direction import Direction, direction
+
+    sweep = _custom_task_sweep(tmp_path, mode)
+    assert main(["sweep", "summary", str(sweep)]) == 0  # the default metric: the monitor
+    out = capsys.readouterr().out
+    assert _ranked(out) == ranked
+    assert out.startswith(
+        f"ranked by val_dist, {'lowest' if mode == 'min' else 'highest'} first "
+        f"(the trials' trainer.early_stopping.mode={mode});"
+    )
+    # The same metric on another split, and summary.json's best_metric, go the same way.
+    ledger = ledger_mod.load(sweep)
+    reason = f"the trials' trainer.early_stopping.mode={mode} for val_dist"
+    assert direction(ledger, "test_dist") == Direction(Mode(mode), reason)
+    assert direction(ledger, "best_metric") == Direction(Mode(mode), reason)
+
+
+def test_trials_whose_early_stopping_modes_disagree_are_refused_without_mode(
+    tmp_path: Path, capsys
+) -> None:
+    from hpcdl.cli.main import main
+
+    plan = plan_sweep(
+        [
+            "task=custom",
+            "task.target=mylab.tasks:step",
+            "trainer.early_stopping.monitor=val_dist",
+            "trainer.early_stopping.mode=min,max",
+            f"hydra.sweep.dir={tmp_path / 'sw'}",
+        ]
+    )
+    sweep = _completed_sweep(plan, [{"val_dist": 3.0}, {"val_dist": 1.0}])
+    assert main(["sweep", "summary", str(sweep)]) == 2
+    assert capsys.readouterr().err == (
+        "error: val_dist: the trials monitor it with different trainer.early_stopping.mode "
+        "(max in trials 1; min in trials 0); choose the ranking with --mode min (lowest "
+        "first) or --mode max\n"
+    )
+    assert not (sweep / "summary.md").exists()
+    assert main(["sweep", "summary", str(sweep), "--mode", "min"]) == 0
+    assert _ranked(capsys.readouterr().out) == [
+        "trainer.early_stopping.mode=max",
+        "trainer.early_stopping.mode=min",
+    ]
+
+
+def test_a_programs_error_metric_ranks_lowest_first_and_the_summary_says_why(
+    tmp_path: Path, capsys
+) -> None:
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.cli.main import main
+    from hpcdl.cli.run import plan_program_sweep, script_from
+
+    command = ["python", "fit.py", "--lr={0.1,0.3,0.9}"]
+    script, overrides = script_from(
+        ["metrics_file=m.json", f"hydra.sweep.dir={tmp_path / 'sw'}"], command
+    )
+    plan = plan_program_sweep(
+        compose_config(overrides, script=script), SimpleNamespace(), overrides
+    )
+    sweep = _completed_sweep(plan, [{"error": 0.2}, {"error": 0.0}, {"error": 0.6}])
+    assert main(["sweep", "summary", str(sweep)]) == 0  # the default: the program's first metric
+    out = capsys.readouterr().out
+    assert _ranked(out) == ["--lr=0.3", "--lr=0.1", "--lr=0.9"]
+    assert out.startswith(
+        "ranked by error, lowest first (a metric hpcdl does not define: guessed from its "
+        "name); --mode max reverses it\n"
+    )
+    assert main(["sweep", "summary", str(sweep), "--metric", "wall_s", "--format", "csv"]) == 0
+    assert "ranked by wall_s, lowest first" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("metric", "lower"),
+    [
+        ("error", True),
+        ("val_error_rate", True),
+        ("TrainLoss", True),
+        ("perplexity", True),
+        ("val_ppl", True),
+        ("test_mse", True),
+        ("wall_s", True),
+        ("step_ms", True),
+        ("epoch_time", True),
+        ("val_score", False),
+        ("bleu", False),
+        ("samples_per_s", False),
+    ],
+)
+def test_a_metric_hpcdl_does_not_define_is_guessed_from_its_name(metric: str, lower: bool) -> None:
+    from hpcdl.sweep.direction import lower_by_name
+
+    assert lower_by_name(metric) is lower
+
+
+def test_every_metric_of_a_built_in_task_has_a_direction() -> None:
+    # The tasks report the table's metrics (hpcdl.config.metrics), so none ranks by a guess.
+    from hpcdl.config.metrics import TASK_METRICS, builtin_mode
+    from hpcdl.config.schema import RegressionLoss
+    from hpcdl.tasks import ClassificationTask, RegressionTask
+
+    reported = {
+        "classification": ClassificationTask().metrics({"correct": 3.0}, 4),
+        "regression": RegressionTask(RegressionLoss.mse).metrics(
+            {"abs_err": 1.0, "sq_err": 1.0, "y": 2.0, "y2": 5.0}, 2
+        ),
+    }
+    assert {task: set(m) for task, m in reported.items()} == {
+        task: set(m) for task, m in TASK_METRICS.items()
+    }
+    assert [builtin_mode(f"val_{m}") for m in ("loss", "accuracy", "mae", "rmse", "r2")] == [
+        "min",
+        "max",
+        "min",
+        "min",
+        "max",
+    ]

@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_summary.add_argument("sweep_dir")
     sweep_summary.add_argument("--metric", help=METRIC_HELP)
     sweep_summary.add_argument("--format", choices=["markdown", "csv"], default="markdown")
+    sweep_summary.add_argument(
+        "--mode",
+        choices=["min", "max"],
+        help="rank lowest (min) or highest (max) first; default: the trials' "
+        "trainer.early_stopping.mode for their monitor, else the metric's own (built-in "
+        "metrics; else guessed from the name: loss, error, mae, time, ... lowest first)",
+    )
     sweep_rerun = sweep_sub.add_parser("rerun", help="resubmit failed/cancelled/timed-out trials")
     sweep_rerun.add_argument("sweep_dir")
     sweep_rerun.add_argument("--failed", action="store_true", required=True)
@@ -385,6 +392,7 @@ METRIC_HELP = (
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from hpcdl.sweep.direction import direction
     from hpcdl.sweep.report import (
         edit_notes,
         no_metric_hint,
@@ -405,11 +413,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         failed = any(t.state in ENDED_UNFINISHED for t in ledger.trials)
         return EXIT_FAILED if failed else EXIT_OK
     if args.sweep_command == "summary":
-        table, files = write_summary(ledger, metric)
+        ranking = direction(ledger, metric, args.mode)  # refused before anything is written
+        text, files = write_summary(ledger, metric, ranking)
         if args.format == "csv":
             print(files[1].read_text(), end="")
+            print(ranking.header(metric))
         else:
-            print(table)
+            print(text)
             print(edit_notes(ledger), end="")
         print("written: " + ", ".join(str(f) for f in files))
         hint = no_metric_hint(ledger, metric)

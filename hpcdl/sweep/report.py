@@ -19,6 +19,7 @@ from hpcdl.launch.diagnose import describe, root_cause
 from hpcdl.launch.monitor import FAILED_STATES
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
+from hpcdl.sweep.direction import Direction
 from hpcdl.sweep.ledger import COMPLETED, Ledger
 from hpcdl.sweep.overrides import as_run
 from hpcdl.sweep.states import (
@@ -220,11 +221,7 @@ def _markdown(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def lower_is_better(metric: str) -> bool:
-    return "loss" in metric
-
-
-def summarize(ledger: Ledger, metric: str) -> list[dict[str, Any]]:
+def summarize(ledger: Ledger, metric: str, direction: Direction) -> list[dict[str, Any]]:
     """One entry per configuration (folds of a k-fold sweep grouped), best first."""
     groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
     members: dict[tuple[str, ...], list[int]] = defaultdict(list)
@@ -246,7 +243,7 @@ def summarize(ledger: Ledger, metric: str) -> list[dict[str, Any]]:
                 "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             }
         )
-    sign = 1.0 if lower_is_better(metric) else -1.0
+    sign = 1.0 if direction.lower_is_better else -1.0
 
     def rank_key(entry: dict[str, Any]) -> tuple[bool, float]:
         mean = float(entry["mean"])
@@ -267,13 +264,15 @@ def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> st
     return _markdown(rows)
 
 
-def write_summary(ledger: Ledger, metric: str) -> tuple[str, list[Path]]:
+def write_summary(ledger: Ledger, metric: str, direction: Direction) -> tuple[str, list[Path]]:
+    """summary.md (the direction's line, then the table), summary.csv and the plot; returns
+    summary.md's text and the files."""
     sweep_dir = SweepDir(Path(ledger.sweep_dir))
-    entries = summarize(ledger, metric)
+    entries = summarize(ledger, metric, direction)
     folds = any(k == FOLD_KEY for k in ledger.swept_keys)
-    table = summary_table(entries, metric, folds)
+    text = direction.header(metric) + "\n\n" + summary_table(entries, metric, folds)
     markdown, table_csv = sweep_dir.summary_file("md"), sweep_dir.summary_file("csv")
-    write_atomic(markdown, table + "\n")
+    write_atomic(markdown, text + "\n")
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer)
     writer.writerow(["rank", "overrides", f"{metric}_mean", f"{metric}_std", "n", "trials"])
@@ -282,11 +281,13 @@ def write_summary(ledger: Ledger, metric: str) -> tuple[str, list[Path]]:
             [rank, e["overrides"], e["mean"], e["std"], e["n"], " ".join(map(str, e["trials"]))]
         )
     write_atomic(table_csv, buffer.getvalue())
-    plots = plot_metric_per_key(ledger, metric, sweep_dir.summary_plot(metric))
-    return table, [markdown, table_csv, *plots]
+    plots = plot_metric_per_key(ledger, metric, direction, sweep_dir.summary_plot(metric))
+    return text, [markdown, table_csv, *plots]
 
 
-def plot_metric_per_key(ledger: Ledger, metric: str, out_png: Path) -> list[Path]:
+def plot_metric_per_key(
+    ledger: Ledger, metric: str, direction: Direction, out_png: Path
+) -> list[Path]:
     from matplotlib.figure import Figure
 
     from hpcdl.plots import save_png
@@ -308,7 +309,7 @@ def plot_metric_per_key(ledger: Ledger, metric: str, out_png: Path) -> list[Path
         ax.scatter([labels.index(x) for x in xs], ys, alpha=0.7)
         ax.set_xticks(range(len(labels)), labels, rotation=30)
         ax.set_xlabel(key)
-        ax.set_ylabel(metric)
+        ax.set_ylabel(f"{metric} ({'lower' if direction.lower_is_better else 'higher'} is better)")
         ax.grid(alpha=0.3)
     save_png(fig, out_png, dpi=100)
     return [out_png]

@@ -1,0 +1,111 @@
+"""Which way a sweep's metric ranks: lowest first (min) or highest first (max).
+
+In order: `--mode`; the trials' trainer.early_stopping.mode when the metric is their
+monitor (on any split, or summary.json's best_metric); the built-in metrics'
+(hpcdl.config.metrics); else a guess from the name. Stdlib only (login node)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from hpcdl.config.metrics import builtin_mode, unprefixed
+from hpcdl.config.schema import Mode
+from hpcdl.errors import HpcdlError
+from hpcdl.rundir import RunDir
+from hpcdl.sweep.ledger import Ledger
+
+# Names of metrics where lower is better, for a metric hpcdl does not define (a program's
+# own, in its metrics_file): parts of the name, and whole words between underscores.
+LOWER_PARTS = ("loss", "error", "perplexity")
+LOWER_WORDS = ("err", "mae", "mse", "rmse", "ppl", "time", "seconds")
+# A name ending in a unit of time is a duration (wall_s, step_ms); one with "per" a rate.
+DURATION_UNITS = ("s", "ms", "min")
+
+
+@dataclass(frozen=True)
+class Direction:
+    mode: Mode  # min: the lowest value ranks first
+    reason: str  # where the mode comes from, for the summary's first line
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.mode == Mode.min
+
+    def header(self, metric: str) -> str:
+        """The line above the summary table: the direction, why, and how to change it."""
+        first = "lowest" if self.lower_is_better else "highest"
+        other = Mode.max if self.lower_is_better else Mode.min
+        return (
+            f"ranked by {metric}, {first} first ({self.reason}); --mode {other.value} reverses it"
+        )
+
+
+def parse_mode(mode: Union[str, Mode, None]) -> Optional[Mode]:
+    """`--mode` / Sweep.summary(mode=...): 'min', 'max' or None."""
+    if mode is None or isinstance(mode, Mode):
+        return mode
+    try:
+        return Mode(mode)
+    except ValueError:
+        raise HpcdlError(f"mode={mode!r}: choose 'min' (lowest first) or 'max'") from None
+
+
+def direction(ledger: Ledger, metric: str, mode: Union[str, Mode, None] = None) -> Direction:
+    """The direction `metric` ranks the sweep's trials in; refuses (one line asking for
+    --mode) when it is the trials' early-stopping monitor and their modes disagree."""
+    chosen = parse_mode(mode)
+    if chosen is not None:
+        return Direction(chosen, f"--mode {chosen.value}")
+    monitored = early_stopping_direction(ledger, metric)
+    if monitored is not None:
+        return monitored
+    builtin = builtin_mode(metric)
+    if builtin is not None:
+        better = "lower" if builtin == Mode.min else "higher"
+        return Direction(builtin, f"{unprefixed(metric)}: {better} is better")
+    guessed = Mode.min if lower_by_name(metric) else Mode.max
+    return Direction(guessed, "a metric hpcdl does not define: guessed from its name")
+
+
+def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]:
+    """The trials' trainer.early_stopping.mode, when `metric` is what they monitor."""
+    modes: dict[Mode, list[int]] = {}
+    monitors: set[str] = set()
+    for t in ledger.trials:
+        try:
+            cfg = RunDir(Path(t.run_dir)).load_config()
+        except HpcdlError:
+            continue  # nothing to read: the other trials decide
+        if cfg.script is not None:  # `hpcdl run`: the program stops itself
+            continue
+        es = cfg.trainer.early_stopping
+        if metric == "best_metric" or unprefixed(metric) == unprefixed(es.monitor):
+            modes.setdefault(es.mode, []).append(t.index)
+            monitors.add(es.monitor)
+    if not modes:
+        return None
+    if len(modes) > 1:
+        trials = "; ".join(
+            f"{m.value} in trials {', '.join(map(str, ids))}" for m, ids in sorted(modes.items())
+        )
+        raise HpcdlError(
+            f"{metric}: the trials monitor it with different trainer.early_stopping.mode "
+            f"({trials}); choose the ranking with --mode min (lowest first) or --mode max"
+        )
+    (only,) = modes
+    reason = f"the trials' trainer.early_stopping.mode={only.value}"
+    if monitors != {metric}:  # test_dist, best_metric: what the mode was set for
+        reason += f" for {', '.join(sorted(monitors))}"
+    return Direction(only, reason)
+
+
+def lower_by_name(metric: str) -> bool:
+    """A guess for a metric hpcdl does not define: lower is better for losses, errors,
+    perplexities and durations (val_error, wer_err, rmse, wall_s, epoch_time)."""
+    name = metric.lower()
+    words = name.replace("-", "_").split("_")
+    if any(part in name for part in LOWER_PARTS) or any(w in LOWER_WORDS for w in words):
+        return True
+    return words[-1] in DURATION_UNITS and "per" not in words  # not a rate: samples_per_s

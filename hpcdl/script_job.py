@@ -37,10 +37,20 @@ if TYPE_CHECKING:
 POLL_S = 0.2
 
 
-def _forwarded(name: str | None) -> str:
+def _forwarded(name: str | None, launcher: str) -> str:
     """The stop signal the program gets: the one we got, but SIGTERM for a hangup (a program
-    that handles stops handles SIGTERM; SIGHUP would kill it unsaved)."""
-    return "SIGTERM" if name in (None, "SIGHUP") else str(name)
+    that handles stops handles SIGTERM; SIGHUP would kill it unsaved), and for Ctrl-C under
+    cluster=local: there the terminal's SIGINT reaches this wrapper itself, and the
+    foreground command's SIGTERM follows it; the program gets one SIGTERM for the two."""
+    if name in (None, "SIGHUP") or (name == "SIGINT" and launcher == "local"):
+        return "SIGTERM"
+    return str(name)
+
+
+def _forced(stop: StopFlag, launcher: str) -> bool:
+    """A second Ctrl-C at a terminal (cluster=debug, cluster=local): end the program now.
+    Only there: on Slurm, srun and slurmstepd may both deliver one scancel's signal."""
+    return launcher in ("debug", "local") and stop.received.count("SIGINT") >= 2
 
 
 def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
@@ -77,14 +87,19 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
         # (a program that wants it installs its own handler, as hpcdl.api does).
         preexec_fn=(lambda: signal.signal(warning, signal.SIG_IGN)) if torchrun else None,
     )
-    forwarded = False
+    forwarded = forced = False
     while proc.poll() is None:
         if stop.requested and not forwarded:
             _touch(stop_file)
             # torchrun turns SIGTERM into SIGTERM to each worker and waits up to 30 s for
             # them (hpcdl.api treats it as a stop request: the workers save and exit).
-            _signal_group(proc.pid, "SIGTERM" if torchrun else _forwarded(stop.signal_name))
+            name = "SIGTERM" if torchrun else _forwarded(stop.signal_name, env.launcher)
+            _signal_group(proc.pid, name)
             forwarded = True
+        elif forwarded and not forced and _forced(stop, env.launcher):
+            print("hpcdl: Ctrl-C again: ending the program now (SIGKILL)", flush=True)
+            _signal_group(proc.pid, "SIGKILL")
+            forced = True
         time.sleep(POLL_S)
     if stop.requested:  # Slurm may have signalled (and ended) the program itself first
         _touch(stop_file)

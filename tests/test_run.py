@@ -558,3 +558,137 @@ def test_a_master_port_the_user_set_is_used_as_is(tmp_path: Path) -> None:
         env = RankEnv(rank=0, world_size=2, job_id="4242", master_port=port)
         assert agreed_port(env, tmp_path / "ports", timeout_s=1) == port
     assert not (tmp_path / "ports").exists()
+
+
+# A program that saves when asked to stop (hpcdl.api, as docs/scripts.md shows) and notes
+# every SIGTERM and SIGINT it gets; SIGINT keeps Python's own action (KeyboardInterrupt).
+CATCHING_PROGRAM = """\
+import os, pathlib, signal, sys, time
+import hpcdl.api as hp
+hp.catch_stop_signals()
+out = pathlib.Path(os.environ["HPCDL_RUN_DIR"])
+rank = os.environ["RANK"]
+caught = signal.getsignal(signal.SIGTERM)
+def note(signum, frame):
+    with open(out / f"signals-{rank}", "a") as f:
+        f.write(signal.Signals(signum).name + "\\n")
+    if signum != signal.SIGTERM:
+        raise KeyboardInterrupt
+    caught(signum, frame)
+signal.signal(signal.SIGTERM, note)
+signal.signal(signal.SIGINT, note)
+(out / f"started-{rank}").write_text(str(os.getpid()))
+while not hp.stop_requested():
+    time.sleep(0.05)
+time.sleep(1)  # the save takes a moment; a second signal would land here
+if sys.argv[1:] == ["--never-exit"]:  # a save that hangs: only a forced stop ends it
+    while True:
+        time.sleep(0.05)
+(out / f"saved-{rank}").touch()
+raise SystemExit(hp.EXIT_REQUEUE)
+"""
+
+# A program that knows nothing of hpcdl: the signal's default action must end it.
+PLAIN_PROGRAM = """\
+import os, pathlib, time
+out = pathlib.Path(os.environ["HPCDL_RUN_DIR"])
+(out / f"started-{os.environ['RANK']}").write_text(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def start_run_in_terminal(tmp_path: Path, ranks: int, *command: str) -> subprocess.Popen[str]:
+    """`hpcdl run cluster=local` as a terminal runs it: in a process group of its own (which
+    a terminal's Ctrl-C reaches as a whole), returned once every rank's program has started."""
+    import time
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcdl.cli.main", "run", "cluster=local",
+         f"cluster.tasks_per_node={ranks}", f"run_dir={run}", "--", *command],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while len(list(run.glob("started-*"))) < ranks:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the programs did not start"
+        time.sleep(0.1)
+    return proc
+
+
+def end_programs(proc: subprocess.Popen[str], run: Path) -> None:
+    """Whatever a failed test left running: the programs (in sessions of their own) and
+    hpcdl's own processes."""
+    import contextlib
+    import signal
+
+    for started in run.glob("started-*"):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(started.read_text()), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+@pytest.mark.parametrize("program", ["catching", "plain"])
+def test_a_terminals_ctrl_c_gives_each_local_rank_one_sigterm_and_time_to_save(
+    tmp_path: Path, program: str
+) -> None:
+    """Ctrl-C at the terminal reaches the whole foreground group: hpcdl, and each rank's
+    wrapper itself. The program gets one SIGTERM (the wrapper used to pass the terminal's
+    SIGINT on, which killed a program using hpcdl.api before it saved); one that catches
+    nothing still ends at once."""
+    import signal
+
+    text = CATCHING_PROGRAM if program == "catching" else PLAIN_PROGRAM
+    (tmp_path / "prog.py").write_text(text)
+    proc = start_run_in_terminal(tmp_path, 2, "python", "prog.py")
+    run = tmp_path / "run"
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        end_programs(proc, run)
+    assert proc.returncode == 3, output
+    assert "SIGINT: asking the program to stop (SIGTERM to each rank)" in output
+    assert "stopping all ranks at the next step" not in output
+    if program == "catching":
+        for rank in ("0", "1"):
+            assert (run / f"signals-{rank}").read_text() == "SIGTERM\n", output
+            assert (run / f"saved-{rank}").exists(), output
+        assert "when asked to stop" not in output  # status 3: it saved
+    else:
+        assert "the program exited with status 143 when asked to stop" in output
+    end = json.loads((run / "attempts.jsonl").read_text().splitlines()[-1])
+    assert end["reason"] == "interrupted", end
+
+
+def test_a_second_ctrl_c_ends_a_program_that_does_not_stop(tmp_path: Path) -> None:
+    """The first Ctrl-C asks (SIGTERM); a second one, while the program is still saving or
+    hangs there, ends it at once (SIGKILL to its process group)."""
+    import signal
+    import time
+
+    (tmp_path / "prog.py").write_text(CATCHING_PROGRAM)
+    proc = start_run_in_terminal(tmp_path, 1, "python", "prog.py", "--never-exit")
+    run = tmp_path / "run"
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while not (run / "signals-0").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1)
+        assert proc.poll() is None  # still "saving"
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        end_programs(proc, run)
+    assert "hpcdl: Ctrl-C again: ending the program now (SIGKILL)" in output, output
+    assert "the program exited with status 137 when asked to stop" in output
+    assert proc.returncode == 3, output
+    assert (run / "signals-0").read_text() == "SIGTERM\n"

@@ -2,7 +2,10 @@
 
 The ranks see the same kind of environment a Slurm job gets (rank, world, local rank from
 submitit), so this is the Slurm code path without a cluster. Ctrl-C or SIGTERM to this
-process becomes SIGTERM to every rank: each stops at the next step boundary and saves.
+process becomes SIGTERM to every rank: each stops at the next step boundary and saves. The
+ranks are in the terminal's foreground process group as well, so a Ctrl-C typed there also
+reaches them directly, as SIGINT, before that SIGTERM (an `hpcdl run` program still gets
+one signal: hpcdl.script_job).
 """
 
 from __future__ import annotations
@@ -99,18 +102,27 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
         signal.signal(signal.SIGINT, previous)
     record_start(run_dir, "local", str(job.job_id), num_tasks)
     print(f"local job {job.job_id}: {num_tasks} ranks, logs in {run_dir.log_dir}", flush=True)
-    code = _wait(job)
+    code = _wait(job, stopping_what(cfg))
     record_end(run_dir, "local", str(job.job_id), code)
     return code
 
 
-def _wait(job: Any) -> int:
+def stopping_what(cfg: Config) -> str:
+    """What the foreground says it does on a stop: `hpcdl train`'s ranks stop at a step
+    boundary; an `hpcdl run` program gets SIGTERM from its rank's wrapper (hpcdl.script_job)
+    and decides itself."""
+    if cfg.script is not None:
+        return "asking the program to stop (SIGTERM to each rank)"
+    return "stopping all ranks at the next step"
+
+
+def _wait(job: Any, what: str) -> int:
     stopping: list[int] = []
 
     def stop_ranks(why: str) -> None:
         if not stopping:
             with contextlib.suppress(OSError):  # a hung-up terminal: nowhere to say it
-                print(f"\n{why}: stopping all ranks at the next step", flush=True)
+                print(f"\n{why}: {what}", flush=True)
         stopping.append(1)
         if job._process is not None:  # submitit's controller forwards SIGTERM to every task
             job._process.send_signal(signal.SIGTERM)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
 
 # How often the wrapper looks at the program and at the stop flag.
 POLL_S = 0.2
+# `$HPCDL_RUN_DIR` or `${HPCDL_RUN_DIR}` in the command, quoted so that the shell left it:
+# replaced by the run dir, the value the program's variable of that name holds. A sweep's
+# trials share the working directory; `--out '$HPCDL_RUN_DIR/ck'` gives each its own folder
+# without a shell around the program.
+RUN_DIR_REF = re.compile(r"\$(?:\{HPCDL_RUN_DIR\}|HPCDL_RUN_DIR(?![A-Za-z0-9_]))")
 
 
 def _forwarded(name: str | None, launcher: str) -> str:
@@ -70,7 +76,7 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
         print(f"hpcdl: {err}", flush=True)
         return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=EXIT_BAD_INPUT)
     env = replace(env, master_port=port)
-    command = program_command(cfg.script, cfg, env)
+    command = with_run_dir(program_command(cfg.script, cfg, env), str(run_dir.path))
     stop_file.unlink(missing_ok=True)  # a rerun of a local run reuses the attempt's name
     child_env = {**os.environ, **program_env(cfg, env, run_dir, stop_file)}
     # hpcdl's job sets PYTHONSAFEPATH (its frozen code must win over the submit dir); the
@@ -146,6 +152,11 @@ def program_command(script: ScriptConfig, cfg: Config, env: RankEnv) -> list[str
         f"--rdzv-id={env.job_id or 'hpcdl'}",
         *base,
     ]
+
+
+def with_run_dir(command: list[str], run_dir: str) -> list[str]:
+    """The command with `$HPCDL_RUN_DIR` (RUN_DIR_REF) replaced by the run dir."""
+    return [RUN_DIR_REF.sub(lambda _: run_dir, token) for token in command]
 
 
 def program_env(cfg: Config, env: RankEnv, run_dir: RunDir, stop_file: Any) -> dict[str, str]:

@@ -692,3 +692,50 @@ def test_a_second_ctrl_c_ends_a_program_that_does_not_stop(tmp_path: Path) -> No
     assert "the program exited with status 137 when asked to stop" in output
     assert proc.returncode == 3, output
     assert (run / "signals-0").read_text() == "SIGTERM\n"
+
+
+# A script that resumes from its own checkpoint folder, relative by default (`--out out`, as
+# most scripts have it), and reports what it trained.
+RESUMING_SCRIPT = """\
+import argparse, json, os, pathlib
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float)
+parser.add_argument("--epochs", type=int)
+parser.add_argument("--out", default="out")
+args = parser.parse_args()
+ck = pathlib.Path(args.out) / "ck.json"
+ck.parent.mkdir(parents=True, exist_ok=True)
+start = json.loads(ck.read_text())["epoch"] if ck.exists() else 0
+ck.write_text(json.dumps({"epoch": args.epochs, "lr": args.lr}))
+metrics = {"trained_epochs": args.epochs - start, "lr": args.lr}
+pathlib.Path(os.environ["HPCDL_RUN_DIR"], "m.json").write_text(json.dumps(metrics))
+"""
+
+
+def test_a_sweep_gives_each_trial_its_own_output_folder_through_hpcdl_run_dir(
+    hpcdl, tmp_path: Path
+) -> None:
+    """Trials share the working directory: a relative output folder made each trial resume
+    from the one before (COMPLETED, having trained nothing). `'$HPCDL_RUN_DIR'` in the
+    command is the trial's run dir; a command without it gets one warning at submission."""
+    (tmp_path / "fit.py").write_text(RESUMING_SCRIPT)
+    sweep = ["run", "-m", "metrics_file=m.json", "--", "python", "fit.py", "--lr={0.1,0.3}"]
+    own = hpcdl(*sweep[:2], "hydra.sweep.dir=own", *sweep[2:], "--epochs", "2",
+                "--out", "$HPCDL_RUN_DIR/ck")  # fmt: skip
+    assert own.returncode == 0, own.stderr + own.stdout
+    assert "warning" not in own.stderr, own.stderr
+    for trial, lr in (("0", 0.1), ("1", 0.3)):
+        run_dir = tmp_path / "own" / trial
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert (summary["trained_epochs"], summary["lr"]) == (2, lr)
+        assert json.loads((run_dir / "ck" / "ck.json").read_text())["lr"] == lr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "$HPCDL_RUN_DIR").exists()
+    shared = hpcdl(*sweep[:2], "hydra.sweep.dir=shared", *sweep[2:], "--epochs", "2")
+    assert shared.returncode == 0, shared.stderr + shared.stdout
+    warning = (
+        f"warning: the 2 trials all run in {tmp_path} (the working directory, not their run "
+        "dirs): an output path relative to it, in the command or the script's defaults "
+        "(--out out), is the same folder for every trial"
+    )
+    assert shared.stderr.count(warning) == 1, shared.stderr
+    assert "--out '$HPCDL_RUN_DIR/out'" in shared.stderr

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
+import warnings
 from dataclasses import replace
 from typing import Any
 
 from hpcdl.config.schema import Config, ScriptConfig, ScriptLauncher
-from hpcdl.errors import ConfigError
+from hpcdl.errors import ConfigError, HpcdlWarning
 
 # Keys of `hpcdl run` itself; everything else goes to the config.
 RUN_KEYS = ("launcher", "entry", "metrics_file")
@@ -35,7 +37,10 @@ def run_program(args: argparse.Namespace) -> int:
     cfg = compose_config(overrides, args.config_dir, script=script)
     check_script(script, cfg.cluster)
     if args.multirun:
-        return launch_sweep(plan_program_sweep(cfg, args, overrides), args)
+        plan = plan_program_sweep(cfg, args, overrides)
+        if not mentions_run_dir(script.command):
+            warnings.warn(HpcdlWarning(shared_workdir_note(len(plan.trials))), stacklevel=1)
+        return launch_sweep(plan, args)
     if args.dry_run:
         return dry_run(cfg, args.no_preflight)
     preflight(cfg, args.no_preflight)
@@ -43,6 +48,26 @@ def run_program(args: argparse.Namespace) -> int:
     print(f"run dir: {run_dir.path}", flush=True)
     with hold(run_dir):
         return launch(cfg, run_dir)
+
+
+def mentions_run_dir(command: list[str]) -> bool:
+    """Whether the command names the run dir ($HPCDL_RUN_DIR), so each trial writes its own."""
+    return any("HPCDL_RUN_DIR" in token for token in command)
+
+
+def shared_workdir_note(num_trials: int) -> str:
+    """A sweep's trials all start in this folder: said once, at submission, when the command
+    does not give them the run dir. Whether the program writes outputs relative to it (a
+    default `--out out`, often not in the command at all) cannot be known from here; if it
+    does, every trial resumes from or overwrites the others' files."""
+    return (
+        f"the {num_trials} trials all run in {os.getcwd()} (the working directory, not their "
+        "run dirs): an output path relative to it, in the command or the script's defaults "
+        "(--out out), is the same folder for every trial, each resuming from or overwriting "
+        "the others' files; give each trial its own with '$HPCDL_RUN_DIR' in the command, "
+        "single-quoted (--out '$HPCDL_RUN_DIR/out': hpcdl puts the trial's run dir there), or "
+        "write under hpcdl.api.run_dir() in the script (docs/scripts.md#sweeps)"
+    )
 
 
 def script_from(overrides: list[str], command: list[str]) -> tuple[ScriptConfig, list[str]]:

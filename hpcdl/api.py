@@ -33,12 +33,18 @@ EXIT_REQUEUE = EXIT_INTERRUPTED
 _caught: list[int] = []
 
 
-def catch_stop_signals(names: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM")) -> None:
+def catch_stop_signals(
+    names: tuple[str, ...] = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT"),
+) -> None:
     """Turn the stop signals into a flag that stop_requested() reads, instead of their
-    default action (ending the program before it can save). Call it once, early."""
+    default action (ending the program before it can save). Call it once, early. SIGINT
+    (Ctrl-C: cluster=debug passes it on as it came, and a program run by hand gets it) is a
+    stop request the first time; a second one raises KeyboardInterrupt, as Ctrl-C would."""
     import signal
 
     def note(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT and signal.SIGINT in _caught:
+            raise KeyboardInterrupt
         _caught.append(signum)
 
     for name in names:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcdl.cli.run import expand_token
-from tests.conftest import run_without_torch
+from tests.conftest import REPO, run_without_torch
 
 DDP_SCRIPT = """\
 import json, os, sys
@@ -739,3 +740,42 @@ def test_a_sweep_gives_each_trial_its_own_output_folder_through_hpcdl_run_dir(
     )
     assert shared.stderr.count(warning) == 1, shared.stderr
     assert "--out '$HPCDL_RUN_DIR/out'" in shared.stderr
+
+
+CTRL_C_PROGRAM = """\
+import sys, time
+import hpcdl.api as hp
+hp.catch_stop_signals()
+print("ready", flush=True)
+try:
+    while not hp.stop_requested():
+        time.sleep(0.02)
+    print("saving", flush=True)
+    if sys.argv[1] == "slow-save":
+        time.sleep(60)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+    raise SystemExit(130)
+raise SystemExit(hp.EXIT_REQUEUE)
+"""
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_catch_stop_signals_takes_a_first_ctrl_c_as_a_stop_and_a_second_as_an_interrupt(
+    tmp_path: Path, presses: int
+) -> None:
+    """cluster=debug passes Ctrl-C on as SIGINT, and a program run by hand gets it: the
+    first asks for a stop (the program saves), a second interrupts a save that hangs."""
+    program = tmp_path / "prog.py"
+    program.write_text(CTRL_C_PROGRAM)
+    mode = "slow-save" if presses == 2 else "save"
+    proc = subprocess.Popen(
+        [sys.executable, str(program), mode], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout.readline() == "saving\n"
+    if presses == 2:
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline() == "KeyboardInterrupt\n"
+    assert proc.wait(timeout=30) == (130 if presses == 2 else 3)

@@ -22,6 +22,7 @@ import torch
 import xxhash
 
 import hpcdl.checkpoint as checkpoint_module
+import hpcdl.checkpoint_file as checkpoint_file
 from hpcdl.checkpoint import (
     MAGIC,
     MAGIC_V1,
@@ -357,7 +358,7 @@ def test_a_file_system_without_mmap_is_checked_and_loaded_by_reading(
     def no_mmap(*args, **kwargs):
         raise OSError(19, "No such device")
 
-    monkeypatch.setattr(checkpoint_module._mmap, "mmap", no_mmap)
+    monkeypatch.setattr(checkpoint_file._mmap, "mmap", no_mmap)
     with monkeypatch.context() as torch_too:
         torch_too.setattr(torch.UntypedStorage, "from_file", no_mmap)
         with pytest.raises(OSError):

@@ -21,6 +21,7 @@ LAYERS: list[list[str]] = [
     ["hpcdl.config"],
     [
         "hpcdl.rundir",
+        "hpcdl.checkpoint_file",
         "hpcdl.runlock",
         "hpcdl.requeue",
         "hpcdl.watchdog",

@@ -50,6 +50,7 @@ from hpcdl.checkpoint_file import (  # noqa: F401 (the file format, without torc
     _unreadable,
     _wait,
     payload_checksum,
+    step_file_name,
     verify_checkpoint,
 )
 from hpcdl.errors import (
@@ -71,11 +72,6 @@ _CONTAINER_TYPES = (dict, OrderedDict, list, tuple, set, torch.Size)
 
 class CheckpointWarning(HpcdlWarning):
     """A checkpoint file was skipped because it is corrupt or unreadable."""
-
-
-def step_file_name(step: int) -> str:
-    # Zero-padded so that names sort by step; 9 digits covers a billion optimizer steps.
-    return f"step_{step:09d}.pt"
 
 
 class CheckpointStore:

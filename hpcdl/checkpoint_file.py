@@ -31,6 +31,12 @@ from hpcdl.errors import CheckpointError
 
 PathLike = Union[str, Path]
 
+
+def step_file_name(step: int) -> str:
+    # Zero-padded so that names sort by step; 9 digits covers a billion optimizer steps.
+    return f"step_{step:09d}.pt"
+
+
 # magic (8 bytes), checksum of the payload (32 bytes), payload length (little-endian uint64):
 # the trailer of format 3, the header of formats 1 and 2.
 _FRAME = struct.Struct("<8s32sQ")
@@ -202,6 +208,13 @@ def verify_checkpoint(path: PathLike) -> None:
     path = Path(path)
     with _open_checkpoint(path) as (file, layout), _hash_pool() as pool:
         _check_digest(path, lambda: _payload_digest(file.fileno(), layout, pool), layout.digest)
+
+
+def stored_checksum(path: PathLike) -> tuple[bytes, int]:
+    """The checksum and payload length that the file's frame holds, read without the
+    payload: two files with the same are copies of one save (best.pt of its step file)."""
+    with _open_checkpoint(Path(path)) as (_, layout):
+        return layout.digest, layout.length
 
 
 def _payload_digest(fd: int, layout: _Layout, pool: ThreadPoolExecutor) -> bytes:

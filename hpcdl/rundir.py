@@ -50,7 +50,7 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("checkpoints/", "step_<N>.pt (the newest keep_last) and best.pt"),
     (
         "checkpoints.set-aside-<N>/",
-        "`hpcdl resume --from-scratch`: the checkpoints it found there, moved aside (nothing deleted)",
+        "`hpcdl resume --from-scratch`: the checkpoints it found there; `--from`: those after the chosen one, with the records of their epochs (nothing deleted)",
     ),
     (
         "checkpoint.json",
@@ -241,6 +241,32 @@ class RunDir(JobDir):
             number += 1
         target = self.path / self.SET_ASIDE.replace("<N>", str(number))
         self.checkpoint_dir.rename(target)
+        return target
+
+    def set_aside_after(
+        self, checkpoints: list[Path], cut_metrics_after_epoch: Optional[int]
+    ) -> Path:
+        """`hpcdl resume --from`: the checkpoints saved after the chosen one (``checkpoints``,
+        in checkpoints/) move to a new checkpoints.set-aside-N, with the records of the epochs
+        after it: checkpoint.json, summary.json and the plots moved, metrics.csv copied and
+        then cut back to ``cut_metrics_after_epoch`` (None: left as it is). Nothing deleted."""
+        number = 1
+        while (self.path / self.SET_ASIDE.replace("<N>", str(number))).exists():
+            number += 1
+        target = self.path / self.SET_ASIDE.replace("<N>", str(number))
+        target.mkdir()
+        metrics = self.path / self.METRICS
+        if cut_metrics_after_epoch is not None and metrics.is_file():
+            shutil.copy2(metrics, target / self.METRICS)
+        records = (self.checkpoint_record_file, self.summary_file, self.curves_png)
+        for path in (*checkpoints, *records, self.confusion_png, self.scatter_png):
+            if path.is_file():
+                path.rename(target / path.name)
+        fsync_directory(target)
+        fsync_directory(self.checkpoint_dir)
+        fsync_directory(self.path)
+        if cut_metrics_after_epoch is not None:
+            self.metrics.truncate_after_epoch(cut_metrics_after_epoch)
         return target
 
     def stop_file(self, job_id: Optional[str], restart_count: int) -> Path:

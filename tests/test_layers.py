@@ -32,6 +32,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.state",
         "hpcdl.early_stop",
         "hpcdl.nothing_to_train",
+        "hpcdl.resume_from",
         "hpcdl.samples",
     ],
     [

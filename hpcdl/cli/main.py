@@ -27,6 +27,7 @@ from hpcdl.exit_codes import (
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
+    from hpcdl.resume_from import ChosenCheckpoint
     from hpcdl.rundir import RunDir
     from hpcdl.sweep.plan import SweepPlan
 
@@ -92,7 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-preflight", action="store_true", help="skip the sinfo/scontrol checks")
 
-    resume = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
+    resume = sub.add_parser(
+        "resume",
+        help="continue a run from its newest valid checkpoint, or one you choose (--from)",
+        description="Continue a run from its newest valid checkpoint, or from one you choose "
+        "with --from: in place (the checkpoints saved after it move to "
+        "RUN_DIR/checkpoints.set-aside-N), or in a new run dir (--new-run-dir: RUN_DIR is left "
+        "as it is). Overrides change its config.yaml first, e.g. optim.lr=0.01.",
+    )
     resume.add_argument("run_dir")
     resume.add_argument(
         "overrides", nargs="*", default=[], help="e.g. trainer.max_epochs=50 cluster=local"
@@ -106,6 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="retrain from epoch 1: clears its metrics and summary, and moves any checkpoints "
         "left to checkpoints.set-aside-N",
+    )
+    resume.add_argument(
+        "--from",
+        dest="from_checkpoint",
+        metavar="CHECKPOINT",
+        help="continue from this checkpoint of the run instead of the newest: step_000000875.pt "
+        "(or its path, or 875, its global step) or best; the ones saved after it move to "
+        "checkpoints.set-aside-N with the records of their epochs",
+    )
+    resume.add_argument(
+        "--new-run-dir",
+        metavar="NEW_DIR",
+        help="with --from: continue in NEW_DIR (made with the run's config, the checkpoint "
+        "and the metrics up to it), leaving RUN_DIR as it is; NEW_DIR must not exist",
     )
 
     status = sub.add_parser("status", help="Slurm job state, attempts, last metrics")
@@ -595,6 +617,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_if_still_queued(run_dir)
+    chosen = choose_checkpoint(cfg, run_dir, args)  # --from: None without it
     stored = cfg
     if args.overrides:
         cfg = apply_overrides(cfg, args.overrides, args.config_dir)
@@ -603,14 +626,18 @@ def cmd_resume(args: argparse.Namespace) -> int:
         refuse_another_optimizer(stored, cfg, run_dir)
     refuse_another_split(trained_data(stored, run_dir), stored, cfg, run_dir)
     if not args.from_scratch and not is_held(run_dir):  # a holder is refused below
-        line = nothing_to_train(cfg, run_dir)
+        line = nothing_to_train(cfg, run_dir) if chosen is None else chosen.nothing_to_train(cfg)
         if line is not None:  # what the job would say once it had waited in the queue
             print(line, flush=True)
             return EXIT_OK
     preflight(cfg, args.no_preflight)
     if not args.from_scratch:
         refuse_lost_checkpoints(run_dir)
+    if chosen is not None and chosen.new_run_dir is not None:
+        run_dir = chosen.branch(stored)  # RUN_DIR is only read; NEW_DIR is launched below
     with hold(run_dir):  # before anything is written: a second resume changes nothing
+        if chosen is not None and chosen.new_run_dir is None:
+            chosen.continue_in_place()
         if args.from_scratch:
             aside = run_dir.set_aside_checkpoints()
             run_dir.clear_history()
@@ -630,6 +657,25 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if code == EXIT_BAD_INPUT:  # refused by the job that ran here (its checkpoint
             keep_config(run_dir, stored_config, args.overrides)  # does not fit, say)
         return code
+
+
+def choose_checkpoint(
+    cfg: Config, run_dir: RunDir, args: argparse.Namespace
+) -> Optional[ChosenCheckpoint]:
+    """`resume --from`: the chosen checkpoint, verified (refusals change nothing)."""
+    from hpcdl.resume_from import choose
+
+    if args.from_checkpoint is None:
+        if args.new_run_dir is not None:
+            raise HpcdlError("--new-run-dir: give the checkpoint to continue from with --from")
+        return None
+    return choose(
+        cfg,
+        run_dir,
+        args.from_checkpoint,
+        from_scratch=args.from_scratch,
+        new_run_dir=args.new_run_dir,
+    )
 
 
 def keep_config(run_dir: RunDir, stored: bytes, overrides: list[str]) -> None:

@@ -1,0 +1,235 @@
+"""`hpcdl resume RUN_DIR --from CHECKPOINT [--new-run-dir NEW_DIR]`: continue a run from a
+checkpoint older than its newest, in place or in a new run dir, and end bit-identical to a
+run that had stopped at that checkpoint and resumed. Refusals change nothing; the login
+path reads and verifies the chosen checkpoint without torch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hpcdl.config.schema import ScriptConfig
+from hpcdl.errors import HpcdlError
+from hpcdl.resume_from import choose
+from hpcdl.rundir import open_run_dir
+from hpcdl.runlock import hold
+from tests.conftest import run_hpcdl, run_without_torch
+
+# 256 samples: 180 training rows, 6 steps of 32 an epoch.
+SMALL = ["data=synthetic", "data.num_samples=256", "data.shape=[8]", "data.num_workers=0"]
+EPOCH_2 = "step_000000012.pt"
+LATER = ["step_000000018.pt", "step_000000024.pt"]
+NEW_LR = "optim.lr=0.05"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 epochs, every checkpoint kept; each test works on a copy."""
+    base = tmp_path_factory.mktemp("finished")
+    out = run_hpcdl(
+        "train", "run_dir=run", "trainer.max_epochs=4", "trainer.keep_last=9", *SMALL, cwd=base
+    )
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in (base / "run" / "checkpoints").glob("step_*")) == [
+        "step_000000006.pt",
+        EPOCH_2,
+        *LATER,
+    ]
+    return base / "run"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run without --from: stopped after epoch 2, resumed with the new lr."""
+    base = tmp_path_factory.mktemp("reference")
+    args = ["trainer.max_epochs=2", "trainer.keep_last=9", *SMALL]
+    assert run_hpcdl("train", "run_dir=run", *args, cwd=base).returncode == 0
+    out = run_hpcdl("resume", "run", "trainer.max_epochs=4", NEW_LR, cwd=base)
+    assert out.returncode == 0, out.stderr
+    return base / "run"
+
+
+@pytest.fixture
+def run(finished: Path, tmp_path: Path) -> Path:
+    shutil.copytree(finished, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def weights(run_dir: Path) -> str:
+    return json.loads((run_dir / "summary.json").read_text())["weights_sha256"]
+
+
+def metric_rows(run_dir: Path) -> list[list[str]]:
+    """metrics.csv without its timing columns (seconds, samples/s)."""
+    lines = (run_dir / "metrics.csv").read_text().splitlines()
+    return [line.split(",")[:-2] for line in lines]
+
+
+def test_from_an_older_checkpoint_ends_as_a_run_that_stopped_there(
+    run: Path, reference: Path
+) -> None:
+    history = (run / "metrics.csv").read_text()
+    out = run_hpcdl("resume", "run", "--from", EPOCH_2, NEW_LR, cwd=run.parent)
+    assert out.returncode == 0, out.stderr
+    assert f"resumed from {run}/checkpoints/{EPOCH_2} (epoch 3," in out.stdout
+    assert weights(run) == weights(reference)
+    assert metric_rows(run) == metric_rows(reference)
+    # Nothing deleted: the later checkpoints and the records of their epochs are aside.
+    aside = run / "checkpoints.set-aside-1"
+    assert f"moved to {aside}" in out.stdout
+    assert {*LATER, "metrics.csv", "summary.json", "checkpoint.json"} <= {
+        p.name for p in aside.iterdir()
+    }
+    assert (aside / "metrics.csv").read_text() == history
+    assert json.loads((aside / "checkpoint.json").read_text())["checkpoint"] == LATER[-1]
+
+
+def test_the_login_node_sets_the_records_back_to_the_chosen_checkpoint(
+    run: Path, tmp_path: Path
+) -> None:
+    """Before any launch (a Slurm job may wait in the queue): metrics.csv cut back, and
+    checkpoint.json describing the chosen checkpoint, so that the login node's 'nothing to
+    train' and split checks read the point the run goes on from. Without torch."""
+    code = f"""
+from hpcdl.resume_from import choose
+from hpcdl.rundir import open_run_dir
+cfg, run_dir = open_run_dir({str(run)!r})
+chosen = choose(cfg, run_dir, {EPOCH_2!r}, from_scratch=False, new_run_dir=None)
+assert chosen.nothing_to_train(cfg) is None
+chosen.continue_in_place()
+"""
+    run_without_torch(code, cwd=tmp_path)
+    record = json.loads((run / "checkpoint.json").read_text())
+    assert record["checkpoint"] == EPOCH_2
+    assert record["progress"]["epoch"] == 2 and record["progress"]["global_step"] == 12
+    assert [row[0] for row in metric_rows(run)] == ["epoch", "1", "2"]
+    assert not (run / "summary.json").exists()
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*"))[-1] == EPOCH_2
+
+
+def test_a_branch_leaves_the_run_as_it_was(run: Path, reference: Path) -> None:
+    before = snapshot(run)
+    out = run_hpcdl(
+        "resume", "run", "--from", EPOCH_2, "--new-run-dir", "lr05", NEW_LR, cwd=run.parent
+    )
+    assert out.returncode == 0, out.stderr
+    branch = run.parent / "lr05"
+    assert f"resumed from {branch}/checkpoints/{EPOCH_2}" in out.stdout
+    assert snapshot(run) == before
+    assert weights(branch) == weights(reference)
+    assert metric_rows(branch) == metric_rows(reference)
+    assert f"run_dir: {branch}" in (branch / "config.yaml").read_text()
+    assert "lr: 0.05" in (branch / "config.yaml").read_text()
+    # Never overwritten: the same command again is refused, and changes nothing.
+    both = snapshot(run), snapshot(branch)
+    again = run_hpcdl("resume", "run", "--from", EPOCH_2, "--new-run-dir", "lr05", cwd=run.parent)
+    assert again.returncode == 2
+    assert again.stderr.startswith("error: --new-run-dir lr05:")
+    assert "already exists" in again.stderr
+    assert (snapshot(run), snapshot(branch)) == both
+
+
+def test_from_best_continues_from_the_step_it_was_saved_at(run: Path) -> None:
+    """best.pt holds the whole training state (a copy of its step file): with its step
+    file purged, the job gets it back under that name and finds it as the newest."""
+    from hpcdl.checkpoint_file import read_plain_entries
+
+    step = read_plain_entries(run / "checkpoints" / "best.pt")["progress"]["global_step"]
+    step_file = run / "checkpoints" / f"step_{step:09d}.pt"
+    step_file.unlink()
+    out = run_hpcdl("resume", "run", "--from", "best", "trainer.max_epochs=5", cwd=run.parent)
+    assert out.returncode == 0, out.stderr
+    assert f"resumed from {step_file} " in out.stdout
+    later = [p.name for p in (run / "checkpoints.set-aside-1").glob("step_*")]
+    assert all(int(name[5:14]) > step for name in later)
+
+
+def test_the_newest_checkpoint_of_a_finished_run_has_nothing_to_train(run: Path) -> None:
+    before = snapshot(run)
+    out = run_hpcdl("resume", "run", "--from", LATER[-1], cwd=run.parent)
+    assert out.returncode == 0, out.stderr
+    assert "trainer.max_epochs=4: nothing to train" in out.stdout
+    assert snapshot(run) == before
+
+
+def flip_a_byte_in_the_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def weights_only_best(run: Path) -> None:
+    from hpcdl.checkpoint import CheckpointStore, read_checkpoint
+
+    state = read_checkpoint(run / "checkpoints" / "best.pt")
+    store = CheckpointStore(run / "weights")
+    (run / "checkpoints" / "best.pt").unlink()
+    store.save({"model": state["model"]}, 1, is_best=True)
+    (run / "weights" / "best.pt").rename(run / "checkpoints" / "best.pt")
+    shutil.rmtree(run / "weights")
+
+
+@pytest.mark.parametrize(
+    "args, prepare, expected",
+    [
+        (["--from", "step_000000013.pt"], None, "no such checkpoint in"),
+        (["--from", "epoch2"], None, "step_000000006.pt, step_000000012.pt, step_000000018"),
+        (["--from", EPOCH_2, "--from-scratch"], None, "--from and --from-scratch: give one"),
+        (["--new-run-dir", "b"], None, "--new-run-dir: give the checkpoint to continue from"),
+        (["--from", "../other/checkpoints/best.pt"], None, "for another run's weights"),
+        (["--from", EPOCH_2], "damaged", "checksum mismatch: the file is corrupt; choose another"),
+        (["--from", "best"], "weights_only", "holds the model's weights only"),
+        (["--from", EPOCH_2], "held", "is being trained by"),
+    ],
+)
+def test_refusals_are_one_line_and_change_nothing(
+    run: Path, args: list[str], prepare: str | None, expected: str
+) -> None:
+    if prepare == "damaged":
+        flip_a_byte_in_the_middle(run / "checkpoints" / EPOCH_2)
+    elif prepare == "weights_only":
+        weights_only_best(run)
+    before = snapshot(run)
+    if prepare == "held":
+        _, run_dir = open_run_dir(run)
+        with hold(run_dir):
+            before = snapshot(run)
+            out = run_hpcdl("resume", "run", *args, cwd=run.parent)
+    else:
+        out = run_hpcdl("resume", "run", *args, cwd=run.parent)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ")
+    assert expected in out.stderr
+    assert snapshot(run) == before
+    assert not (run.parent / "b").exists()
+
+
+def test_a_long_list_of_checkpoints_is_shortened(run: Path) -> None:
+    for step in (30, 36, 42):
+        shutil.copy(run / "checkpoints" / EPOCH_2, run / "checkpoints" / f"step_{step:09d}.pt")
+    out = run_hpcdl("resume", "run", "--from", "nope", cwd=run.parent)
+    assert out.returncode == 2
+    assert (
+        "the checkpoints there: step_000000006.pt, step_000000012.pt, (2 more), "
+        "step_000000030.pt, step_000000036.pt, step_000000042.pt, best" in out.stderr
+    )
+
+
+def test_a_script_run_continues_in_place_but_is_not_branched(run: Path) -> None:
+    """`hpcdl run` programs save with hpcdl.api.checkpoint_store, into the same
+    checkpoints folder: --from sets the later ones aside, the program's load_latest()
+    finds the chosen one. Its other files in the run dir are its own: no branch."""
+    cfg, run_dir = open_run_dir(run)
+    script = replace(cfg, script=ScriptConfig(command=["python", "train.py"]))
+    with pytest.raises(HpcdlError, match="is an `hpcdl run` run"):
+        choose(script, run_dir, EPOCH_2, from_scratch=False, new_run_dir=str(run.parent / "b"))
+    chosen = choose(script, run_dir, EPOCH_2, from_scratch=False, new_run_dir=None)
+    assert chosen.step == 12

@@ -9,13 +9,13 @@ launches and the job decides.
 
 from __future__ import annotations
 
-import os
-import struct
 from pathlib import Path
 from typing import Optional
 
 from hpcdl import early_stop
+from hpcdl.checkpoint_file import stored_checksum
 from hpcdl.config.schema import Config
+from hpcdl.errors import CheckpointError
 from hpcdl.rundir import RunDir
 from hpcdl.state import Progress
 
@@ -63,32 +63,15 @@ def nothing_to_train(cfg: Config, run_dir: RunDir) -> Optional[str]:
     return None if line is None else f"{newest}: {line}"
 
 
-# hpcdl.checkpoint's frame: magic (8 bytes), checksum (32), payload length (uint64, little
-# endian); a trailer in format 3, a header in formats 1 and 2.
-_FRAME = struct.Struct("<8s32sQ")
-_TRAILER_MAGIC = b"HPCDLCK3"
-_HEADER_MAGICS = (b"HPCDLCK1", b"HPCDLCK2")
-
-
 def is_whole(checkpoint: Path) -> bool:
     """Whether the file is as long as its frame says: a file cut short, or not hpcdl's,
     would be skipped by the job for an older one, which may have something to train. Its
     checksum is not checked: that reads the whole file, which the job does anyway."""
     try:
-        with open(checkpoint, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < _FRAME.size:
-                return False
-            head = f.read(_FRAME.size)
-            f.seek(size - _FRAME.size)
-            tail = f.read(_FRAME.size)
-    except OSError:
+        stored_checksum(checkpoint)
+    except CheckpointError:
         return False
-    for frame, magics in ((tail, (_TRAILER_MAGIC,)), (head, _HEADER_MAGICS)):
-        magic, _, length = _FRAME.unpack(frame)
-        if magic in magics:
-            return length == size - _FRAME.size
-    return False
+    return True
 
 
 def _completed_progress(run_dir: RunDir, newest: Path) -> Optional[Progress]:

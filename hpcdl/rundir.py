@@ -236,10 +236,7 @@ class RunDir(JobDir):
         was nothing to move."""
         if not self.checkpoint_dir.is_dir() or not any(self.checkpoint_dir.iterdir()):
             return None
-        number = 1
-        while (self.path / self.SET_ASIDE.replace("<N>", str(number))).exists():
-            number += 1
-        target = self.path / self.SET_ASIDE.replace("<N>", str(number))
+        target = self._next_set_aside()
         self.checkpoint_dir.rename(target)
         return target
 
@@ -250,10 +247,7 @@ class RunDir(JobDir):
         in checkpoints/) move to a new checkpoints.set-aside-N, with the records of the epochs
         after it: checkpoint.json, summary.json and the plots moved, metrics.csv copied and
         then cut back to ``cut_metrics_after_epoch`` (None: left as it is). Nothing deleted."""
-        number = 1
-        while (self.path / self.SET_ASIDE.replace("<N>", str(number))).exists():
-            number += 1
-        target = self.path / self.SET_ASIDE.replace("<N>", str(number))
+        target = self._next_set_aside()
         target.mkdir()
         metrics = self.path / self.METRICS
         if cut_metrics_after_epoch is not None and metrics.is_file():
@@ -268,6 +262,13 @@ class RunDir(JobDir):
         if cut_metrics_after_epoch is not None:
             self.metrics.truncate_after_epoch(cut_metrics_after_epoch)
         return target
+
+    def _next_set_aside(self) -> Path:
+        """checkpoints.set-aside-N with the first N not taken."""
+        number = 1
+        while (self.path / self.SET_ASIDE.replace("<N>", str(number))).exists():
+            number += 1
+        return self.path / self.SET_ASIDE.replace("<N>", str(number))
 
     def stop_file(self, job_id: Optional[str], restart_count: int) -> Path:
         """Where `hpcdl run` makes a file when this attempt is asked to stop (not created)."""

@@ -121,11 +121,45 @@ def _with_additions(overrides: list[str], attempt: Callable[[list[str]], DictCon
             cause = _yaml_cause(err)
             if cause is not None:
                 raise ConfigError(yaml_message(cause)) from None
+            swept = _SWEEP_VALUE.search(str(err))
+            if swept is not None:
+                raise SweepValueError(swept.group(1) or swept.group(2)) from None
             retry = _as_addition(str(err), overrides)
             if retry is None:
                 raise ConfigError(_naming(hydra_message(err), overrides)) from None
             overrides = retry
     raise ConfigError("could not compose the config")  # unreachable: each retry fixes one key
+
+
+# Hydra's refusal of a sweep value (a comma list, range(), glob()) outside --multirun.
+_SWEEP_VALUE = re.compile(
+    r"Ambiguous value for argument '([^']*)'|Sweep parameters '([^']*)' requires --multirun"
+)
+_GROUP_NAMES = (*GROUPS, *PRESET_GROUPS)
+
+
+class SweepValueError(ConfigError):
+    """An override with several values (optim.lr=0.1,0.01) where one run was asked for."""
+
+    def __init__(self, override: str) -> None:
+        self.override = override
+        key, _, value = override.partition("=")
+        advice = "add -m for one run per value"
+        # A comma list of a plain key may have meant one string, or a list.
+        if "," in value and "(" not in value and key.lstrip("+~") not in _GROUP_NAMES:
+            advice += (
+                f"; for one value, quote it: \"{key}='{value}'\" or write a list: {key}=[{value}]"
+            )
+        super().__init__(f"{override}: several values are a sweep: {advice}")
+
+    def for_run(self) -> ConfigError:
+        """`hpcdl run`: its -m sweeps the lists in the program's command, not hpcdl's keys."""
+        key, _, value = self.override.partition("=")
+        return ConfigError(
+            f"{self.override}: hpcdl run takes one value per key (its -m sweeps only the "
+            f"lists in the command after --, e.g. '--lr={{0.1,0.03}}'); quote it if one value "
+            f"was meant: \"{key}='{value}'\""
+        )
 
 
 def _naming(message: str, overrides: list[str]) -> str:
@@ -207,7 +241,10 @@ def compose_config(
     script: Optional[schema.ScriptConfig] = None,
 ) -> schema.Config:
     """The typed, validated config; ``script``: `hpcdl run`'s program, validated with it."""
-    composed = compose(overrides, config_dirs)
+    try:
+        composed = compose(overrides, config_dirs)
+    except SweepValueError as err:
+        raise (err if script is None else err.for_run()) from None
     with _naming_the_file(overrides, config_dirs):
         config = _typed_config(composed, overrides)
         if script is not None:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from hpcdl.config.schema import EarlyStoppingConfig
+from hpcdl.errors import plural
 from hpcdl.state import Progress
 
 KEY = "trainer.early_stopping"
@@ -75,8 +76,9 @@ def nothing_to_train_line(
     if stopped_by_patience(progress, patience):
         best = f"epoch {progress.best_epoch}'s {progress.best_metric:.4g}"
         why = (
-            f"{monitor} did not improve on {best} in {progress.num_evals_without_improvement} "
-            f"evaluations, {KEY}.patience={patience}"
+            f"{monitor} did not improve on {best} in "
+            f"{plural(progress.num_evals_without_improvement, 'evaluation')}, "
+            f"{KEY}.patience={patience}"
         )
         how = f"{KEY}.patience=0 (off) or a larger patience"
     elif target is not None:

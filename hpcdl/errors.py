@@ -44,6 +44,11 @@ def warnings_as_lines() -> Iterator[None]:
         warnings.showwarning = shown
 
 
+def plural(count: int, noun: str) -> str:
+    """`1 epoch`, `2 epochs`: a count in a message, with its noun (a plain -s plural)."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 class ConfigError(HpcdlError):
     """A config key has an unknown name, a wrong type or a bad value."""
 

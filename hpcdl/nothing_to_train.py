@@ -15,7 +15,7 @@ from typing import Optional
 from hpcdl import early_stop
 from hpcdl.checkpoint_file import stored_checksum
 from hpcdl.config.schema import Config
-from hpcdl.errors import CheckpointError
+from hpcdl.errors import CheckpointError, plural
 from hpcdl.rundir import RunDir
 from hpcdl.state import Progress
 
@@ -26,14 +26,16 @@ def limit_reached_line(
     """For a run that has reached trainer.max_epochs or trainer.max_steps; None if not."""
     if progress.epoch >= max_epochs:
         return (
-            f"the run has trained {progress.epoch} epochs, trainer.max_epochs={max_epochs}: "
-            "nothing to train; to train on, resume with a larger trainer.max_epochs "
+            f"the run has trained {plural(progress.epoch, 'epoch')}, "
+            f"trainer.max_epochs={max_epochs}: nothing to train; to train on, resume with a "
+            "larger trainer.max_epochs "
             f"(e.g. {progress.epoch + max(1, progress.epoch // 2)})"
         )
     if max_steps is not None and progress.global_step >= max_steps:
         return (
-            f"the run has taken {progress.global_step} steps, trainer.max_steps={max_steps}: "
-            "nothing to train; to train on, resume with a larger trainer.max_steps (or "
+            f"the run has taken {plural(progress.global_step, 'step')}, "
+            f"trainer.max_steps={max_steps}: nothing to train; to train on, resume with a "
+            "larger trainer.max_steps (or "
             "trainer.max_steps=null)"
         )
     return None

@@ -28,7 +28,13 @@ from hpcdl.data.sharding import EpochSharder
 from hpcdl.deferred_stats import DeferredStats
 from hpcdl.dist import all_gather_objects, all_reduce_sum, set_collective_timeout
 from hpcdl.env import RankEnv
-from hpcdl.errors import CheckpointError, DeviceMemoryError, HpcdlError, RunDirError
+from hpcdl.errors import (
+    CheckpointError,
+    DeviceMemoryError,
+    HpcdlError,
+    RunDirError,
+    plural,
+)
 from hpcdl.evaluation import EvalResult, evaluate
 from hpcdl.hooks import StepEvent, StepHook
 from hpcdl.nothing_to_train import limit_reached_line
@@ -775,7 +781,7 @@ class Trainer:
             restore_rng_state(rng[self.env.rank])
         else:
             p.reporter.message(
-                f"resuming {len(rng)}-rank state with {self.env.world_size} ranks: "
+                f"resuming {len(rng)}-rank state with {plural(self.env.world_size, 'rank')}: "
                 "RNG streams restart from the seed, so results will differ from an uninterrupted run"
             )
         self._warn_other_threads(path, state.get("cpu_threads"))
@@ -833,8 +839,8 @@ class Trainer:
         if epochs >= EPOCHS_NEEDING_A_CHECKPOINT:
             run = self.p.metrics.path.parent
             raise RunDirError(
-                f"{run}: metrics.csv records {epochs} epochs but {self.p.store.directory} "
-                "holds no valid checkpoint to continue from; retrain from epoch 1 with "
+                f"{run}: metrics.csv records {plural(epochs, 'epoch')} but "
+                f"{self.p.store.directory} holds no valid checkpoint to continue from; retrain from epoch 1 with "
                 f"`hpcdl resume {run} --from-scratch` (clears its metrics and summary)"
             )
         if epochs and self.env.is_main:

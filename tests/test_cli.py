@@ -618,7 +618,7 @@ def test_resume_of_an_early_stopped_run_trains_on_only_with_other_early_stopping
     assert out.returncode == 0, out.stderr
     assert (
         f"step_000000026.pt: the run stopped early after epoch 2 (val_loss did not improve on "
-        f"epoch 1's {best:.4g} in 1 evaluations, trainer.early_stopping.patience=1): nothing "
+        f"epoch 1's {best:.4g} in 1 evaluation, trainer.early_stopping.patience=1): nothing "
         "to train; to train on, resume with trainer.early_stopping.patience=0 (off) or a "
         "larger patience\n" in out.stdout
     ), out.stdout

@@ -165,7 +165,7 @@ def test_an_early_stopped_run_is_told_on_the_login_node(tmp_path: Path) -> None:
     assert out.stdout == nothing_line(
         run,
         f"the run stopped early after epoch 2 (val_loss did not improve on epoch 1's "
-        f"{best:.4g} in 1 evaluations, trainer.early_stopping.patience=1): nothing to train; "
+        f"{best:.4g} in 1 evaluation, trainer.early_stopping.patience=1): nothing to train; "
         "to train on, resume with trainer.early_stopping.patience=0 (off) or a larger patience",
     )
     assert snapshot(run) == before

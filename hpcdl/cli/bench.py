@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hpcdl.errors import ConfigError, HpcdlError
+from hpcdl.errors import ConfigError, HpcdlError, plural
 from hpcdl.exit_codes import EXIT_OK
 
 # hpcdl/cli/bench.py -> the source tree that holds benchmarks/ next to hpcdl/
@@ -136,16 +136,13 @@ def title(cfg: Any, measured: Any, args: argparse.Namespace) -> str:
         device += f" ({plural(threads, 'thread')})"
     return (
         f"model={cfg.model.name} data={cfg.data.name} precision={cfg.trainer.precision.value} "
-        f"batch {cfg.trainer.batch_size} ({measured.num_steps_per_epoch} steps an epoch), "
+        f"batch {cfg.trainer.batch_size} "
+        f"({plural(measured.num_steps_per_epoch, 'step')} an epoch), "
         f"{device}; {plural(args.repeats, 'round')} after {args.warmup_rounds} warm-up, "
         f"{args.epochs} epochs a run, the first not counted\n"
         "epoch: first to last step of an epoch, without its end (validation, checkpoint); "
         "time / hpcdl's: the median over rounds of this loop's epoch / hpcdl's"
     )
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def suite_module(name: str) -> Any:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from hpcdl.errors import ConfigError, HpcdlError, warnings_as_lines
+from hpcdl.errors import ConfigError, HpcdlError, plural, warnings_as_lines
 from hpcdl.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
@@ -361,7 +361,7 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
     from hpcdl.config.schema import Launcher
 
     if args.dry_run:
-        print(f"{len(plan.trials)} trials:")
+        print(f"{plural(len(plan.trials), 'trial')}:")
         for t in plan.trials:
             print(f"  {t.index}: {' '.join(t.overrides)}")
         if plan.trials[0].config.cluster.launcher != Launcher.slurm:
@@ -388,7 +388,7 @@ def start_sweep(plan: SweepPlan, skip_preflight: bool) -> tuple[Path, int]:
             checked.add(repr(trial.config.cluster))
     ledger = create_sweep(plan)
     sweep_dir = Path(ledger.sweep_dir)
-    print(f"sweep dir: {sweep_dir} ({len(ledger.trials)} trials)", flush=True)
+    print(f"sweep dir: {sweep_dir} ({plural(len(ledger.trials), 'trial')})", flush=True)
     indices = [t.index for t in ledger.trials]
     if ledger.launcher == Launcher.slurm.value:
         with ledger_mod.locked(sweep_dir) as led:
@@ -811,8 +811,8 @@ def refuse_lost_checkpoints(run_dir: RunDir) -> None:
     epochs = len(run_dir.metrics.read())
     if epochs >= EPOCHS_NEEDING_A_CHECKPOINT and not any(run_dir.checkpoint_dir.glob("step_*")):
         raise HpcdlError(
-            f"{run_dir.path}: metrics.csv records {epochs} epoch(s) but {run_dir.checkpoint_dir} "
-            f"holds no checkpoint to continue from; retrain from epoch 1 with "
+            f"{run_dir.path}: metrics.csv records {plural(epochs, 'epoch')} but "
+            f"{run_dir.checkpoint_dir} holds no checkpoint to continue from; retrain from epoch 1 with "
             f"`hpcdl resume {run_dir.path} --from-scratch` (clears its metrics and summary)"
         )
 

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from hpcdl.data.raw import RawData
-from hpcdl.errors import DataError, DataWarning
+from hpcdl.errors import DataError, DataWarning, plural
 
 SUFFIXES = (".npz", ".npy", ".csv")
 # The column dropped from prediction rows with a header, for runs whose checkpoint recorded
@@ -130,7 +130,7 @@ def read_labelled_csv(
     if empty.size:
         raise DataError(
             f"data.path: '{file}' line {int(empty[0]) + 2} has an empty {label_column!r} cell "
-            f"({empty.size} row(s) without a label); fill them in or drop those rows"
+            f"({plural(int(empty.size), 'row')} without a label); fill them in or drop those rows"
         )
     features = [row[:col] + row[col + 1 :] for row in rows]
     names = header[:col] + header[col + 1 :]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ MIN_REFRESH_S = 10.0
 
 NO_ACCOUNTING = "none (not queued; no accounting)"
 NOT_IN_ACCOUNTING = "none (not queued; sacct does not know it)"
+# No answer at all: the controller does not answer, or this machine has no Slurm.
+SQUEUE_FAILED = "none (squeue failed)"
+NO_SLURM = "none (Slurm's commands are not on PATH)"
 
 ACTIVE_STATES = (
     "PENDING",
@@ -239,7 +243,8 @@ def job_state(job_id: str) -> dict[str, str]:
         }
     if out is None and query(["squeue", "-h", "-o", "%i"]) is None:
         # The controller does not answer at all: say so, guess nothing.
-        return {"job_id": job_id, "state": "UNKNOWN", "source": "none (squeue failed)"}
+        source = NO_SLURM if shutil.which("squeue") is None else SQUEUE_FAILED
+        return {"job_id": job_id, "state": "UNKNOWN", "source": source}
     # The controller answers but no longer knows the job: it left the queue, and either
     # there is no accounting (sacct failed) or accounting never had it (a wrong id).
     source = NO_ACCOUNTING if out is None else NOT_IN_ACCOUNTING
@@ -279,6 +284,8 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
     """What `hpcdl status` prints (and Job.status() returns): the scheduler's view, the run
     dir's records, and the run dir's verdict once the scheduler has forgotten the job."""
     report = {**job_state(job_id), **run_status(run_dir)}
+    if run_dir is None and report["source"] in (SQUEUE_FAILED, NO_SLURM):
+        raise no_scheduler_error(job_id, report["source"])
     if report["source"] not in (NO_ACCOUNTING, NOT_IN_ACCOUNTING):
         return report
     if run_dir is None:
@@ -294,6 +301,19 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
         verdict["elapsed"] = attempt_elapsed(start, end)
     report["source"] = "run dir (" + report["source"].removeprefix("none (")
     return {**verdict, **{k: v for k, v in report.items() if k not in verdict}}
+
+
+def no_scheduler_error(job_id: str, source: str) -> HpcdlError:
+    """`hpcdl status JOB_ID` where no Slurm answers: often the id of a run trained in the
+    foreground (cluster=local prints `local job <pid>`), which no scheduler knows."""
+    if source == NO_SLURM:
+        why = "Slurm's commands (squeue, sacct) are not on PATH here"
+    else:
+        why = "squeue failed: no Slurm controller answers here"
+    return HpcdlError(
+        f"job {job_id}: {why}; for a run trained with cluster=local or debug (`local job "
+        "<id>`), pass its run dir instead: hpcdl status RUN_DIR"
+    )
 
 
 def run_report(run_dir: RunDir) -> dict[str, Any]:

@@ -1,0 +1,64 @@
+"""`hpcdl status JOB_ID` on a machine where no Slurm answers (a laptop, a workstation
+running cluster=local): one line and exit status 2, not an UNKNOWN state that looks like
+an answer. Slurm's commands are stand-in scripts on PATH here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcdl.cli.compose import compose_config
+from hpcdl.cli.main import main
+from hpcdl.rundir import create_run_dir
+
+
+def slurm_commands(tmp_path: Path, monkeypatch, **scripts: str) -> None:
+    """PATH holds only these commands (squeue=..., sacct=...: shell script bodies)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+
+FAILING = "echo 'fatal: Could not establish a configuration source' >&2; exit 1"
+
+
+def test_a_job_id_without_slurm_on_path_is_one_line_naming_the_run_dir(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    slurm_commands(tmp_path, monkeypatch)
+    assert main(["status", "4242"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == (
+        "error: job 4242: Slurm's commands (squeue, sacct) are not on PATH here; for a run "
+        "trained with cluster=local or debug (`local job <id>`), pass its run dir instead: "
+        "hpcdl status RUN_DIR\n"
+    )
+
+
+def test_a_job_id_where_squeue_fails_is_one_line(tmp_path, monkeypatch, capsys) -> None:
+    slurm_commands(tmp_path, monkeypatch, squeue=FAILING, sacct=FAILING)
+    assert main(["status", "4242"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: job 4242: squeue failed: no Slurm controller answers here; ")
+    assert err.endswith("pass its run dir instead: hpcdl status RUN_DIR\n") and err.count("\n") == 1
+
+
+def test_a_run_dir_and_an_answering_slurm_are_reported_as_before(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    run = create_run_dir(compose_config([f"run_dir={tmp_path / 'run'}"]))[1]
+    run.record_submission("77", "devcluster", run.log_dir)
+    slurm_commands(tmp_path, monkeypatch, squeue=FAILING, sacct=FAILING)
+    # A run dir's report goes on without the scheduler (Job.status() polls it too).
+    assert main(["status", str(run.path)]) == 0
+    out = capsys.readouterr().out
+    assert "state: UNKNOWN" in out and "source: none (squeue failed)" in out, out
+    # A Slurm that answers: its state, exit status 0.
+    slurm_commands(tmp_path, monkeypatch, squeue="echo '77|RUNNING|0:06|1:00:00|1|n1'")
+    assert main(["status", "77"]) == 0
+    out = capsys.readouterr().out
+    assert "state: RUNNING" in out and "source: squeue" in out, out

@@ -42,7 +42,7 @@ from hpcdl.errors import RunDirError, WriteError, os_error_reason
 # lists it. A test checks the docs' table against this.
 RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("config.yaml", "the resolved config the job reads; rewritten by `hpcdl resume` overrides"),
-    ("commands.log", "every `hpcdl train`/`resume` command line that touched the run"),
+    ("commands.log", "every `hpcdl train`/`run`/`resume` command line that touched the run"),
     (
         "metrics.csv",
         "one row per epoch: train/val loss and the task's metrics, lr, seconds, samples/s",
@@ -309,8 +309,30 @@ class RunDir(JobDir):
         return cfg
 
     def record_command(self, verb: str) -> None:
+        """commands.log: `<time> train|run|resume: <this command line>`."""
         stamp = dt.datetime.now().isoformat(timespec="seconds")
         append_line_durably(self.path / self.COMMANDS, f"{stamp} {verb}: {shlex.join(sys.argv)}")
+
+    def withdraw_command(self, verb: str) -> None:
+        """Take back the line that record_command(verb) appended in this process, when it is
+        still the last: a resume refused once launched leaves config.yaml as it was, and
+        commands.log without its line. Called under the run's lock, so no other command has
+        appended since; the file is cut back to where the line began."""
+        path = self.path / self.COMMANDS
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError:
+            return
+        start = text.rstrip(b"\n").rfind(b"\n") + 1
+        line = text[start:].decode(errors="replace")
+        if not line.endswith(f" {verb}: {shlex.join(sys.argv)}\n"):
+            return
+        try:
+            with open(path, "r+b") as f:
+                f.truncate(start)
+                os.fsync(f.fileno())
+        except OSError as err:
+            raise WriteError(path, os_error_reason(err)) from err
 
     # ------------------------------------------------------------------ records
     @property
@@ -543,10 +565,11 @@ def _file_among_parents(path: Path) -> Optional[Path]:
 
 
 def _write_records(cfg: Config, folder: Path) -> None:
-    """commands.log, then config.yaml (``cfg.run_dir`` is the final path, not ``folder``):
-    the config is what makes a folder a run dir, so it comes last."""
+    """commands.log (`train:`, or `run:` for `hpcdl run`), then config.yaml (``cfg.run_dir``
+    is the final path, not ``folder``): the config is what makes a folder a run dir, so it
+    comes last."""
     staged = RunDir(folder)
-    staged.record_command("train")
+    staged.record_command("train" if cfg.script is None else "run")
     save_config(cfg, staged.config_file)
 
 

@@ -680,9 +680,10 @@ def choose_checkpoint(
 
 def keep_config(run_dir: RunDir, stored: bytes, overrides: list[str]) -> None:
     """A resume refused once launched leaves config.yaml as it was, so that a plain
-    `hpcdl resume` still works."""
+    `hpcdl resume` still works, and commands.log without the resume's line."""
     from hpcdl.atomic import write_atomic
 
+    run_dir.withdraw_command("resume")
     if overrides:
         write_atomic(run_dir.config_file, stored)
         print(f"{run_dir.config_file}: left as it was, without these overrides", flush=True)

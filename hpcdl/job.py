@@ -97,6 +97,7 @@ def _train_model(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
     first = first_step_allowance(cfg.trainer.stall_timeout_s, cfg.trainer.stall_first_step_s)
     with process_group(env, device, cfg.cluster.rendezvous_timeout_s, first):
         trainer = build_trainer(cfg, env, path, device, stop)
+        trainer.attempt_started = started  # its wall time counts from the job's start
         with stall_watchdog(cfg, env, path) as watchdog:
             trainer.watchdog = watchdog
             result = trainer.fit()

@@ -18,6 +18,9 @@ class Progress:
     num_evals_without_improvement: int = 0
     early_stopped: bool = False
     train_s: float = 0.0  # training wall time summed over attempts
+    # The attempts' wall time, each from its job's start to its last save, summed: what the
+    # weights at this point took (the time after a killed attempt's last save is not in it).
+    wall_s: float = 0.0
     num_samples_seen: int = 0
     # This epoch's running sums (summed over ranks), so a mid-epoch resume logs the same row.
     epoch_loss_sum: float = 0.0

@@ -195,6 +195,10 @@ class Trainer:
             Precision.fp16: torch.float16,
         }[self.t.precision]
         self._last_save = self._last_eval = time.monotonic()
+        # When this attempt began (hpcdl.job sets its job's start) and the wall time of the
+        # attempts before it, up to the checkpoint restored: Progress.wall_s at each save.
+        self.attempt_started = self._last_save
+        self._wall_s_before = 0.0
         self._last_saved_step = -1
         self._last_saved_path: Optional[Path] = None
         self._monitor_checked = False
@@ -704,6 +708,7 @@ class Trainer:
         with self._waiting("checkpoint"):
             rng_states = all_gather_objects(capture_rng_state())
         self._last_save = time.monotonic()
+        self.progress.wall_s = self._wall_s_before + (self._last_save - self.attempt_started)
         step = self.progress.global_step
         if not self.env.is_main:
             return None
@@ -770,6 +775,7 @@ class Trainer:
         else:
             p.scaler.load_state_dict(state["scaler"])
         self.progress = resumed_progress(path, state, p.sharder, self.t.early_stopping)
+        self._wall_s_before = self.progress.wall_s  # 0 for a checkpoint saved without it
         if self.progress.step_in_epoch != state["progress"]["step_in_epoch"]:
             p.reporter.message(
                 f"trainer.batch_size {state['batch_size']} -> {self.t.batch_size}: epoch "
@@ -879,7 +885,8 @@ class Trainer:
             "world_size": self.env.world_size,
             "cpu_threads": torch.get_num_threads(),  # this rank's (hpcdl.threads)
             "train_s": pr.train_s,
-            "wall_s": wall_s,
+            "wall_s": wall_s,  # this attempt's
+            "wall_s_total": self._wall_s_before + wall_s,  # every attempt's, up to the weights
             "samples_per_s": pr.num_samples_seen / pr.train_s if pr.train_s > 0 else 0.0,
             "num_samples_seen": pr.num_samples_seen,
             "peak_rss_mb": peak_rss_mb(),

@@ -22,10 +22,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 from hpcdl.errors import ConfigError, HpcdlError
 from hpcdl.rundir import RunDir, open_run_dir
+
+if TYPE_CHECKING:
+    import torch
 
 PathLike = Union[str, "os.PathLike[str]"]
 T = TypeVar("T")
@@ -203,6 +206,19 @@ class Job:
             return log_file(run_dir, newest_launch(run_dir), rank)
         except HpcdlError:  # in-process (cluster=debug), or not launched yet
             return None
+
+    def load_model(
+        self, checkpoint: str = "best", device: Union[str, torch.device] = "cpu"
+    ) -> torch.nn.Module:
+        """The trained model, with a checkpoint's weights, in eval mode, on `device` (the
+        CPU unless told): checkpoint "best" (best.pt), "newest" (the newest complete step
+        file), a file name in the run's checkpoints/ folder, or a path. It is built as
+        `hpcdl evaluate` and `predict` build it, from the model config the checkpoint was
+        saved with; a model=custom class is imported from sys.path. Imports torch."""
+        from hpcdl.inference import load_model
+
+        cfg, run_dir = open_run_dir(self.run_dir)
+        return load_model(cfg, run_dir, checkpoint, device)
 
     def cancel(self) -> None:
         """`hpcdl cancel RUN_DIR`: scancel the run's job."""

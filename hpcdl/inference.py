@@ -45,10 +45,28 @@ def _model_from_checkpoint(state: dict[str, Any], source: str) -> nn.Module:
 
 
 def _checkpoint_for(run_dir: RunDir, which: str) -> Path:
-    """--checkpoint best | last | PATH."""
-    if which in ("best", "last"):
-        return resolve_checkpoint(run_dir.path, which)
-    return resolve_checkpoint(which)
+    """--checkpoint best | last (or newest) | PATH, or the name of a file in the run's
+    checkpoints/ folder (step_000000390.pt)."""
+    if which in ("best", "last", "newest"):
+        return resolve_checkpoint(run_dir.path, "best" if which == "best" else "last")
+    in_run = run_dir.checkpoint_dir / which
+    if not Path(which).expanduser().exists() and in_run.is_file():
+        return in_run
+    return resolve_checkpoint(Path(which).expanduser())
+
+
+def load_model(cfg: Config, run_dir: RunDir, which: str, device: str | torch.device) -> nn.Module:
+    """A run's model with one checkpoint's weights, in eval mode, on `device` (Job.load_model):
+    built as `hpcdl predict` builds it, from the model config and data shape the checkpoint
+    was saved with (a model=custom class imported from sys.path)."""
+    if cfg.script is not None:
+        raise ConfigError(
+            f"{run_dir.path} is an `hpcdl run` run; its program keeps its own model and "
+            "checkpoints, which hpcdl cannot rebuild: load them with your program"
+        )
+    path = _checkpoint_for(run_dir, which)
+    model = _model_from_checkpoint(read_checkpoint(path, mmap=True), str(path))
+    return model.to(device)
 
 
 def evaluate_checkpoint(cfg: Config, run_dir: RunDir, which: str) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Job.load_model: a trained run's model from Python, as `hpcdl evaluate` rebuilds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_hpcdl, run_without_torch
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("load_model")
+    out = run_hpcdl("train", "run_dir=run", "trainer.max_epochs=2", cwd=root)
+    assert out.returncode == 0, out.stderr
+    return root / "run"
+
+
+def same_weights(model, path: Path) -> bool:
+    import torch
+
+    saved = torch.load(path, weights_only=True)["model"]
+    state = model.state_dict()
+    return state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in saved)
+
+
+def test_load_model_gives_the_checkpoints_weights_in_eval_mode_on_the_cpu(run: Path) -> None:
+    import torch
+
+    from hpcdl import Job
+
+    job = Job.from_run_dir(run)
+    model = job.load_model()
+    assert isinstance(model, torch.nn.Module) and not model.training
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert same_weights(model, run / "checkpoints" / "best.pt")
+    newest = sorted((run / "checkpoints").glob("step_*.pt"))[-1]
+    assert same_weights(job.load_model("newest"), newest)
+    assert same_weights(job.load_model(newest.name), newest)  # a name in checkpoints/
+    assert same_weights(job.load_model(str(newest), device="cpu"), newest)  # a path
+    assert model(torch.zeros(3, 30)).shape == (3, 2)  # breast_cancer: 30 features, 2 classes
+
+
+def test_load_model_names_a_checkpoint_that_is_not_there(run: Path) -> None:
+    from hpcdl import Job
+    from hpcdl.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"step_000000999\.pt: no such checkpoint file"):
+        Job.from_run_dir(run).load_model("step_000000999.pt")
+
+
+def test_the_client_still_imports_without_torch(run: Path) -> None:
+    run_without_torch(f"from hpcdl import Job\nJob.from_run_dir({str(run)!r}).result()", run)

@@ -778,3 +778,12 @@ def test_every_metric_of_a_built_in_task_has_a_direction() -> None:
         "min",
         "max",
     ]
+
+
+def test_a_one_trial_sweeps_status_says_1_trial(tmp_path: Path) -> None:
+    from hpcdl.sweep import launch
+    from hpcdl.sweep.report import status_table
+
+    ledger = launch.create_sweep(plan_sweep(["optim.lr=choice(0.1)", f"hydra.sweep.dir={tmp_path}"]))
+    table = status_table(ledger, "val_accuracy")
+    assert "\n1 trial: 1 NOT_STARTED\n" in table, table

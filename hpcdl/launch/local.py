@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.config.schema import Config, tasks_per_node
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import HpcdlError, plural
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from hpcdl.launch.diagnose import ERROR_LINE, root_cause
 from hpcdl.launch.foreground import record_end, record_start
@@ -101,7 +101,8 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
     record_start(run_dir, "local", str(job.job_id), num_tasks)
-    print(f"local job {job.job_id}: {num_tasks} ranks, logs in {run_dir.log_dir}", flush=True)
+    ranks = plural(num_tasks, "rank")
+    print(f"local job {job.job_id}: {ranks}, logs in {run_dir.log_dir}", flush=True)
     code = _wait(job, stopping_what(cfg))
     record_end(run_dir, "local", str(job.job_id), code)
     return code

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from hpcdl.atomic import write_atomic
 from hpcdl.config.convert import to_plain
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import HpcdlError, plural
 from hpcdl.launch.diagnose import describe, root_cause
 from hpcdl.launch.monitor import FAILED_STATES
 from hpcdl.rundir import RunDir, SweepDir
@@ -183,7 +183,7 @@ def status_table(ledger: Ledger, metric: str) -> str:
         counts[t.state] += 1
     footer = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     causes = "".join(f"trial {i} failed: {cause}\n" for i, cause in failure_causes(ledger))
-    footer = f"\n{len(ledger.trials)} trials: {footer}\n"
+    footer = f"\n{plural(len(ledger.trials), 'trial')}: {footer}\n"
     return _markdown(rows) + footer + edit_notes(ledger) + causes
 
 

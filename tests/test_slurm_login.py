@@ -311,4 +311,5 @@ def test_an_attempt_that_raises_records_its_end(hpcdl, tmp_path) -> None:
     records = [json.loads(line) for line in (tmp_path / "r" / "attempts.jsonl").open()]
     assert [r["event"] for r in records] == ["start", "end"], records
     assert records[-1]["reason"] == "failed"
-    assert records[-1]["error"].startswith("DataError: data.path: cannot read 'broken.npz'")
+    broken = tmp_path / "broken.npz"  # made absolute at compose
+    assert records[-1]["error"].startswith(f"DataError: data.path: cannot read '{broken}'")

@@ -32,6 +32,7 @@ from hpcdl.config.convert import (
     unknown_key_message,
     yaml_message,
 )
+from hpcdl.config.paths import with_absolute_paths
 from hpcdl.config.validate import validate
 from hpcdl.errors import ConfigError
 
@@ -249,8 +250,9 @@ def compose_config(
         config = _typed_config(composed, overrides)
         if script is not None:
             config = replace(config, script=script)
-        validate(config)
-    return config
+        validate(config)  # errors name the paths as given
+    # data.path=small.npz read from any folder later (resume, evaluate, a Slurm job).
+    return with_absolute_paths(config, Path.cwd())
 
 
 @contextlib.contextmanager

@@ -505,7 +505,12 @@ def create_run_dir(cfg: Config) -> tuple[Config, RunDir]:
     into place once its config is written. A run dir with its final name therefore always
     has the config.yaml `hpcdl resume` reads, and a failure (disk full, read-only file
     system, no permission) leaves nothing behind that would block a retry.
+
+    The folder the command runs in is recorded with it (``workdir``), once: every attempt
+    runs there, and later commands read the run's relative paths from there.
     """
+    workdir = Path(cfg.workdir).expanduser() if cfg.workdir is not None else Path.cwd()
+    cfg = replace(cfg, workdir=str(workdir.resolve()))
     if cfg.run_dir is None:
         base = path = default_run_dir().resolve()
         for suffix in range(1, 1000):  # runs started in the same second get -1, -2, ...

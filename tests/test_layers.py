@@ -22,6 +22,7 @@ LAYERS: list[list[str]] = [
     [
         "hpcdl.rundir",
         "hpcdl.checkpoint_file",
+        "hpcdl.workdir",
         "hpcdl.runlock",
         "hpcdl.requeue",
         "hpcdl.watchdog",

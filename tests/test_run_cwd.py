@@ -70,3 +70,87 @@ def test_evaluate_from_another_folder_reads_the_runs_data(
     capsys.readouterr()
     assert main(["evaluate", str(run), "--checkpoint", "last"]) == 0
     assert "test_accuracy" in capsys.readouterr().out
+
+
+# Appends the folder it runs in to RUN_DIR/cwd.txt; exits with its first argument (3: the
+# run is interrupted, so a plain resume runs it again).
+WHERE = """\
+import os, sys
+with open(os.path.join(os.environ["HPCDL_RUN_DIR"], "cwd.txt"), "a") as f:
+    f.write(os.getcwd() + "\\n")
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def two_folders(tmp_path: Path) -> tuple[Path, Path]:
+    """A project folder with where.py, and another folder a later command runs in."""
+    proj, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    proj.mkdir(), elsewhere.mkdir()
+    (proj / "where.py").write_text(WHERE)
+    return proj, elsewhere
+
+
+def cwds(run: Path) -> list[str]:
+    return (run / "cwd.txt").read_text().splitlines()
+
+
+def test_the_run_records_the_folder_it_was_created_from(
+    two_folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proj, _ = two_folders
+    monkeypatch.chdir(proj)
+    assert main(["run", "run_dir=runs/r1", "--", "python", "where.py", "3"]) == 3
+    assert RunDir(proj / "runs" / "r1").load_config().workdir == str(proj)
+    assert f"\nworkdir: {proj}\n" in (proj / "runs" / "r1" / "config.yaml").read_text()
+
+
+def test_a_config_without_a_workdir_is_saved_without_the_key(tmp_path: Path) -> None:
+    """A run created before the record: its config.yaml, rewritten by a resume, stays one
+    that the hpcdl frozen in its code/ (which does not know the key) can read."""
+    from hpcdl.config.convert import load_config, save_config
+    from hpcdl.config.schema import Config
+
+    save_config(Config(run_dir=str(tmp_path)), tmp_path / "config.yaml")
+    assert "workdir" not in (tmp_path / "config.yaml").read_text()
+    assert load_config(tmp_path / "config.yaml").workdir is None
+
+
+@pytest.mark.parametrize("cluster", ["debug", "local"])
+def test_resume_from_another_folder_runs_in_the_runs_folder(
+    two_folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, cluster: str
+) -> None:
+    """`cd /tmp && hpcdl resume /work/x/runs/r1`: the script is found, and runs, where the
+    run was created (not /tmp/where.py), on either launcher."""
+    proj, elsewhere = two_folders
+    monkeypatch.chdir(proj)
+    assert main(["run", "run_dir=runs/r1", "--", "python", "where.py", "3"]) == 3
+    monkeypatch.chdir(elsewhere)
+    overrides = [f"cluster={cluster}", "cluster.tasks_per_node=1"] if cluster == "local" else []
+    assert main(["resume", str(proj / "runs" / "r1"), *overrides]) == 3
+    assert cwds(proj / "runs" / "r1") == [str(proj), str(proj)]
+    assert Path.cwd() == elsewhere  # the command's own folder is left as it was
+
+
+def test_a_slurm_job_started_elsewhere_runs_in_the_runs_folder(
+    two_folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's payload (what each Slurm task runs), started where sbatch ran, e.g. the
+    folder of a later `hpcdl resume`, or after a requeue."""
+    import os
+    import subprocess
+    import sys
+
+    proj, elsewhere = two_folders
+    monkeypatch.chdir(proj)
+    assert main(["run", "run_dir=runs/r1", "--", "python", "where.py", "0"]) == 0
+    run = proj / "runs" / "r1"
+    job = subprocess.run(
+        [sys.executable, "-m", "hpcdl.launch.slurm_job", str(run)],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
+    )
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert cwds(run) == [str(proj), str(proj)]

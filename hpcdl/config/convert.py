@@ -41,7 +41,7 @@ FIXED_GROUPS: dict[str, type] = {
 }
 # Groups added after run dirs were first written: an old config.yaml gets this option.
 GROUP_DEFAULTS = {"task": "classification"}
-TOP_LEVEL_KEYS = ("run_dir", "init_from")
+TOP_LEVEL_KEYS = ("run_dir", "init_from", "workdir")
 GROUPS = (*NAMED_GROUPS, *FIXED_GROUPS)
 # Groups that only choose other groups' options and set their values: conf/experiment/*.yaml
 # (`# @package _global_`, a whole setup in one file). Hydra composes them away, so they
@@ -255,8 +255,13 @@ def _unknown_key_message(key: str, valid: list[str]) -> str:
 
 
 def to_plain(cfg: schema.Config) -> dict[str, Any]:
-    """The config as plain YAML/JSON-able data (enums as their values)."""
-    return _plain(asdict(cfg))
+    """The config as plain YAML/JSON-able data (enums as their values). An unrecorded
+    workdir is left out: a run created before it existed may be resumed on Slurm with the
+    hpcdl frozen in its code/, which refuses a key it does not know."""
+    plain: dict[str, Any] = _plain(asdict(cfg))
+    if plain.get("workdir") is None:
+        plain.pop("workdir", None)
+    return plain
 
 
 def _plain(value: Any) -> Any:

@@ -539,6 +539,10 @@ class Config:
     init_from: Optional[str] = None
     # Set by `hpcdl run`: the job runs this program instead of hpcdl's trainer.
     script: Optional[ScriptConfig] = None
+    # The folder the run was created from (absolute), recorded once with run_dir: every
+    # attempt runs there, and resume, evaluate and predict read its relative paths from
+    # there. None: a run created before hpcdl recorded it (today's folder is used).
+    workdir: Optional[str] = None
 
     @property
     def world_size(self) -> int:

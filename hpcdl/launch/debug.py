@@ -8,12 +8,15 @@ from hpcdl.rundir import RunDir
 def run_in_process(run_dir: RunDir) -> int:
     from hpcdl.job import run_job
     from hpcdl.launch.foreground import record_end, record_start
+    from hpcdl.workdir import in_workdir
 
-    record_start(run_dir, "debug", None, 1)
-    try:
-        code = run_job(str(run_dir.path)).exit_code
-    except BaseException:  # bad input found by the job (one line), or a traceback
-        record_end(run_dir, "debug", None, None)
-        raise
+    # In the folder the run was created from, as every launcher runs it (hpcdl.workdir).
+    with in_workdir(run_dir.load_config().workdir):
+        record_start(run_dir, "debug", None, 1)
+        try:
+            code = run_job(str(run_dir.path)).exit_code
+        except BaseException:  # bad input found by the job (one line), or a traceback
+            record_end(run_dir, "debug", None, None)
+            raise
     record_end(run_dir, "debug", None, code)
     return code

@@ -30,6 +30,7 @@ from hpcdl.launch.launcher_watch import FOREGROUND_VAR, describe_foreground
 from hpcdl.launch.logtail import LineEcho
 from hpcdl.launch.rank_main import LOCAL_GPUS_VAR
 from hpcdl.rundir import RunDir
+from hpcdl.workdir import in_workdir
 
 # How often the foreground process polls the job and copies rank 0's log to the terminal.
 POLL_S = 0.2
@@ -97,7 +98,9 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
     # own handlers, and we forward a SIGTERM to it ourselves.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        job = executor.submit(run_job, str(run_dir.path))
+        # The controller, and so every rank, starts in the run's folder (hpcdl.workdir).
+        with in_workdir(cfg.workdir):
+            job = executor.submit(run_job, str(run_dir.path))
     finally:
         signal.signal(signal.SIGINT, previous)
     record_start(run_dir, "local", str(job.job_id), num_tasks)

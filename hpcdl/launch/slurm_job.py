@@ -186,6 +186,7 @@ def main(run_dir: str) -> dict[str, Any]:
     from hpcdl.job import run_job, stop_signal_names
     from hpcdl.rundir import RunDir
     from hpcdl.signals import stop_on_signals
+    from hpcdl.workdir import in_workdir
 
     path = RunDir(Path(run_dir))
     cfg = path.load_config()
@@ -197,7 +198,10 @@ def main(run_dir: str) -> dict[str, Any]:
         # Rank 0 holds the run dir's lock for the job: a second writer is refused.
         with hold_or_exit(path, env) if env.is_main else nullcontext():
             try:
-                outcome = run_job(run_dir, stop)
+                # Slurm starts the job where sbatch ran (a resume's folder, say): it runs in
+                # the run's own, as its first attempt did (hpcdl.workdir).
+                with in_workdir(cfg.workdir):
+                    outcome = run_job(run_dir, stop)
             except Exception as err:  # the attempt's end, then the error as it would go
                 if env.is_main:
                     path.append_attempt(failed_record(env.job_id, err))

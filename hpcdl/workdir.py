@@ -9,12 +9,13 @@ Stdlib only: used on the login node and in the job.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-from hpcdl.errors import ConfigError
+from hpcdl.errors import ConfigError, HpcdlWarning
 
 
 def missing_workdir(workdir: Optional[str]) -> Optional[str]:
@@ -47,8 +48,37 @@ def in_workdir(workdir: Optional[str]) -> Iterator[None]:
         os.chdir(before)
 
 
-def from_here(path: str) -> str:
-    """A path the user gave on this command line, absolute, before the command moves into
-    the run's workdir: relative ones are the user's own folder's."""
+def moves_away(workdir: Optional[str]) -> bool:
+    """Whether entering the run's workdir leaves the folder this command runs in."""
+    return (
+        workdir is not None
+        and Path(workdir).is_dir()
+        and not os.path.samefile(workdir, os.getcwd())
+    )
+
+
+def from_here(path: str, workdir: Optional[str]) -> str:
+    """A path given on this command line (--input, --output, --checkpoint), absolute where
+    the command is about to enter the run's workdir: relative ones name the user's own
+    folder's files. As given otherwise, so messages name it as typed."""
     expanded = Path(path).expanduser()
-    return path if expanded.is_absolute() else os.path.abspath(expanded)
+    if expanded.is_absolute() or not moves_away(workdir):
+        return path
+    return os.path.abspath(expanded)
+
+
+@contextmanager
+def reading_from(workdir: Optional[str]) -> Iterator[None]:
+    """`hpcdl evaluate` and `predict`: in the run's workdir while they rebuild its data
+    (data.kwargs paths are the run's folder's); where that folder is gone, here, with a
+    warning (data.path and the other known paths are absolute, and read from anywhere)."""
+    if missing_workdir(workdir) is not None:
+        warnings.warn(
+            f"workdir={workdir}: the folder the run was created from is gone; its relative "
+            f"paths (data.kwargs) are read from here, {os.getcwd()}",
+            HpcdlWarning,
+            stacklevel=3,
+        )
+        workdir = None
+    with in_workdir(workdir):
+        yield

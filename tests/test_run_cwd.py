@@ -154,3 +154,59 @@ def test_a_slurm_job_started_elsewhere_runs_in_the_runs_folder(
     )
     assert job.returncode == 0, job.stdout + job.stderr
     assert cwds(run) == [str(proj), str(proj)]
+
+
+# data=custom with a path among its kwargs, which hpcdl cannot tell is a path.
+SERIES = """\
+import numpy as np
+import torch
+
+
+class Rows(torch.utils.data.Dataset):
+    num_classes = 2
+
+    def __init__(self, path):
+        table = np.load(path)
+        self.x = torch.tensor(table[:, :-1]).float()
+        self.y = torch.tensor(table[:, -1]).long()
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def series(path):
+    return Rows(path)
+"""
+
+
+def test_evaluate_and_predict_read_data_kwargs_from_the_runs_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`data=custom data.kwargs.path=../series.npy`: evaluate and predict --split from
+    another folder read the run's ../series.npy; --output is written where they ran."""
+    lab, proj = tmp_path / "lab", tmp_path / "proj"
+    elsewhere = tmp_path / "other" / "place"  # where ../series.npy is not the run's
+    for folder in (lab, proj, elsewhere):
+        folder.mkdir(parents=True)
+    (lab / "cwd_series.py").write_text(SERIES)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 3))
+    np.save(tmp_path / "series.npy", np.column_stack([x, x[:, 0] > 0]).astype("float32"))
+    monkeypatch.syspath_prepend(str(lab))
+    monkeypatch.chdir(proj)
+    data = ["data=custom", "data.target=cwd_series:series", "data.kwargs.path=../series.npy"]
+    train = [*data, "data.num_workers=0", "trainer.max_epochs=1", "model.hidden_sizes=[4]"]
+    assert main(["train", *train, "run_dir=runs/c1"]) == 0
+    run = proj / "runs" / "c1"
+    assert RunDir(run).load_config().data.kwargs == {"path": "../series.npy"}  # type: ignore[union-attr]
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--checkpoint", "last"]) == 0
+    assert "(6 samples)" in capsys.readouterr().out
+    split = ["--split", "test", "--output", "preds.csv", "--checkpoint", "last"]
+    assert main(["predict", str(run), *split]) == 0
+    assert len((elsewhere / "preds.csv").read_text().splitlines()) == 1 + 6
+    assert Path.cwd() == elsewhere

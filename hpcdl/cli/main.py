@@ -882,13 +882,23 @@ def refuse_script_run(cfg: Config, run_dir: RunDir, command: str) -> None:
         )
 
 
+def given_here(checkpoint: str, workdir: Optional[str]) -> str:
+    """--checkpoint best|last, or a path given here: read from here, not the run's workdir."""
+    from hpcdl.workdir import from_here
+
+    return checkpoint if checkpoint in ("best", "last") else from_here(checkpoint, workdir)
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from hpcdl.inference import evaluate_checkpoint
     from hpcdl.rundir import open_run_dir
+    from hpcdl.workdir import reading_from
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_script_run(cfg, run_dir, "evaluate")
-    report = evaluate_checkpoint(cfg, run_dir, args.checkpoint)
+    checkpoint = given_here(args.checkpoint, cfg.workdir)
+    with reading_from(cfg.workdir):  # the run's relative paths are its folder's
+        report = evaluate_checkpoint(cfg, run_dir, checkpoint)
     print(f"checkpoint: {report['checkpoint']}")
     metrics = "  ".join(
         f"{key} {value:.4f}"
@@ -907,11 +917,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from hpcdl.inference import predict_rows
     from hpcdl.rundir import open_run_dir
+    from hpcdl.workdir import from_here, reading_from
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_script_run(cfg, run_dir, "predict")
     cfg = with_predict_function(cfg, args.overrides)
-    count = predict_rows(cfg, run_dir, args.input, args.checkpoint, args.output, args.split)
+    rows, out = args.input, args.output
+    rows, out = (None if p is None else from_here(p, cfg.workdir) for p in (rows, out))
+    checkpoint = given_here(args.checkpoint, cfg.workdir)
+    with reading_from(cfg.workdir):  # the run's relative paths are its folder's
+        count = predict_rows(cfg, run_dir, rows, checkpoint, out, args.split)
     if args.output:
         print(json.dumps({"rows": count, "output": args.output}))
     return EXIT_OK

@@ -401,6 +401,16 @@ class RunDir(JobDir):
     def is_complete(self) -> bool:
         return self.summary_file.exists()
 
+    def last_attempt_completed(self) -> bool:
+        """Whether the newest attempt ended completed (`hpcdl run`: its program exited 0,
+        no stop asked for); False before any, or while it has no end record."""
+        events = self.read_attempts()
+        starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+        if not starts:
+            return False
+        ends = [e for e in events[starts[-1] + 1 :] if e.get("event") == "end"]
+        return bool(ends) and ends[0].get("reason") == "completed"
+
     def read_trackers(self) -> dict[str, Any]:
         """trackers.json: {tracker name: its run identity, ...}; {} before the first."""
         return _read_json(self.path / self.TRACKERS) or {}

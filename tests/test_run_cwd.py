@@ -210,3 +210,162 @@ def test_evaluate_and_predict_read_data_kwargs_from_the_runs_folder(
     assert main(["predict", str(run), *split]) == 0
     assert len((elsewhere / "preds.csv").read_text().splitlines()) == 1 + 6
     assert Path.cwd() == elsewhere
+
+
+def run_files(run: Path) -> dict[str, bytes]:
+    """What a refused or idle resume must leave as it was."""
+    names = ("config.yaml", "commands.log", "attempts.jsonl", "summary.json", "cwd.txt")
+    return {n: (run / n).read_bytes() for n in names if (run / n).exists()}
+
+
+@pytest.fixture
+def completed(two_folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`hpcdl run -- python where.py 0` in proj, completed; the test then runs elsewhere."""
+    proj, elsewhere = two_folders
+    monkeypatch.chdir(proj)
+    assert main(["run", "run_dir=runs/r1", "--", "python", "where.py", "0"]) == 0
+    monkeypatch.chdir(elsewhere)
+    return proj / "runs" / "r1"
+
+
+def test_resume_of_a_completed_script_run_changes_nothing(
+    completed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = run_files(completed)
+    capsys.readouterr()
+    assert main(["resume", str(completed)]) == 0
+    out = capsys.readouterr().out
+    assert out == (
+        f"{completed}: its program completed (exit status 0): nothing to resume; to run it "
+        f"again from the start, `hpcdl resume {completed} --from-scratch` (moves its "
+        "checkpoints/ aside, clears summary.json), or give another command: "
+        f"hpcdl resume {completed} -- COMMAND...\n"
+    )
+    assert main(["resume", str(completed), "cluster.timeout_min=5"]) == 0  # not the command
+    assert run_files(completed) == before
+
+
+def test_from_scratch_runs_a_completed_script_run_again(completed: Path) -> None:
+    (completed / "checkpoints").mkdir()
+    (completed / "checkpoints" / "step_1.pt").write_text("the program's own")
+    assert main(["resume", str(completed), "--from-scratch"]) == 0
+    assert len(cwds(completed)) == 2
+    assert (completed / "checkpoints.set-aside-1" / "step_1.pt").is_file()
+    assert RunDir(completed).read_summary() is not None  # the new attempt's
+
+
+def test_resume_with_a_new_command_runs_it_from_the_runs_folder(
+    completed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hpcdl resume RUN_DIR -- python where.py 3` from another folder: where.py is the
+    run's folder's, validated there, and stored as the run's command."""
+    assert main(["resume", str(completed), "--", "python", "where.py", "3"]) == 3
+    assert RunDir(completed).load_config().script.command == ["python", "where.py", "3"]  # type: ignore[union-attr]
+    assert cwds(completed) == [str(completed.parents[1])] * 2
+    before = run_files(completed)
+    capsys.readouterr()
+    assert main(["resume", str(completed), "--", "python", "wehre.py", "0"]) == 2
+    proj = completed.parents[1]
+    assert capsys.readouterr().err == (
+        f"error: wehre.py: no such script (from {proj}); the run's job starts its program "
+        "there (workdir); give its path from there (hpcdl resume RUN_DIR -- COMMAND...), or "
+        "workdir=FOLDER where it moved\n"
+    )
+    assert run_files(completed) == before
+
+
+def test_a_command_after_dashes_is_refused_for_a_trainer_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "run_dir=t1", "--no-launch"]) == 0
+    before = run_files(tmp_path / "t1")
+    capsys.readouterr()
+    assert main(["resume", "t1", "--", "python", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: -- python ...: {tmp_path / 't1'} is an `hpcdl train` run")
+    assert err.count("\n") == 1
+    assert run_files(tmp_path / "t1") == before
+
+
+def test_resume_refuses_a_script_gone_from_the_runs_folder(
+    two_folders: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The submit-time check, again: not the job failing (and the run then FAILED), nor
+    another folder's where.py."""
+    proj, elsewhere = two_folders
+    monkeypatch.chdir(proj)
+    assert main(["run", "run_dir=runs/r1", "--", "python", "where.py", "3"]) == 3
+    (proj / "where.py").rename(proj / "moved.py")
+    (elsewhere / "where.py").write_text(WHERE)  # the other folder's own where.py
+    run = proj / "runs" / "r1"
+    before = run_files(run)
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["resume", str(run)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: where.py: no such script (from {proj}); ")
+    assert run_files(run) == before
+
+
+def test_resume_of_a_run_whose_folder_is_gone_says_how_to_move_it(
+    two_folders: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    proj, elsewhere = two_folders
+    monkeypatch.chdir(proj)
+    assert main(["run", "run_dir=../runs/r1", "--", "python", "where.py", "3"]) == 3
+    run = proj.parent / "runs" / "r1"
+    proj.rename(proj.parent / "moved")
+    before = run_files(run)
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["resume", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: workdir={proj}: no such folder here; it is the folder the run was created "
+        "from, where its script and relative paths are found. If they moved, resume with "
+        "workdir=NEW_FOLDER (e.g. cd there and add workdir=$PWD)\n"
+    )
+    assert run_files(run) == before
+    assert main(["resume", str(run), "workdir=../moved"]) == 3  # from here, as typed
+    assert RunDir(run).load_config().workdir == str(proj.parent / "moved")
+    assert cwds(run) == [str(proj), str(proj.parent / "moved")]
+
+
+def test_a_run_without_a_recorded_workdir_runs_where_resume_runs(
+    two_folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs created before hpcdl recorded workdir: as before."""
+    proj, elsewhere = two_folders
+    monkeypatch.chdir(proj)
+    assert main(["run", "run_dir=runs/r1", "--", "python", "where.py", "3"]) == 3
+    run = proj / "runs" / "r1"
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace(f"workdir: {proj}\n", ""))
+    (elsewhere / "where.py").write_text(WHERE)
+    monkeypatch.chdir(elsewhere)
+    assert main(["resume", str(run)]) == 3
+    assert cwds(run) == [str(proj), str(elsewhere)]
+
+
+def test_a_new_command_on_slurm_needs_its_script_in_the_frozen_copy(
+    completed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On Slurm the job runs the script from code/script/, copied at the first submission:
+    a script added since would fail in the job; refused before anything is submitted."""
+    proj = completed.parents[1]
+    (completed / "code" / "script").mkdir(parents=True)
+    (completed / "code" / "script" / "where.py").write_text(WHERE)
+    (proj / "added.py").write_text(WHERE)
+    before = run_files(completed)
+    capsys.readouterr()
+    slurm = ["cluster=devcluster", "--no-preflight"]
+    assert main(["resume", str(completed), *slurm, "--", "python", "added.py", "0"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: added.py: not in {completed / 'code' / 'script'}, the copy of the script's "
+        "folder made when the run was first submitted, which its jobs run; start a new run "
+        "for it (hpcdl run ... -- COMMAND)\n"
+    )
+    assert run_files(completed) == before

@@ -96,10 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser(
         "resume",
         help="continue a run from its newest valid checkpoint, or one you choose (--from)",
-        description="Continue a run from its newest valid checkpoint, or from one you choose "
-        "with --from: in place (the checkpoints saved after it move to "
-        "RUN_DIR/checkpoints.set-aside-N), or in a new run dir (--new-run-dir: RUN_DIR is left "
-        "as it is). Overrides change its config.yaml first, e.g. optim.lr=0.01.",
+        usage="hpcdl resume [-h] [options] RUN_DIR [overrides ...] [-- COMMAND ...]",
+        description="Continue a run where it stopped, from any folder, from its newest valid "
+        "checkpoint or from one you choose with --from: in place (the checkpoints saved after "
+        "it move to RUN_DIR/checkpoints.set-aside-N), or in a new run dir (--new-run-dir: "
+        "RUN_DIR is left as it is). Overrides change its config.yaml first, e.g. "
+        "optim.lr=0.01. `-- COMMAND...` replaces an `hpcdl run` run's program (its script "
+        "path is the run's workdir's).",
     )
     resume.add_argument("run_dir")
     resume.add_argument(
@@ -202,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
-    if argv[:1] == ["run"] and "--" in argv:  # `hpcdl run [overrides] -- COMMAND...`
+    # `hpcdl run [overrides] -- COMMAND...`, `hpcdl resume RUN_DIR [overrides] -- COMMAND...`
+    if argv[:1] in (["run"], ["resume"]) and "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
     elif argv[:1] == ["run"]:
@@ -610,10 +614,12 @@ def program_line(cfg: Config, run_dir: RunDir) -> str:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import apply_overrides
+    from hpcdl.cli.resume_run import completed_line, refuse_unrunnable, resumed_config
     from hpcdl.nothing_to_train import nothing_to_train
     from hpcdl.probe import probe_user_code
     from hpcdl.rundir import open_run_dir
     from hpcdl.runlock import hold, is_held
+    from hpcdl.workdir import in_workdir
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_if_still_queued(run_dir)
@@ -621,12 +627,19 @@ def cmd_resume(args: argparse.Namespace) -> int:
     stored = cfg
     if args.overrides:
         cfg = apply_overrides(cfg, args.overrides, args.config_dir)
+    cfg = resumed_config(stored, cfg, args.program, run_dir)  # -- COMMAND; paths from here
+    refuse_unrunnable(stored, cfg, run_dir)  # its workdir gone, or its script not there
+    if cfg != stored:
         if (cfg.model, cfg.data, cfg.task) != (stored.model, stored.data, stored.task):
-            probe_user_code(cfg)  # before the changed config is saved
+            with in_workdir(cfg.workdir):  # data.kwargs paths are the run's folder's
+                probe_user_code(cfg)  # before the changed config is saved
         refuse_another_optimizer(stored, cfg, run_dir)
     refuse_another_split(trained_data(stored, run_dir), stored, cfg, run_dir)
     if not args.from_scratch and not is_held(run_dir):  # a holder is refused below
-        line = nothing_to_train(cfg, run_dir) if chosen is None else chosen.nothing_to_train(cfg)
+        if chosen is None:
+            line = nothing_to_train(cfg, run_dir) or completed_line(stored, cfg, run_dir)
+        else:
+            line = chosen.nothing_to_train(cfg)
         if line is not None:  # what the job would say once it had waited in the queue
             print(line, flush=True)
             return EXIT_OK

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Optional
 
 from hpcdl.config import schema
 from hpcdl.config.metrics import TASK_METRICS
@@ -167,8 +168,11 @@ def _check_dataset_source(data: schema.CustomDataConfig | schema.ImageFolderConf
         raise ConfigError(f"data.std={data.std}: every value must be > 0")
 
 
-def check_script(script: schema.ScriptConfig, cluster: schema.ClusterConfig) -> None:
-    """`hpcdl run`: the program exists and can be started; nothing is imported or run."""
+def check_script(
+    script: schema.ScriptConfig, cluster: schema.ClusterConfig, workdir: Optional[str] = None
+) -> None:
+    """`hpcdl run`: the program exists and can be started; nothing is imported or run.
+    `workdir`: `hpcdl resume`'s check, of the command as the job starts it there."""
     usage = (
         "hpcdl run [overrides] -- python train.py ...  or  hpcdl run entry=package.module:function"
     )
@@ -192,17 +196,27 @@ def check_script(script: schema.ScriptConfig, cluster: schema.ClusterConfig) -> 
                 "importable here; install it or put its folder on PYTHONPATH"
             )
         return
+    base = Path(workdir) if workdir is not None else Path.cwd()
     torchrun = script.launcher == schema.ScriptLauncher.torchrun
-    if torchrun and script.command[0].endswith(".py") and Path(script.command[0]).is_file():
+    if torchrun and script.command[0].endswith(".py") and (base / script.command[0]).is_file():
         return  # `launcher=torchrun -- train.py ...`: torchrun starts the interpreter
-    _check_command(script.command)
+    if workdir is None:
+        _check_command(script.command, base, "give its path relative to here")
+    else:
+        fix = (
+            "the run's job starts its program there (workdir); give its path from there "
+            "(hpcdl resume RUN_DIR -- COMMAND...), or workdir=FOLDER where it moved"
+        )
+        _check_command(script.command, base, fix)
 
 
 # Interpreter options that take a value (`python -X dev train.py`).
 PYTHON_OPTIONS_WITH_VALUE = ("-X", "-W", "-Q")
 
 
-def _check_command(command: list[str]) -> None:
+def _check_command(command: list[str], base: Path, fix: str) -> None:
+    """The program and its script, from `base` (where it will start); `fix`: how to give a
+    script that is not there."""
     import shutil
 
     program = command[0]
@@ -218,12 +232,10 @@ def _check_command(command: list[str]) -> None:
         script = next(
             (t for i, t in enumerate(rest) if not t.startswith("-") and i not in values), None
         )
-        if script is not None and not Path(script).expanduser().is_file():
-            raise ConfigError(
-                f"{script}: no such script (from {Path.cwd()}); give its path relative to here"
-            )
+        if script is not None and not (base / Path(script).expanduser()).is_file():
+            raise ConfigError(f"{script}: no such script (from {base}); {fix}")
         return
-    path = Path(program).expanduser()
+    path = base / Path(program).expanduser()
     if "/" in program:
         if not path.is_file():
             raise ConfigError(

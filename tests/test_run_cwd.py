@@ -369,3 +369,15 @@ def test_a_new_command_on_slurm_needs_its_script_in_the_frozen_copy(
         "for it (hpcdl run ... -- COMMAND)\n"
     )
     assert run_files(completed) == before
+
+
+def test_workdir_is_recorded_not_composed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "workdir=/tmp", "--no-launch"]) == 2
+    assert capsys.readouterr().err == (
+        "error: workdir: recorded when the run is created, the folder hpcdl runs in; cd to "
+        "the folder the run should start in (hpcdl resume RUN_DIR workdir=FOLDER moves it)\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -41,7 +41,10 @@ FIXED_GROUPS: dict[str, type] = {
 }
 # Groups added after run dirs were first written: an old config.yaml gets this option.
 GROUP_DEFAULTS = {"task": "classification"}
-TOP_LEVEL_KEYS = ("run_dir", "init_from", "workdir")
+TOP_LEVEL_KEYS = ("run_dir", "init_from")
+# Top-level keys a run records when it is created (hpcdl.rundir), not composed: a resume
+# may change them, as any key of config.yaml.
+RECORDED_KEYS = ("workdir",)
 GROUPS = (*NAMED_GROUPS, *FIXED_GROUPS)
 # Groups that only choose other groups' options and set their values: conf/experiment/*.yaml
 # (`# @package _global_`, a whole setup in one file). Hydra composes them away, so they
@@ -60,7 +63,7 @@ def from_dict(raw: dict[Any, Any]) -> schema.Config:
     unknown = [
         k
         for k in raw
-        if k not in GROUPS and k not in TOP_LEVEL_KEYS and k not in ("hydra", "script")
+        if k not in (*GROUPS, *TOP_LEVEL_KEYS, *RECORDED_KEYS) and k not in ("hydra", "script")
     ]
     if unknown:
         raise ConfigError(_unknown_key_message(unknown[0], [*GROUPS, *TOP_LEVEL_KEYS]))
@@ -81,7 +84,7 @@ def from_dict(raw: dict[Any, Any]) -> schema.Config:
         parts[group] = _typed(group, options[name], node)
     for group, cls in FIXED_GROUPS.items():
         parts[group] = _typed(group, cls, raw.get(group) or {})
-    for key in TOP_LEVEL_KEYS:
+    for key in (*TOP_LEVEL_KEYS, *RECORDED_KEYS):
         value = raw.get(key)
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{key}={value!r}: must be a path string or null")
@@ -243,6 +246,11 @@ def known_keys(group: str) -> list[str]:
 
 
 def unknown_key_message(key: str) -> str:
+    if key in RECORDED_KEYS:  # `hpcdl train workdir=...`
+        return (
+            f"{key}: recorded when the run is created, the folder hpcdl runs in; cd to the "
+            "folder the run should start in (hpcdl resume RUN_DIR workdir=FOLDER moves it)"
+        )
     group = key.split(".", 1)[0]
     valid = known_keys(group) if group in GROUPS else [*GROUPS, *TOP_LEVEL_KEYS]
     return _unknown_key_message(key, valid)

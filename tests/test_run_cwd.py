@@ -70,6 +70,11 @@ def test_evaluate_from_another_folder_reads_the_runs_data(
     capsys.readouterr()
     assert main(["evaluate", str(run), "--checkpoint", "last"]) == 0
     assert "test_accuracy" in capsys.readouterr().out
+    # The run's own checkpoints by name, not as files of this folder.
+    step = sorted(p.name for p in (run / "checkpoints").glob("step_*"))[-1]
+    for which in ("newest", step):
+        assert main(["evaluate", str(run), "--checkpoint", which]) == 0, which
+        assert f"checkpoint: {run / 'checkpoints' / step}" in capsys.readouterr().out
 
 
 # Appends the folder it runs in to RUN_DIR/cwd.txt; exits with its first argument (3: the

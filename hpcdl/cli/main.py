@@ -895,11 +895,19 @@ def refuse_script_run(cfg: Config, run_dir: RunDir, command: str) -> None:
         )
 
 
-def given_here(checkpoint: str, workdir: Optional[str]) -> str:
-    """--checkpoint best|last, or a path given here: read from here, not the run's workdir."""
+def given_here(checkpoint: str, run_dir: RunDir, workdir: Optional[str]) -> str:
+    """--checkpoint best|last|newest, or the name of a file in the run's checkpoints/, as
+    given; a path given here is read from here, not from the run's workdir."""
     from hpcdl.workdir import from_here
 
-    return checkpoint if checkpoint in ("best", "last") else from_here(checkpoint, workdir)
+    if checkpoint in ("best", "last", "newest"):
+        return checkpoint
+    if (
+        not Path(checkpoint).expanduser().exists()
+        and (run_dir.checkpoint_dir / checkpoint).is_file()
+    ):
+        return checkpoint  # a name in the run's checkpoints/ (step_000000390.pt)
+    return from_here(checkpoint, workdir)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -909,7 +917,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_script_run(cfg, run_dir, "evaluate")
-    checkpoint = given_here(args.checkpoint, cfg.workdir)
+    checkpoint = given_here(args.checkpoint, run_dir, cfg.workdir)
     with reading_from(cfg.workdir):  # the run's relative paths are its folder's
         report = evaluate_checkpoint(cfg, run_dir, checkpoint)
     print(f"checkpoint: {report['checkpoint']}")
@@ -937,7 +945,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     cfg = with_predict_function(cfg, args.overrides)
     rows, out = args.input, args.output
     rows, out = (None if p is None else from_here(p, cfg.workdir) for p in (rows, out))
-    checkpoint = given_here(args.checkpoint, cfg.workdir)
+    checkpoint = given_here(args.checkpoint, run_dir, cfg.workdir)
     with reading_from(cfg.workdir):  # the run's relative paths are its folder's
         count = predict_rows(cfg, run_dir, rows, checkpoint, out, args.split)
     if args.output:

@@ -508,6 +508,13 @@ def default_run_dir(now: dt.datetime | None = None, root: str = "outputs") -> Pa
     return Path(root) / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
 
 
+def with_workdir(cfg: Config) -> Config:
+    """``cfg`` with its workdir as a run made from it records it: the folder this command
+    runs in, unless it has one."""
+    workdir = Path(cfg.workdir).expanduser() if cfg.workdir is not None else Path.cwd()
+    return replace(cfg, workdir=str(workdir.resolve()))
+
+
 def create_run_dir(cfg: Config) -> tuple[Config, RunDir]:
     """Make a fresh run dir and write the resolved config; refuse to reuse an existing one.
 
@@ -519,8 +526,7 @@ def create_run_dir(cfg: Config) -> tuple[Config, RunDir]:
     The folder the command runs in is recorded with it (``workdir``), once: every attempt
     runs there, and later commands read the run's relative paths from there.
     """
-    workdir = Path(cfg.workdir).expanduser() if cfg.workdir is not None else Path.cwd()
-    cfg = replace(cfg, workdir=str(workdir.resolve()))
+    cfg = with_workdir(cfg)
     if cfg.run_dir is None:
         base = path = default_run_dir().resolve()
         for suffix in range(1, 1000):  # runs started in the same second get -1, -2, ...

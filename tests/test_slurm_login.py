@@ -257,7 +257,8 @@ def test_containers_wrap_each_rank_and_preflight_checks_runtime_and_image(hpcdl,
     assert out.returncode == 0, out.stderr
     run = tmp_path / "r"
     assert (
-        f"apptainer exec --nv --bind {run},/scratch {tmp_path / 'img.sif'} python3 -u -m "
+        # The run dir, the folder the run is created from (its workdir), the binds.
+        f"apptainer exec --nv --bind {run},{tmp_path},/scratch {tmp_path / 'img.sif'} python3 -u -m "
         "hpcdl.launch.rank_main" in out.stdout
     )
     assert f"if [ -e {run}/logs/$SLURM_JOB_ID.requeue ]" in out.stdout  # after srun
@@ -271,7 +272,7 @@ def test_containers_wrap_each_rank_and_preflight_checks_runtime_and_image(hpcdl,
     )
     assert pyxis.returncode == 0, pyxis.stderr
     assert "'--container-image=nvcr.io#nvidia/pytorch:25.01-py3'" in pyxis.stdout
-    assert f"--container-mounts={run}:{run}" in pyxis.stdout
+    assert f"--container-mounts={run}:{run},{tmp_path}:{tmp_path}" in pyxis.stdout
     # Preflight, before anything is created: the runtime, then the image.
     env = {"PATH": "/usr/bin:/bin"}  # no apptainer here
     missing = hpcdl("train", "cluster=devcluster", "cluster.container.image=img.sif", env=env)

@@ -529,7 +529,7 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     from hpcdl.launch import container
     from hpcdl.launch.preflight import SlurmUnreachable, check_request
     from hpcdl.launch.slurm import rank_environment, sbatch_text
-    from hpcdl.rundir import RunDir, default_run_dir
+    from hpcdl.rundir import RunDir, default_run_dir, with_workdir
 
     if cfg.cluster.launcher != Launcher.slurm:
         raise HpcdlError(
@@ -537,6 +537,7 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
         )
     run_dir = RunDir(Path(cfg.run_dir or default_run_dir()).expanduser().resolve())
     print(f"# run dir (not created): {run_dir.path}")
+    cfg = with_workdir(cfg)  # as the run would record it
     print(sbatch_text(cfg, run_dir))
     if cfg.script is not None:
         print("# program (what each Slurm task runs, its script from the frozen copy)")
@@ -578,14 +579,15 @@ def print_array_scripts(configs: list[Config], sweep_dir: Path) -> None:
     """The sbatch script of each job array these trials go in: one per distinct cluster
     config (an array's tasks share its header); a lone trial is a plain job."""
     from hpcdl.launch.slurm import sbatch_text
-    from hpcdl.rundir import SweepDir
+    from hpcdl.rundir import SweepDir, with_workdir
 
     groups: dict[str, list[Config]] = {}
     for cfg in configs:
         groups.setdefault(repr(cfg.cluster), []).append(cfg)
     for members in groups.values():
         size = len(members) if len(members) > 1 else None
-        print(sbatch_text(members[0], SweepDir(sweep_dir), array_size=size))
+        # As the trials' run dirs record it (a rerun's have it already).
+        print(sbatch_text(with_workdir(members[0]), SweepDir(sweep_dir), array_size=size))
 
 
 def program_line(cfg: Config, run_dir: RunDir) -> str:

@@ -1,11 +1,12 @@
 """cluster.container: each rank runs inside a container image. Login node only: the sbatch
 script's interpreter and srun options, and the preflight of the runtime and the image.
 
-    apptainer | singularity:  srun ... apptainer exec [--nv] --bind JOB_DIR[,binds] IMAGE python3 -u -m ...
-    pyxis:                    srun --container-image=IMAGE --container-mounts=JOB_DIR[,binds] ... python3 -u -m ...
+    apptainer | singularity:  srun ... apptainer exec [--nv] --bind JOB_DIR[,WORKDIR][,binds] IMAGE python3 -u -m ...
+    pyxis:                    srun --container-image=IMAGE --container-mounts=JOB_DIR[,WORKDIR][,binds] ... python3 -u -m ...
 
 The job dir (run dir, or sweep dir) is mounted at the same path, so the frozen code on
-PYTHONPATH, the checkpoints and the logs are where the job expects them; the rank
+PYTHONPATH, the checkpoints and the logs are where the job expects them, and so is the
+run's workdir (the folder it was created from), which the job enters; the rank
 environment (PYTHONPATH, SLURM_*, MASTER_*) passes in, as both runtimes pass the host's
 environment by default. `scontrol` is often missing inside an image (pyxis#129): a job
 that cannot run it asks the batch script, which runs outside the container, to requeue it
@@ -37,11 +38,19 @@ def image(cluster: ClusterConfig) -> str:
     return str(path.resolve()) if "://" not in name and path.exists() else name
 
 
-def mounts(cluster: ClusterConfig, job_dir: JobDir) -> list[str]:
-    return [str(job_dir.path), *cluster.container.binds]
+def mounts(cluster: ClusterConfig, job_dir: JobDir, workdir: Optional[str]) -> list[str]:
+    """The job dir, the run's workdir (the job enters it, hpcdl.workdir: the folder hpcdl
+    ran in, whose relative paths and scripts the run uses) unless the job dir holds it,
+    and cluster.container.binds."""
+    paths = [str(job_dir.path)]
+    if workdir is not None and not Path(workdir).is_relative_to(job_dir.path):
+        paths.append(workdir)
+    return [*paths, *cluster.container.binds]
 
 
-def interpreter(cluster: ClusterConfig, job_dir: JobDir, host_python: str) -> str:
+def interpreter(
+    cluster: ClusterConfig, job_dir: JobDir, host_python: str, workdir: Optional[str]
+) -> str:
     """The command that starts Python for each rank: the host's interpreter, or the
     image's through the runtime."""
     c = cluster.container
@@ -52,15 +61,16 @@ def interpreter(cluster: ClusterConfig, job_dir: JobDir, host_python: str) -> st
     words = [c.runtime.value, "exec"]
     if cluster.gpus_per_node:
         words.append("--nv")
-    words += ["--bind", ",".join(mounts(cluster, job_dir)), image(cluster), c.python]
+    words += ["--bind", ",".join(mounts(cluster, job_dir, workdir)), image(cluster), c.python]
     return shlex.join(words)
 
 
-def srun_args(cluster: ClusterConfig, job_dir: JobDir) -> list[str]:
+def srun_args(cluster: ClusterConfig, job_dir: JobDir, workdir: Optional[str]) -> list[str]:
     c = cluster.container
     if c.image is None or c.runtime != ContainerRuntime.pyxis:
         return []
-    mounted = ",".join(m if ":" in m else f"{m}:{m}" for m in mounts(cluster, job_dir))
+    paths = mounts(cluster, job_dir, workdir)
+    mounted = ",".join(m if ":" in m else f"{m}:{m}" for m in paths)
     return [f"--container-image={image(cluster)}", f"--container-mounts={mounted}"]
 
 

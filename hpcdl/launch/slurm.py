@@ -102,7 +102,7 @@ def make_executor(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None)
     executor = Executor(
         folder=str(base_dir.log_dir),
         max_num_timeout=cfg.cluster.max_requeues,
-        python=container.interpreter(cfg.cluster, base_dir, sys.executable),
+        python=container.interpreter(cfg.cluster, base_dir, sys.executable, cfg.workdir),
     )
     executor.update_parameters(**job_parameters(cfg, base_dir, job_name))
     return executor
@@ -118,7 +118,7 @@ def job_parameters(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None
     )
     params["setup"] = setup_lines(cfg.cluster, base_dir.code_dir)
     if container.active(cfg.cluster):
-        params["srun_args"] = container.srun_args(cfg.cluster, base_dir)
+        params["srun_args"] = container.srun_args(cfg.cluster, base_dir, cfg.workdir)
         params["teardown"] = container.teardown_lines(cfg.cluster, base_dir)
     return params
 
@@ -139,7 +139,7 @@ def sbatch_text(cfg: Config, run_dir: JobDir, array_size: Optional[int] = None) 
     # The interpreter hpcdl runs in, as submitit's own submission uses (sys.executable):
     # a venv's hpcdl called without activating the venv still gets that venv in the job.
     # (Or the image's, through the container runtime.)
-    python = container.interpreter(cfg.cluster, run_dir, sys.executable)
+    python = container.interpreter(cfg.cluster, run_dir, sys.executable, cfg.workdir)
     command = rank_command(python, str(run_dir.log_dir))
     return _make_sbatch_string(command=command, folder=str(run_dir.log_dir), **params)
 

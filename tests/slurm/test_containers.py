@@ -75,7 +75,9 @@ def test_a_containerized_job_is_requeued_by_its_batch_script_and_resumes_exactly
     assert len(starts) >= 2 and starts[-1]["restart_count"] >= 1 and starts[-1]["job_id"] == job_id
     calls = record.read_text().splitlines()
     assert calls and all(
-        c.startswith(f"exec --nv --bind {run_dir},/tmp {image} python3 -u -m hpcdl.launch.rank_main")
+        c.startswith(
+            f"exec --nv --bind {run_dir},{tmp_path},/tmp {image} python3 -u -m hpcdl.launch.rank_main"
+        )
         for c in calls
     ), calls
     assert not (run_dir / "logs" / f"{job_id}.requeue").exists()  # used up by the requeue

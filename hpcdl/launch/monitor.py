@@ -380,19 +380,21 @@ def foreground_state(run_dir: RunDir, launch: Launch) -> str:
 
 
 def state_from_run_dir(run_dir: RunDir) -> str:
-    """A job that left the queue, judged by its run dir alone (no accounting): the last
+    """A job that left the queue, judged by its run dir alone (no accounting): the newest
     attempt's end record (END_STATES), or FAILED when it started and recorded no end (a
     crash, a node failure, a kill: rerunnable either way), or UNKNOWN when it never
-    started."""
-    if run_dir.is_complete():
-        return "COMPLETED"
+    started. summary.json decides only for a run dir with no start record (trained before
+    hpcdl recorded attempts): one an earlier attempt left says nothing of the newest (a
+    completed run resumed for more epochs, then cancelled, is CANCELLED)."""
     events = run_dir.read_attempts()
+    starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+    if not starts and run_dir.is_complete():
+        return "COMPLETED"
     if not events:
         return "UNKNOWN"
-    last = events[-1]
-    if last.get("event") == "end":
-        return END_STATES.get(str(last.get("reason")), "FAILED")
-    return "FAILED"
+    newest = events[starts[-1] + 1 :] if starts else events
+    ends = [e for e in newest if e.get("event") == "end"]
+    return END_STATES.get(str(ends[-1].get("reason")), "FAILED") if ends else "FAILED"
 
 
 def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:

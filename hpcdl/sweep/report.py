@@ -25,6 +25,7 @@ from hpcdl.sweep.overrides import as_run
 from hpcdl.sweep.states import (
     current_job,
     local_state,
+    settled_state,
     slurm_states,
     submissions,
     task_state,
@@ -86,8 +87,9 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
     Also the metric the trials are shown with: `metric`, else default_metric(). The
     scheduler decides while a task is queued or running; once it has left the queue,
     accounting (sacct) decides, or the run dir where the cluster has no accounting
-    (task_state). The run dir has the last word: a summary.json means COMPLETED whatever
-    the scheduler says."""
+    (task_state). The run dir has the last word once a trial has left the queue: a
+    newest attempt that recorded a completed end is COMPLETED whatever the scheduler says
+    (settled_state)."""
     with ledger_mod.locked(sweep_dir) as ledger:
         if ledger.launcher == "slurm":
             for t in ledger.trials:  # a chained trial (cluster.requeue=chain) has moved on
@@ -103,8 +105,7 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
         for t in ledger.trials:
             t.attempts = max(t.attempts, submissions(ledger, t.index))
             run_dir = RunDir(Path(t.run_dir))
-            if run_dir.is_complete():
-                t.state = COMPLETED
+            t.state = settled_state(t.state, run_dir)
             t.requeues = run_dir.requeues()
             t.overrides = overrides_as_run(t.planned, run_dir)
         chosen, metric = metric, metric or default_metric(ledger)

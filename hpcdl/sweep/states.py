@@ -18,7 +18,7 @@ from hpcdl.launch.monitor import (
     state_from_run_dir,
 )
 from hpcdl.rundir import RunDir
-from hpcdl.sweep.ledger import CANCELLED, Ledger
+from hpcdl.sweep.ledger import CANCELLED, COMPLETED, Ledger
 
 # sacct's one record for an array's tasks that have not run as their own job:
 # 52_[1-2%1], 52_[1,3,5-7]. Cancelling the array ends them all under that record.
@@ -87,6 +87,17 @@ def task_state(view: SchedulerView, job_id: str, run_dir: RunDir) -> Optional[st
     if view.accounted is not None and not ran_as(run_dir, job_id):
         return CANCELLED
     return state_from_run_dir(run_dir)
+
+
+def settled_state(state: str, run_dir: RunDir) -> str:
+    """The run dir has the last word once a trial is neither queued nor running: COMPLETED
+    when its newest attempt recorded a completed end (state_from_run_dir), whatever the
+    scheduler says (sacct's FAILED for a job whose ranks aborted in their teardown after
+    finishing). A summary.json an earlier attempt left does not count: a trial resumed for
+    more epochs keeps its new job's state (PENDING, CANCELLED, FAILED, ...)."""
+    if is_active(state) or state_from_run_dir(run_dir) != COMPLETED:
+        return state
+    return COMPLETED
 
 
 def submissions(ledger: Ledger, index: int) -> int:

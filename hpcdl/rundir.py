@@ -92,6 +92,11 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
 )
 
 
+# attempts.jsonl's events besides an attempt's start and end (and a stall's): an `hpcdl
+# run` program's exit (RunDir.record_program_end), `hpcdl resume --from-scratch`.
+PROGRAM_END = "program_end"
+STARTED_OVER = "from_scratch"
+
 # The checkpoint store's step files (hpcdl.checkpoint.step_file_name), found by name alone.
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
@@ -228,6 +233,7 @@ class RunDir(JobDir):
         for path in (self.confusion_png, self.scatter_png, self.path / self.TRACKERS):
             path.unlink(missing_ok=True)
         self.checkpoint_record_file.unlink(missing_ok=True)
+        self.append_attempt({"event": STARTED_OVER})  # program_wall_s counts from here
 
     def set_aside_checkpoints(self) -> Optional[Path]:
         """`hpcdl resume --from-scratch` of a run whose checkpoints are still there (some
@@ -433,6 +439,24 @@ class RunDir(JobDir):
             except json.JSONDecodeError:  # blank, or cut short by a kill mid-write
                 continue
         return records
+
+    def record_program_end(self, wall_s: float, exit_code: int) -> None:
+        """`hpcdl run`, rank 0: its program's wall time in this attempt, from the wrapper's
+        start to the program's exit (any exit: completed, stopped, failed)."""
+        self.append_attempt({"event": PROGRAM_END, "wall_s": wall_s, "exit_code": exit_code})
+
+    def program_wall_s(self) -> float:
+        """`hpcdl run`: the wall time of the run's programs, summed over every attempt that
+        recorded its program's end (record_program_end) since the run was created or last
+        started over (`hpcdl resume --from-scratch`). An attempt killed before its program
+        exited (SIGKILL, a node failure) recorded none and is not counted."""
+        total = 0.0
+        for event in self.read_attempts():
+            if event.get("event") == STARTED_OVER:
+                total = 0.0
+            elif event.get("event") == PROGRAM_END:
+                total += float(event.get("wall_s") or 0.0)
+        return total
 
     def read_submission(self) -> Optional[dict[str, Any]]:
         """slurm.json: {"job_id", "log_dir", "history": [{"job_id", "cluster"}, ...]}."""

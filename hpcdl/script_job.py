@@ -110,9 +110,13 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     if stop.requested:  # Slurm may have signalled (and ended) the program itself first
         _touch(stop_file)
     code = proc.returncode
+    wall_s = time.monotonic() - started
+    if env.is_main:  # before the summary: its wall_s_total counts this attempt
+        run_dir.record_program_end(wall_s, _status(code))
     stopped = stop.requested or code == EXIT_INTERRUPTED
     if code == EXIT_OK and not stop.requested:
-        summary = _summary(cfg, run_dir, time.monotonic() - started)
+        total_s = run_dir.program_wall_s() if env.is_main else wall_s  # only rank 0's is kept
+        summary = _summary(cfg, run_dir, wall_s, total_s)
         if env.is_main:
             run_dir.write_summary(summary)
         return JobOutcome(env.rank, True, None, summary if env.is_main else {}, 0)
@@ -206,11 +210,12 @@ def _status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _summary(cfg: Config, run_dir: RunDir, wall_s: float) -> dict[str, Any]:
+def _summary(cfg: Config, run_dir: RunDir, wall_s: float, wall_s_total: float) -> dict[str, Any]:
+    """wall_s: this attempt's program; wall_s_total: every attempt's (RunDir.program_wall_s)."""
     assert cfg.script is not None
     summary: dict[str, Any] = {"outcome": "completed", "exit_code": 0}
     # The program's processes: torchrun's workers, not the one Slurm task per node.
-    summary.update({"world_size": cfg.world_size, "wall_s": wall_s})
+    summary.update({"world_size": cfg.world_size, "wall_s": wall_s, "wall_s_total": wall_s_total})
     if cfg.script.metrics_file:
         path = run_dir.path / cfg.script.metrics_file
         metrics = read_program_metrics(path)

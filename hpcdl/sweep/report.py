@@ -59,7 +59,7 @@ def reported_metrics(ledger: Ledger) -> list[str]:
 
 
 # What `hpcdl run` writes into every summary: not a program's metric.
-RUN_BOOKKEEPING = ("outcome", "exit_code", "world_size", "wall_s")
+RUN_BOOKKEEPING = ("outcome", "exit_code", "world_size", "wall_s", "wall_s_total")
 
 
 def default_metric(ledger: Ledger) -> str:

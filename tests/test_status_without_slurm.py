@@ -1,6 +1,6 @@
 """`hpcdl status JOB_ID` on a machine where no Slurm answers (a laptop, a workstation
-running cluster=local): one line and exit status 2, not an UNKNOWN state that looks like
-an answer. Slurm's commands are stand-in scripts on PATH here."""
+running cluster=local), or one whose Slurm keeps no accounting: one line and exit status 2,
+not an UNKNOWN state that looks like an answer. Slurm's commands are stand-in scripts on PATH here."""
 
 from __future__ import annotations
 
@@ -62,3 +62,27 @@ def test_a_run_dir_and_an_answering_slurm_are_reported_as_before(
     assert main(["status", "77"]) == 0
     out = capsys.readouterr().out
     assert "state: RUNNING" in out and "source: squeue" in out, out
+
+
+def test_a_job_id_this_slurm_does_not_know_without_accounting_is_one_line(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    # A cluster=local run's `local job 4242` asked of a Slurm that answers but keeps no
+    # accounting: was state UNKNOWN, exit status 0.
+    slurm_commands(tmp_path, monkeypatch, squeue="exit 0", sacct=FAILING)
+    assert main(["status", "4242"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == (
+        "error: job 4242: not known to this Slurm (squeue does not list it; no accounting, "
+        "sacct failed); for a run trained with cluster=local or debug (`local job <id>`), or "
+        "a job that has ended, pass its run dir instead: hpcdl status RUN_DIR\n"
+    )
+    # With its run dir, a real job that left the queue is judged by it, as before.
+    run = create_run_dir(compose_config([f"run_dir={tmp_path / 'run'}"]))[1]
+    run.record_submission("4242", "devcluster", run.log_dir)
+    run.append_attempt({"event": "start", "job_id": "4242"})
+    run.append_attempt({"event": "end", "job_id": "4242", "reason": "completed"})
+    assert main(["status", str(run.path)]) == 0
+    out = capsys.readouterr().out
+    assert "state: COMPLETED" in out and "source: run dir (not queued; no accounting)" in out

@@ -294,7 +294,13 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
                 f"job {job_id}: neither squeue nor sacct knows it; check the id "
                 "(`squeue --me` lists your queued jobs), or pass the run dir"
             )
-        return report
+        # No accounting: a job that left the queue, or no Slurm job at all (a cluster=local
+        # run's `local job <id>`); either way only its run dir can tell how it ended.
+        raise HpcdlError(
+            f"job {job_id}: not known to this Slurm (squeue does not list it; no accounting, "
+            "sacct failed); for a run trained with cluster=local or debug (`local job <id>`), "
+            "or a job that has ended, pass its run dir instead: hpcdl status RUN_DIR"
+        )
     verdict = {"job_id": report["job_id"], "state": state_from_run_dir(run_dir)}
     start, end = last_attempt(run_dir)
     if start is not None and end is not None:  # a killed attempt's is unknown

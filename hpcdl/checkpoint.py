@@ -16,17 +16,20 @@ Knows nothing about Slurm, Hydra or DDP: the caller decides which rank saves.
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import random
 import re
 import threading
 import warnings
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Optional, cast
+from typing import IO, Any, NamedTuple, Optional, cast
 
 import numpy as np
 import torch
@@ -47,8 +50,10 @@ from hpcdl.checkpoint_file import (  # noqa: F401 (the file format, without torc
     _open_checkpoint,
     _payload_digest,
     _PieceChecksum,
+    _Unpickler,
     _unreadable,
     _wait,
+    _zip_record,
     payload_checksum,
     step_file_name,
     verify_checkpoint,
@@ -88,9 +93,13 @@ class CheckpointStore:
         self.directory = Path(directory)
         self.keep_last = keep_last
         self._in_flight: Optional[_BackgroundSave] = None
+        # What the purge read of each file (milestone_mark), by its name and identity on
+        # disk (a file saved again under its name is read anew): once per file and store.
+        self._marks: dict[tuple[str, int, int, int], Optional[Mark]] = {}
 
     def save(self, state: dict[str, Any], step: int, *, is_best: bool = False) -> Path:
-        """Write ``state`` as the checkpoint of ``step``; then purge step files beyond keep_last."""
+        """Write ``state`` as the checkpoint of ``step``; then purge older step files beyond
+        keep_last that are not milestones."""
         self.wait()
         _check_savable(state, step)
         return self._write(state, step, is_best)
@@ -164,12 +173,72 @@ class CheckpointStore:
         return path if path.is_file() else None
 
     def _purge(self, keep: Path) -> None:
-        """Remove step files beyond keep_last (never ``keep``) and temp files of killed saves."""
-        old = self.list_steps()[: -self.keep_last]
-        for _, path in old:
-            if path != keep:
+        """Remove step files beyond keep_last, never ``keep`` nor a milestone, and temp
+        files of killed saves. A milestone was saved at the end of an epoch that is a
+        multiple of the trainer.keep_every_epochs it was saved with, or that a newer step
+        file was saved with (the newest holds the run's setting now): decided from the
+        files alone, so a milestone stays one through requeues and resumes, whatever they
+        set, and an epoch end still on disk when the option is set becomes one."""
+        steps = self.list_steps()
+        settings: set[int] = set()  # keep_every_epochs of this file and the newer ones
+        for index in reversed(range(len(steps))):
+            path = steps[index][1]
+            mark = self._mark(path)
+            if mark is not None and mark.keep_every_epochs is not None:
+                settings.add(mark.keep_every_epochs)
+            if index >= len(steps) - self.keep_last or path == keep or mark is None:
+                continue  # among the newest, or unreadable for now: a later purge decides
+            if not any(mark.epoch_end % every == 0 for every in settings if mark.epoch_end):
                 path.unlink(missing_ok=True)
         purge_temp_files(self.directory)
+
+    def _mark(self, path: Path) -> Optional[Mark]:
+        try:
+            info = path.stat()
+        except OSError:
+            return None
+        key = (path.name, info.st_ino, info.st_mtime_ns, info.st_size)
+        if key not in self._marks:
+            try:
+                self._marks[key] = milestone_mark(path)
+            except OSError:
+                return None  # an I/O error, maybe passing: not remembered
+        return self._marks[key]
+
+
+class Mark(NamedTuple):
+    """What decides whether a step file is a milestone."""
+
+    epoch_end: int  # the epochs done when it was saved at an epoch's end; else 0
+    keep_every_epochs: Optional[int]  # the trainer.keep_every_epochs it was saved with
+
+
+def milestone_mark(path: Path) -> Mark:
+    """Read from the file's pickle record alone (a small read), without the checksum over
+    the whole file that a load checks: a damaged file reads as no epoch end and no
+    setting, so it is purged as before. An epoch's end is E epochs done, step 0 of the
+    next (the trainer saves an epoch's last step again once the epoch has ended)."""
+    try:
+        with open(path, "rb") as file:
+            state = _Unpickler(io.BytesIO(_zip_record(file, "data.pkl"))).load()
+    except (
+        ValueError,
+        EOFError,
+        KeyError,
+        StopIteration,
+        pickle.UnpicklingError,
+        zipfile.BadZipFile,
+    ):
+        return Mark(0, None)
+    progress = state.get("progress") if isinstance(state, dict) else None
+    if not isinstance(progress, dict):
+        return Mark(0, None)
+    epoch, step_in_epoch = progress.get("epoch"), progress.get("step_in_epoch")
+    every = state.get("keep_every_epochs")
+    return Mark(
+        epoch if isinstance(epoch, int) and epoch > 0 and step_in_epoch == 0 else 0,
+        every if isinstance(every, int) and every > 0 else None,
+    )
 
 
 def _check_savable(state: dict[str, Any], step: int) -> None:

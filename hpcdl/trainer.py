@@ -673,7 +673,7 @@ class Trainer:
             pr.epoch += 1
             pr.step_in_epoch = 0
             pr.start_epoch_sums()
-        self.save(is_best=improved)
+        self.save(is_best=improved, milestone=epoch_done and self._milestone_epoch())
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self, rng_states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -693,14 +693,20 @@ class Trainer:
             "model_config": self.p.model_config,
             "data_config": self.p.data_config,
             "early_stopping": early_stop.settings(self.t.early_stopping),
+            # The purge keeps this file forever if it is a milestone under the setting it
+            # was saved with, whatever a later resume sets (hpcdl.checkpoint.milestone).
+            "keep_every_epochs": self.t.keep_every_epochs,
             "data_info": self.p.feed.info(),
             "preprocessing": self.p.feed.preprocessing_state(),
         }
 
-    def save(self, *, is_best: bool = False) -> Optional[Path]:
+    def save(self, *, is_best: bool = False, milestone: bool = False) -> Optional[Path]:
         """Every rank calls this (the RNG states are gathered); rank 0 writes, in a
         background thread from a host copy with trainer.async_checkpoint (the path returned
-        is then the file's once the store's wait() returns)."""
+        is then the file's once the store's wait() returns). A step saved already is saved
+        again for ``best.pt``, and for a milestone (trainer.keep_every_epochs): the file of
+        an epoch's last step saved before the epoch ended (checkpoint_every_steps/_s, a stop,
+        a resume) must hold the ended epoch for the purge to know it."""
         self._beat("checkpoint")  # a large save gets its own allowance
         if self._in_flight is not None:  # the loop settles first; a checkpoint holds all sums
             self._settle()
@@ -712,7 +718,7 @@ class Trainer:
         step = self.progress.global_step
         if not self.env.is_main:
             return None
-        if step == self._last_saved_step and not is_best:
+        if step == self._last_saved_step and not (is_best or milestone):
             return self._last_saved_path
         self._last_saved_step = step
         write = self.p.store.save_async if self._async_checkpoint() else self.p.store.save
@@ -729,6 +735,11 @@ class Trainer:
         record = {key: state[key] for key in CHECKPOINT_RECORD_KEYS}
         with contextlib.suppress(HpcdlError, OSError, TypeError, ValueError):
             RunDir(self.p.store.directory.parent).write_checkpoint_record(path, record)
+
+    def _milestone_epoch(self) -> bool:
+        """The epoch just ended is one whose checkpoint is kept forever."""
+        every = self.t.keep_every_epochs
+        return every is not None and self.progress.epoch % every == 0
 
     def _async_checkpoint(self) -> bool:
         choice = self.t.async_checkpoint.lower()  # validated: auto, true or false

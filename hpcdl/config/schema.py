@@ -346,6 +346,9 @@ class TrainerConfig:
     checkpoint_every_steps: Optional[int] = None
     checkpoint_every_s: Optional[float] = None
     keep_last: int = 2
+    # Milestones: the checkpoint saved at the end of every K-th epoch is kept forever, besides
+    # the keep_last newest (each one a full checkpoint on disk). None: off.
+    keep_every_epochs: Optional[int] = None
     # Write checkpoints in a background thread from a copy in host memory: "auto" (on when
     # training on CUDA), "true" or "false". A string, not an Enum: a bare true/false on the
     # command line reaches the schema as a bool, which an Enum field refuses.

@@ -324,6 +324,7 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
     _positive("trainer.checkpoint_every_steps", t.checkpoint_every_steps, allow_none=True)
     _positive("trainer.checkpoint_every_s", t.checkpoint_every_s, allow_none=True)
     _positive("trainer.keep_last", t.keep_last)
+    _positive("trainer.keep_every_epochs", t.keep_every_epochs, allow_none=True)
     _auto_true_false("trainer.async_checkpoint", t.async_checkpoint, "on when training on CUDA")
     _auto_true_false("trainer.lagged_sync", t.lagged_sync, "on when training on CUDA with a fused optimizer")
     _positive("trainer.max_bad_steps", t.max_bad_steps)

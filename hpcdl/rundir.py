@@ -47,7 +47,7 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
         "metrics.csv",
         "one row per epoch: train/val loss and the task's metrics, lr, seconds, samples/s",
     ),
-    ("checkpoints/", "step_<N>.pt (the newest keep_last) and best.pt"),
+    ("checkpoints/", "step_<N>.pt (the newest keep_last, and milestones: keep_every_epochs) and best.pt"),
     (
         "checkpoints.set-aside-<N>/",
         "`hpcdl resume --from-scratch`: the checkpoints it found there; `--from`: those after the chosen one, with the records of their epochs (nothing deleted)",
@@ -76,7 +76,7 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("mlruns/", "logger=mlflow without a tracking_uri: the MLflow file store"),
     (
         "attempts.jsonl",
-        "one start and one end record per attempt: each run of a Slurm job, each cluster=local or debug run",
+        "a start and an end record per attempt (each run of a Slurm job, each cluster=local or debug run), and stall, program_end (`hpcdl run`) and from_scratch records",
     ),
     ("slurm.json", "Slurm: the submitted job id, log folder and submission history"),
     ("code/", "Slurm: the frozen copy of hpcdl and the user's modules the job runs"),

@@ -36,17 +36,22 @@ class DataSplits:
     label_column: Optional[str] = None
 
 
-def build_data(cfg: Any, regression: bool = False) -> DataSplits:
-    """cfg: one of schema.DATA_SCHEMAS' dataclasses; regression: numeric targets."""
+def build_data(
+    cfg: Any, regression: bool = False, preprocessing: Optional[Preprocessing] = None
+) -> DataSplits:
+    """cfg: one of schema.DATA_SCHEMAS' dataclasses; regression: numeric targets;
+    preprocessing: one fitted before (a checkpoint's, for `hpcdl evaluate` and `predict`),
+    applied as it is; None fits one on this data's train split."""
     check_data(cfg)  # the ranges and files, as on the login node
     raw = read_source(cfg, regression=regression)
     split = split_indices(
         raw.y, cfg, has_official_test=raw.has_official_test, stratify=not raw.is_regression
     )
     x_test, y_test = test_arrays(raw, split.test)
-    preprocessing = Preprocessing.fit(
-        raw.x[split.train], scale=raw.pixel_scale, standardize=cfg.standardize
-    )
+    if preprocessing is None:
+        preprocessing = Preprocessing.fit(
+            raw.x[split.train], scale=raw.pixel_scale, standardize=cfg.standardize
+        )
     return DataSplits(
         x_train=preprocessing.apply(raw.x[split.train]),
         y_train=torch.from_numpy(raw.y[split.train]),

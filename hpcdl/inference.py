@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import itertools
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,9 +20,15 @@ from torch import nn
 from hpcdl.atomic import write_atomic, write_json_atomic
 from hpcdl.checkpoint import read_checkpoint, resolve_checkpoint
 from hpcdl.config.convert import model_from_dict
-from hpcdl.config.schema import Config, CustomTaskConfig, RegressionTaskConfig
-from hpcdl.data import Preprocessing, load_feature_rows
-from hpcdl.data.feed import EVAL_BATCH_SIZE, build_feed
+from hpcdl.config.schema import (
+    Config,
+    CustomDataConfig,
+    CustomTaskConfig,
+    ImageFolderConfig,
+    RegressionTaskConfig,
+)
+from hpcdl.data import DataSplits, Preprocessing, build_data, load_feature_rows
+from hpcdl.data.feed import EVAL_BATCH_SIZE, Feed, TensorFeed, build_feed
 from hpcdl.errors import ConfigError, DataError, WriteError, os_error_reason
 from hpcdl.evaluation import evaluate, load_matching_weights
 from hpcdl.models import build_model
@@ -32,6 +41,10 @@ from hpcdl.tasks import (
     build_task,
     input_and_target,
 )
+
+# `--split all`: every sample the data builder gives (the train, val and test splits of
+# the data read with val_fraction=test_fraction=0, in that order: a file's rows in order).
+ALL_SPLIT = "all"
 
 
 def _model_from_checkpoint(state: dict[str, Any], source: str) -> nn.Module:
@@ -69,43 +82,70 @@ def load_model(cfg: Config, run_dir: RunDir, which: str, device: str | torch.dev
     return model.to(device)
 
 
-def evaluate_checkpoint(cfg: Config, run_dir: RunDir, which: str) -> dict[str, Any]:
-    """Test metrics and a confusion matrix for one checkpoint of a run."""
+def evaluate_checkpoint(
+    cfg: Config,
+    run_dir: RunDir,
+    which: str,
+    split: str = "test",
+    data_overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Metrics (and a confusion matrix) of one checkpoint on one split of the run's data,
+    or of the data that `cfg` points at with `data_overrides` (as they resolved: they name
+    the output folder and are recorded). Written to eval/<checkpoint>/ for the run's test
+    split, else eval/<checkpoint>[-<split>][-<hash of the overrides>]/."""
     path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path, mmap=True)
-    device = torch.device("cpu")
-    regression = isinstance(cfg.task, RegressionTaskConfig)
-    feed = build_feed(cfg.data, device, seed=cfg.trainer.seed, task=cfg.task)
-    if feed.num_samples("test") == 0:
+    feed = _inference_feed(cfg, state, split)
+    if _num_samples(feed, split) == 0:
         raise ConfigError(
-            f"hpcdl evaluate: {run_dir.path} has no test split (data.test_fraction=0, or no "
-            "test dataset); nothing to evaluate"
+            f"hpcdl evaluate: the {split} split of {_whose(data_overrides, run_dir)} is empty "
+            f"(data.{split}_fraction=0, or no {split} dataset); nothing to evaluate"
         )
-    # Build the model the run's config describes and refuse a checkpoint that does not fit.
-    model = build_model(cfg.model, feed.input_shape, feed.num_classes)
-    load_matching_weights(model, state["model"], str(path))
-    batches = feed.eval_batches("test", 0, 1, device, cfg.trainer.batch_size)
-    task = build_task(cfg.task, feed.target_stats)
-    result = evaluate(model, batches, task, feed.num_classes, device, keep_predictions=regression)
+    model = _model_for(cfg, state, str(path))
+    batches = _split_batches(feed, split, cfg.trainer.batch_size)
+    task = build_task(cfg.task, _target_stats(state))
+    info = state["data_info"]
+    num_classes, class_names = int(info["num_classes"]), list(info["class_names"])
+    regression = isinstance(cfg.task, RegressionTaskConfig)
+    device = torch.device("cpu")
+    result = evaluate(model, batches, task, num_classes, device, keep_predictions=regression)
     report: dict[str, Any] = {
         "checkpoint": str(path),
-        "test_loss": result.loss,
-        **{f"test_{name}": value for name, value in result.metrics.items()},
-        "num_test_samples": result.num_samples,
+        "split": split,
+        f"{split}_loss": result.loss,
+        **{f"{split}_{name}": value for name, value in result.metrics.items()},
+        f"num_{split}_samples": result.num_samples,
     }
+    if data_overrides:
+        report["data_overrides"] = list(data_overrides)
     if result.confusion is not None:
         report["confusion_matrix"] = result.confusion.tolist()
-        report["class_names"] = list(feed.class_names)
-    write_json_atomic(run_dir.eval_metrics_file(path.stem), report)
+        report["class_names"] = class_names
+    name = eval_name(path.stem, split, data_overrides)
+    write_json_atomic(run_dir.eval_metrics_file(name), report)
     if result.confusion is not None:
-        plot_confusion_matrix(
-            result.confusion, list(feed.class_names), run_dir.eval_confusion_png(path.stem)
-        )
+        plot_confusion_matrix(result.confusion, class_names, run_dir.eval_confusion_png(name))
     if result.predictions is not None:
         predicted, true = result.predictions
-        plot_predicted_vs_true(predicted.reshape(-1), true, run_dir.eval_scatter_png(path.stem))
-    report["output_dir"] = str(run_dir.eval_dir(path.stem))
+        plot_predicted_vs_true(predicted.reshape(-1), true, run_dir.eval_scatter_png(name))
+    report["output_dir"] = str(run_dir.eval_dir(name))
     return report
+
+
+def eval_name(checkpoint: str, split: str, data_overrides: Sequence[str]) -> str:
+    """The folder in eval/: the checkpoint's name for the run's own test split (as before
+    other data could be given), with -<split> and -<8 hex digits of the overrides> added
+    otherwise, so that the run's own results are never overwritten by other data's."""
+    parts = [checkpoint]
+    if split != "test":
+        parts.append(split)
+    if data_overrides:
+        parts.append(hashlib.sha256("\n".join(data_overrides).encode()).hexdigest()[:8])
+    return "-".join(parts)
+
+
+def _whose(data_overrides: Sequence[str], run_dir: RunDir) -> str:
+    return " ".join(data_overrides) if data_overrides else f"{run_dir.path}'s data"
 
 
 def predict_rows(
@@ -116,15 +156,52 @@ def predict_rows(
     output: Optional[str],
     split: Optional[str] = None,
 ) -> int:
-    """Predictions for raw rows (--input, with the run's training preprocessing applied) or
-    for every sample of one of the run's splits (--split, with the true value beside it).
-    task=custom: the columns its task.predict function returns. Returns the number of rows."""
-    source = f"--input {input_path}" if input_path is not None else f"--split {split or 'test'}"
+    """`hpcdl predict`: predictions() as CSV, on stdout or in the --output file (checked
+    before anything is computed). Returns the number of rows."""
     path = _checkpoint_for(run_dir, which)
     reads = {path: "the checkpoint"}
     if input_path is not None:
         reads[Path(input_path).expanduser()] = "the --input file"
     target = _output_file(output, run_dir, reads)
+    table = predictions(cfg, run_dir, which, input_path=input_path, split=split)
+    _write_csv(table, target)
+    return len(table.rows)
+
+
+@dataclass
+class Predictions:
+    """One row per sample, in the samples' order: `columns` names each row's values (row,
+    predicted, class_name, probability[, true]; row, predicted[, true] for regression;
+    row and task.predict's names for task=custom), as Python numbers and strings."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    # Columns whose CSV text is not str(value): a rounding, or a dtype's shortest form.
+    text: dict[str, Callable[[Any], str]] = field(default_factory=dict)
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+    def csv_rows(self) -> Iterator[list[Any]]:
+        formats = [self.text.get(name) for name in self.columns]
+        for row in self.rows:
+            yield [v if f is None else f(v) for f, v in zip(formats, row, strict=True)]
+
+
+def predictions(
+    cfg: Config,
+    run_dir: RunDir,
+    which: str,
+    *,
+    input_path: Optional[str] = None,
+    split: Optional[str] = None,
+) -> Predictions:
+    """Predictions for raw rows (input_path, with the run's training preprocessing applied)
+    or for every sample of one split (of the run's data, or of the data `cfg` points at),
+    with the true value beside it. task=custom: the columns its task.predict function
+    returns."""
+    source = f"--input {input_path}" if input_path is not None else f"--split {split or 'test'}"
+    path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path, mmap=True)
     if input_path is not None:
         _refuse_input_without_rows(state, input_path)  # before task.predict's advice names it
@@ -133,13 +210,10 @@ def predict_rows(
     if input_path is not None:
         batches = _row_batches(state, input_path)
     else:
-        batches = _split_batches(cfg, split or "test")
+        batches = _predict_split_batches(cfg, state, split or "test")
     if prediction is not None:
-        header, rows = _custom_rows(prediction, model, batches)
-    else:
-        header, rows = _builtin_rows(cfg, state, model, batches)
-    _write_csv(header, rows, target)
-    return len(rows)
+        return _custom_rows(prediction, model, batches)
+    return _builtin_rows(cfg, state, model, batches)
 
 
 def _custom_prediction(cfg: Config, run_dir: RunDir, source: str) -> Optional[CustomPrediction]:
@@ -223,18 +297,128 @@ def _row_batches(state: dict[str, Any], input_path: str) -> Iterator[tuple[torch
     return ((part, None) for part in x.split(EVAL_BATCH_SIZE))
 
 
-def _split_batches(cfg: Config, split: str) -> Iterator[Any]:
-    """Every sample of one of the run's splits, rebuilt from its config, in order."""
+def _predict_split_batches(cfg: Config, state: dict[str, Any], split: str) -> Iterator[Any]:
+    """Every sample of one split, rebuilt from `cfg` and prepared as in training, in order."""
+    feed = _inference_feed(cfg, state, split)
+    if _num_samples(feed, split) == 0:
+        raise ConfigError(f"--split {split}: the {split} split is empty")
+    return _split_batches(feed, split, cfg.trainer.batch_size)
+
+
+def _inference_feed(cfg: Config, state: dict[str, Any], split: str) -> Feed:
+    """The data `cfg` names, prepared as the checkpoint's training data was: the training
+    split's preprocessing (mean/std) from the checkpoint, never refitted on this data;
+    class labels as indices into the checkpoint's classes. --split all reads the data
+    with val_fraction=test_fraction=0, so that its train split holds every sample, in order."""
+    data_cfg = cfg.data
+    if split == ALL_SPLIT:
+        data_cfg = replace(data_cfg, val_fraction=0.0, test_fraction=0.0, num_folds=0, fold=0)
+    info = state["data_info"]
     device = torch.device("cpu")
-    feed = build_feed(cfg.data, device, seed=cfg.trainer.seed, task=cfg.task)
-    if feed.num_samples(split) == 0:
-        raise ConfigError(f"--split {split}: the run's {split} split is empty")
-    return feed.eval_batches(split, 0, 1, device, cfg.trainer.batch_size)
+    feed: Feed
+    if isinstance(data_cfg, (CustomDataConfig, ImageFolderConfig)):
+        # Their samples are prepared by the dataset's own code (or image_size/mean/std,
+        # which evaluate refuses to change): nothing fitted to apply.
+        feed = build_feed(data_cfg, device, seed=cfg.trainer.seed, task=cfg.task)
+    else:
+        fitted = state.get("preprocessing")  # {} in checkpoints of dataset runs
+        regression = isinstance(cfg.task, RegressionTaskConfig)
+        data = build_data(
+            data_cfg,
+            regression=regression,
+            preprocessing=Preprocessing.from_state_dict(fitted) if fitted else None,
+        )
+        _check_columns(data, info)
+        if not regression:
+            _as_trained_classes(data, [str(n) for n in info["class_names"]])
+        feed = TensorFeed(
+            data, device, in_memory=data_cfg.in_memory, num_workers=data_cfg.num_workers
+        )
+    _check_fits(feed, info)
+    return feed
+
+
+def _check_columns(data: DataSplits, info: dict[str, Any]) -> None:
+    """A CSV's feature columns, by name, are the training CSV's, in its order: the fitted
+    mean/std and the model's weights are per position."""
+    trained = info.get("feature_columns")
+    if trained is None or data.feature_columns is None or data.feature_columns == trained:
+        return
+    raise DataError(
+        f"data.path: the CSV's feature columns ({', '.join(data.feature_columns)}) are not "
+        f"the model's ({', '.join(trained)}); give those columns, in that order"
+    )
+
+
+def _as_trained_classes(data: DataSplits, trained: list[str]) -> None:
+    """Labels as indices into the checkpoint's class names: data with fewer classes, or in
+    another order, is encoded against its own names by the reader."""
+    if data.class_names == trained:
+        return
+    unknown = [name for name in data.class_names if name not in trained]
+    if unknown:
+        raise DataError(
+            f"data: class {unknown[0]!r} is not one of the model's classes "
+            f"({', '.join(trained)}); give data with those labels only"
+        )
+    index = torch.tensor([trained.index(name) for name in data.class_names], dtype=torch.int64)
+    data.y_train, data.y_val, data.y_test = (
+        index[y] for y in (data.y_train, data.y_val, data.y_test)
+    )
+    data.class_names, data.num_classes = list(trained), len(trained)
+
+
+def _check_fits(feed: Feed, info: dict[str, Any]) -> None:
+    """Samples the model takes: the checkpoint's input shape, and no more classes."""
+    trained = tuple(int(s) for s in info["input_shape"])
+    if feed.input_shape and trained and tuple(feed.input_shape) != trained:
+        raise DataError(
+            f"the data's samples have shape {tuple(feed.input_shape)}, the model was trained "
+            f"on samples of shape {trained}"
+        )
+    num_classes = int(info["num_classes"])
+    if feed.num_classes > num_classes:
+        raise DataError(
+            f"the data has {feed.num_classes} classes, the model was trained on {num_classes}"
+        )
+
+
+def _num_samples(feed: Feed, split: str) -> int:
+    return sum(feed.num_samples(part) for part in _parts(split))
+
+
+def _split_batches(feed: Feed, split: str, batch_size: int) -> Iterator[Any]:
+    device = torch.device("cpu")
+    return itertools.chain.from_iterable(
+        feed.eval_batches(part, 0, 1, device, batch_size) for part in _parts(split)
+    )
+
+
+def _parts(split: str) -> tuple[str, ...]:
+    return ("train", "val", "test") if split == ALL_SPLIT else (split,)
+
+
+def _model_for(cfg: Config, state: dict[str, Any], source: str) -> nn.Module:
+    """The model the run's config describes, shaped as the checkpoint's data was, with the
+    checkpoint's weights (a checkpoint that does not fit is refused, naming the parameter)."""
+    info = state["data_info"]
+    model = build_model(cfg.model, tuple(info["input_shape"]), int(info["num_classes"]))
+    load_matching_weights(model, state["model"], source)
+    model.eval()
+    return model
+
+
+def _target_stats(state: dict[str, Any]) -> Optional[tuple[float, float]]:
+    """Regression on a built-in source: the training targets' mean and std."""
+    info = state["data_info"]
+    if "target_mean" not in info:
+        return None
+    return float(info["target_mean"]), float(info["target_std"])
 
 
 def _builtin_rows(
     cfg: Config, state: dict[str, Any], model: nn.Module, batches: Iterable[Any]
-) -> tuple[list[str], list[list[Any]]]:
+) -> Predictions:
     """task=classification (class, name, probability) or regression (value in the target's
     units), with a `true` column when the batches carry labels."""
     outputs, truth = [], []
@@ -247,21 +431,21 @@ def _builtin_rows(
     info = state["data_info"]
     logits = torch.cat(outputs)
     if isinstance(cfg.task, RegressionTaskConfig):
-        stats = (info.get("target_mean", 0.0), info.get("target_std", 1.0))
-        task = build_task(cfg.task, stats)
+        task = build_task(cfg.task, _target_stats(state) or (0.0, 1.0))
         assert isinstance(task, RegressionTask)
-        header, rows = _regression_rows(task, logits)
+        table = _regression_rows(task, logits)
     else:
-        header, rows = _class_rows(logits, list(info["class_names"]))
+        table = _class_rows(logits, list(info["class_names"]))
     if truth:
-        header.append("true")
-        rows = [[*row, value] for row, value in zip(rows, torch.cat(truth).tolist(), strict=True)]
-    return header, rows
+        table.columns.append("true")
+        values = torch.cat(truth).tolist()
+        table.rows = [[*row, value] for row, value in zip(table.rows, values, strict=True)]
+    return table
 
 
 def _custom_rows(
     prediction: CustomPrediction, model: nn.Module, batches: Iterable[Any]
-) -> tuple[list[str], list[list[Any]]]:
+) -> Predictions:
     """One row per sample: each output's values, flattened; a name with several values per
     sample becomes the columns name_0, name_1, ... (row-major)."""
     parts: dict[str, list[torch.Tensor]] = {}
@@ -269,26 +453,32 @@ def _custom_rows(
         for batch in batches:
             for name, values in prediction.outputs(model, batch).items():
                 parts.setdefault(name, []).append(values)
-    header, cells = ["row"], []
+    columns, blocks, text = ["row"], [], {}
     for name, chunks in parts.items():
-        values = torch.cat(chunks)
-        values = values.reshape(values.shape[0], -1)
-        width = values.shape[1]
-        header += [name] if width == 1 else [f"{name}_{i}" for i in range(width)]
+        array = torch.cat(chunks).numpy()
+        array = array.reshape(array.shape[0], -1)
+        width = array.shape[1]
+        names = [name] if width == 1 else [f"{name}_{i}" for i in range(width)]
+        columns += names
+        blocks.append(array.tolist())
         # numpy's str() is the shortest text that reads back as the same float32/float64.
-        cells.append(values.numpy().astype(str))
-    table = np.concatenate(cells, axis=1).tolist() if cells else []
-    return header, [[i, *row] for i, row in enumerate(table)]
+        text.update({n: _as_text_of(array.dtype) for n in names})
+    table = [list(itertools.chain.from_iterable(cells)) for cells in zip(*blocks, strict=True)]
+    return Predictions(columns, [[i, *row] for i, row in enumerate(table)], text)
 
 
-def _write_csv(header: list[str], rows: list[list[Any]], target: Optional[Path]) -> None:
+def _as_text_of(dtype: np.dtype[Any]) -> Callable[[Any], str]:
+    return lambda value: str(dtype.type(value))
+
+
+def _write_csv(table: Predictions, target: Optional[Path]) -> None:
     """To stdout, or to the --output file: written whole (a temporary name, then renamed),
     its missing parent folders made first."""
     if target is None:
         try:
             writer = csv.writer(sys.stdout)
-            writer.writerow(header)
-            writer.writerows(rows)
+            writer.writerow(table.columns)
+            writer.writerows(table.csv_rows())
             sys.stdout.flush()
         except BrokenPipeError:
             # The reader has gone (`hpcdl predict ... | head`): stop quietly, as Unix tools
@@ -297,8 +487,8 @@ def _write_csv(header: list[str], rows: list[list[Any]], target: Optional[Path])
         return
     text = io.StringIO()
     writer = csv.writer(text)
-    writer.writerow(header)
-    writer.writerows(rows)
+    writer.writerow(table.columns)
+    writer.writerows(table.csv_rows())
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -306,17 +496,17 @@ def _write_csv(header: list[str], rows: list[list[Any]], target: Optional[Path])
     write_atomic(target, text.getvalue())
 
 
-def _class_rows(outputs: torch.Tensor, names: list[str]) -> tuple[list[str], list[list[Any]]]:
+def _class_rows(outputs: torch.Tensor, names: list[str]) -> Predictions:
     probs = torch.softmax(outputs, dim=1)
     rows = []
     for i, p in enumerate(probs):
         k = int(p.argmax())
-        rows.append([i, k, names[k] if k < len(names) else str(k), f"{float(p[k]):.6f}"])
-    return ["row", "predicted", "class_name", "probability"], rows
+        rows.append([i, k, names[k] if k < len(names) else str(k), float(p[k])])
+    columns = ["row", "predicted", "class_name", "probability"]
+    return Predictions(columns, rows, {"probability": lambda v: f"{v:.6f}"})
 
 
-def _regression_rows(
-    task: RegressionTask, outputs: torch.Tensor
-) -> tuple[list[str], list[list[Any]]]:
+def _regression_rows(task: RegressionTask, outputs: torch.Tensor) -> Predictions:
     values = task.predict(outputs).tolist()
-    return ["row", "predicted"], [[i, f"{v:.6g}"] for i, v in enumerate(values)]
+    rows = [[i, v] for i, v in enumerate(values)]
+    return Predictions(["row", "predicted"], rows, {"predicted": lambda v: f"{v:.6g}"})

@@ -255,7 +255,7 @@ def test_predict_without_task_predict_says_how_to_add_it(mylab, cells, tmp_path,
     assert [float(r["dice"]) for r in rows] == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert (run_dir / "config.yaml").read_text() == stored
     code = main(["predict", str(run_dir), "task.target=mylab.tasks:x", "--split", "test"])
-    assert code == 2 and "takes only task.predict" in capsys.readouterr().err
+    assert code == 2 and "hpcdl predict takes only data keys" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- exact resume

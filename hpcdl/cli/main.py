@@ -46,6 +46,8 @@ def _group_listing(config_dirs: Optional[list[str]] = None) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hpcdl.cli.other_data import SPLITS
+
     parser = argparse.ArgumentParser(
         prog="hpcdl",
         description="Train PyTorch models in-process, on local ranks, or on Slurm, from Hydra configs.",
@@ -183,19 +185,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("evaluate", help="test metrics + confusion matrix of a checkpoint")
     evaluate.add_argument("run_dir")
+    evaluate.add_argument(
+        "overrides",
+        nargs="*",
+        help="other data, for this command only: data.path=..., data.kwargs.KEY=...",
+    )
     evaluate.add_argument("--checkpoint", default="best", help="best | last | PATH (default best)")
+    evaluate.add_argument(
+        "--split", choices=SPLITS, default="test", help="the split evaluated (default test)"
+    )
 
     predict = sub.add_parser("predict", help="predictions for new rows or for a split")
     predict.add_argument("run_dir")
     predict.add_argument(
         "overrides",
         nargs="*",
-        help="task=custom runs: task.predict=package.module:function",
+        help="with --split, other data: data.path=..., data.kwargs.KEY=...; "
+        "task=custom runs: task.predict=package.module:function",
     )
     source = predict.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", help="rows as .csv, .npy or .npz")
     source.add_argument(
-        "--split", choices=["train", "val", "test"], help="every sample of the run's split"
+        "--split", choices=SPLITS, help="every sample of a split of the data (all: every one)"
     )
     predict.add_argument("--checkpoint", default="best", help="best | last | PATH (default best)")
     predict.add_argument("--output", help="write CSV here instead of stdout")
@@ -914,21 +925,23 @@ def given_here(checkpoint: str, run_dir: RunDir, workdir: Optional[str]) -> str:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from hpcdl.inference import evaluate_checkpoint
-    from hpcdl.rundir import open_run_dir
     from hpcdl.workdir import reading_from
 
-    cfg, run_dir = open_run_dir(args.run_dir)
-    refuse_script_run(cfg, run_dir, "evaluate")
-    checkpoint = given_here(args.checkpoint, run_dir, cfg.workdir)
+    cfg, run_dir, checkpoint, applied = inference_run(
+        args.run_dir, args.checkpoint, args.overrides, "evaluate"
+    )
     with reading_from(cfg.workdir):  # the run's relative paths are its folder's
-        report = evaluate_checkpoint(cfg, run_dir, checkpoint)
+        report = evaluate_checkpoint(cfg, run_dir, checkpoint, args.split, applied)
     print(f"checkpoint: {report['checkpoint']}")
+    if applied:
+        print(f"data: {' '.join(applied)} ({args.split} split)")
+    split = report["split"]
     metrics = "  ".join(
         f"{key} {value:.4f}"
         for key, value in report.items()
-        if key.startswith("test_") and isinstance(value, float)
+        if key.startswith(f"{split}_") and isinstance(value, float)
     )
-    print(f"{metrics}  ({report['num_test_samples']} samples)")
+    print(f"{metrics}  ({report[f'num_{split}_samples']} samples)")
     if "confusion_matrix" in report:
         print("confusion matrix [true x predicted]:")
         for name, row in zip(report["class_names"], report["confusion_matrix"], strict=True):
@@ -939,15 +952,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from hpcdl.inference import predict_rows
-    from hpcdl.rundir import open_run_dir
     from hpcdl.workdir import from_here, reading_from
 
-    cfg, run_dir = open_run_dir(args.run_dir)
-    refuse_script_run(cfg, run_dir, "predict")
-    cfg = with_predict_function(cfg, args.overrides)
+    cfg, run_dir, checkpoint, applied = inference_run(
+        args.run_dir, args.checkpoint, args.overrides, "predict"
+    )
+    if args.input is not None and applied:
+        given = next(o for o in args.overrides if o.startswith("data."))
+        raise HpcdlError(
+            f"{given}: data keys choose the data that --split reads; "
+            "--input gives its rows itself (drop the data keys, or use --split)"
+        )
     rows, out = args.input, args.output
     rows, out = (None if p is None else from_here(p, cfg.workdir) for p in (rows, out))
-    checkpoint = given_here(args.checkpoint, run_dir, cfg.workdir)
     with reading_from(cfg.workdir):  # the run's relative paths are its folder's
         count = predict_rows(cfg, run_dir, rows, checkpoint, out, args.split)
     if args.output:
@@ -955,29 +972,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def with_predict_function(cfg: Config, overrides: list[str]) -> Config:
-    """`hpcdl predict RUN_DIR task.predict=package.module:function`: the one key predict
-    takes, for a task=custom run trained without it (its config.yaml is left as it is)."""
-    from dataclasses import replace
+def inference_run(
+    path: str, checkpoint: str, overrides: list[str], command: str
+) -> tuple[Config, RunDir, str, list[str]]:
+    """What evaluate and predict (the commands, and Job's methods) read: the run's config
+    with the command line's keys applied for this command only (config.yaml unchanged),
+    the run dir, --checkpoint as a path of the current folder or a name of the run's, and
+    the data overrides as they resolved. An `hpcdl run` run is refused."""
+    from hpcdl.cli.other_data import inference_config
+    from hpcdl.rundir import open_run_dir
 
-    from hpcdl.config.schema import CustomTaskConfig
-    from hpcdl.config.validate import check_target_form
-
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if key != "task.predict" or not sep:
-            raise HpcdlError(
-                f"{item}: hpcdl predict takes only task.predict=package.module:function; "
-                "change other keys with hpcdl resume or a new run"
-            )
-        if not isinstance(cfg.task, CustomTaskConfig):
-            raise HpcdlError(
-                f"{item}: this run has task={cfg.task.name}, whose predictions hpcdl writes "
-                "itself; task.predict is for task=custom"
-            )
-        check_target_form("task.predict", value)
-        cfg = replace(cfg, task=replace(cfg.task, predict=value))
-    return cfg
+    cfg, run_dir = open_run_dir(path)
+    refuse_script_run(cfg, run_dir, command)
+    cfg, applied = inference_config(cfg, overrides, command)
+    return cfg, run_dir, given_here(checkpoint, run_dir, cfg.workdir), applied
 
 
 # Ctrl-C on `status --watch` or `logs -f`: the user is done watching; quiet, as `tail -f`.

@@ -220,6 +220,47 @@ class Job:
         cfg, run_dir = open_run_dir(self.run_dir)
         return load_model(cfg, run_dir, checkpoint, device)
 
+    def evaluate(
+        self, checkpoint: str = "best", overrides: Sequence[str] = (), split: str = "test"
+    ) -> dict[str, Any]:
+        """`hpcdl evaluate RUN_DIR [--split S] [OVERRIDES]`: one checkpoint's metrics on a
+        split of the run's data, or of other data that `overrides` point its data builder
+        at (data.path=..., data.kwargs.KEY=...; paths are the current folder's). The dict
+        metrics.json holds: checkpoint, split, <split>_loss, <split>_<metric>,
+        num_<split>_samples, confusion_matrix and class_names (classification),
+        data_overrides; plus output_dir, where the command writes them too. Imports torch."""
+        from hpcdl.cli.main import inference_run
+        from hpcdl.cli.other_data import check_split
+        from hpcdl.inference import evaluate_checkpoint
+        from hpcdl.workdir import reading_from
+
+        check_split(split)
+        cfg, run_dir, checkpoint, applied = inference_run(
+            str(self.run_dir), checkpoint, _overrides(overrides), "evaluate"
+        )
+        with reading_from(cfg.workdir):
+            return evaluate_checkpoint(cfg, run_dir, checkpoint, split, applied)
+
+    def predict(
+        self, split: str = "test", overrides: Sequence[str] = (), checkpoint: str = "best"
+    ) -> list[dict[str, Any]]:
+        """`hpcdl predict RUN_DIR --split S [OVERRIDES]` as data: one dict per sample, in the
+        split's order, with the CSV's columns as keys and Python numbers as values (row,
+        predicted, class_name, probability, true; regression: row, predicted, true;
+        task=custom: task.predict's names). `overrides` as for evaluate(), and
+        task.predict=package.module:function. Imports torch."""
+        from hpcdl.cli.main import inference_run
+        from hpcdl.cli.other_data import check_split
+        from hpcdl.inference import predictions
+        from hpcdl.workdir import reading_from
+
+        check_split(split)
+        cfg, run_dir, checkpoint, _ = inference_run(
+            str(self.run_dir), checkpoint, _overrides(overrides), "predict"
+        )
+        with reading_from(cfg.workdir):
+            return predictions(cfg, run_dir, checkpoint, split=split).as_dicts()
+
     def cancel(self) -> None:
         """`hpcdl cancel RUN_DIR`: scancel the run's job."""
         from hpcdl.launch.monitor import cancel

@@ -1,0 +1,189 @@
+"""`hpcdl evaluate` and `hpcdl predict --split` on other data: data.* overrides point the
+run's data builder at another file for one command, with the checkpoint's preprocessing;
+config.yaml and the run's own eval/ outputs stay as they were."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcdl.cli.main import main
+from hpcdl.client import Job
+
+# data=custom whose samples come from a .npy path among its kwargs (the label last).
+SERIES = """\
+import numpy as np
+import torch
+
+
+class Rows(torch.utils.data.Dataset):
+    num_classes = 2
+
+    def __init__(self, path):
+        table = np.load(path)
+        self.x = torch.tensor(table[:, :-1]).float()
+        self.y = torch.tensor(table[:, -1]).long()
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def series(path):
+    return Rows(path)
+"""
+
+
+def table(num_rows: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).normal(size=(num_rows, 3))
+    return np.column_stack([x, x[:, 0] > 0]).astype("float32")
+
+
+def run_files(run: Path) -> dict[str, bytes]:
+    """config.yaml and the eval outputs."""
+    files = [run / "config.yaml", *(run / "eval").rglob("*")]
+    return {str(p.relative_to(run)): p.read_bytes() for p in files if p.is_file()}
+
+
+def unchanged(run: Path, before: dict[str, bytes]) -> bool:
+    """Every file of `before` as it was (other data's eval folders may be new)."""
+    after = run_files(run)
+    return {name: after.get(name) for name in before} == before
+
+
+def read_csv(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+@pytest.fixture(scope="module")
+def custom_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """A data=custom run made in proj/ from series.npy, evaluated once (eval/best/); the
+    tests run in elsewhere/, which holds new.npy."""
+    root = tmp_path_factory.mktemp("custom")
+    lab, proj, elsewhere = root / "lab", root / "proj", root / "elsewhere"
+    for folder in (lab, proj, elsewhere):
+        folder.mkdir()
+    (lab / "eval_series.py").write_text(SERIES)
+    np.save(proj / "series.npy", table(40, 0))
+    np.save(elsewhere / "new.npy", table(25, 1))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(lab))
+        mp.chdir(proj)
+        data = ["data=custom", "data.target=eval_series:series", "data.kwargs.path=series.npy"]
+        train = [*data, "data.num_workers=0", "trainer.max_epochs=1", "model.hidden_sizes=[4]"]
+        assert main(["train", *train, "run_dir=runs/c1"]) == 0
+        run = proj / "runs" / "c1"
+        assert main(["evaluate", str(run)]) == 0
+        mp.chdir(elsewhere)
+        yield run, elsewhere
+
+
+def test_custom_data_is_evaluated_and_predicted_on_a_new_file(
+    custom_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, elsewhere = custom_run
+    before = run_files(run)
+    capsys.readouterr()
+    # new.npy is the current folder's; the run's workdir (proj/) has none.
+    assert main(["evaluate", str(run), "data.kwargs.path=new.npy", "--split", "all"]) == 0
+    out = capsys.readouterr().out
+    assert f"data: data.kwargs.path={elsewhere / 'new.npy'} (all split)" in out
+    assert "(25 samples)" in out
+    written = Path(out.split("written: ")[1].strip())
+    assert written.parent == run / "eval" and written.name.startswith("best-all-")
+    assert (written / "metrics.json").is_file()
+
+    split = ["--split", "all", "--output", "preds.csv"]
+    assert main(["predict", str(run), "data.kwargs.path=new.npy", *split]) == 0
+    rows = read_csv((elsewhere / "preds.csv").read_text())
+    assert [int(r["row"]) for r in rows] == list(range(25))
+    assert [int(float(r["true"])) for r in rows] == table(25, 1)[:, -1].astype(int).tolist()
+    # The new file split as the run's data was: 15% of 25 rows is its test split.
+    capsys.readouterr()
+    assert main(["predict", str(run), "data.kwargs.path=new.npy", "--split", "test"]) == 0
+    assert len(read_csv(capsys.readouterr().out)) == round(0.15 * 25)
+    assert unchanged(run, before)  # config.yaml and eval/best/ untouched
+
+
+def test_the_python_api_evaluates_and_predicts_other_data(custom_run: tuple[Path, Path]) -> None:
+    run, elsewhere = custom_run
+    job = Job.from_run_dir(run)
+    report = job.evaluate(overrides=["data.kwargs.path=new.npy"], split="all")
+    assert report["num_all_samples"] == 25
+    assert report["data_overrides"] == [f"data.kwargs.path={elsewhere / 'new.npy'}"]
+    assert 0.0 <= report["all_accuracy"] <= 1.0
+    rows = job.predict(split="all", overrides=["data.kwargs.path=new.npy"])
+    assert len(rows) == 25
+    assert set(rows[0]) == {"row", "predicted", "class_name", "probability", "true"}
+    assert isinstance(rows[0]["probability"], float) and isinstance(rows[0]["predicted"], int)
+    correct = sum(r["predicted"] == r["true"] for r in rows)
+    assert report["all_accuracy"] == pytest.approx(correct / 25)
+    # The run's own test split, as the command evaluates it.
+    assert job.evaluate()["num_test_samples"] == 6
+
+
+@pytest.fixture(scope="module")
+def files_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """A data=files run on train.npz (features far from mean 0, std 1, so that a
+    standardization refitted on other rows would show), evaluated once."""
+    folder = tmp_path_factory.mktemp("files")
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(120, 4)) * 5 + 10).astype("float32")
+    y = (x[:, 0] > 10).astype("int64")
+    np.savez(folder / "train.npz", x=x, y=y)
+    # Other data: 20 of the training rows, whose own mean and std are not the run's.
+    np.savez(folder / "other.npz", x=x[:20], y=y[:20])
+    np.save(folder / "rows.npy", x[:20])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)
+        train = ["data=files", "data.path=train.npz", "trainer.max_epochs=2"]
+        assert main(["train", *train, "model.hidden_sizes=[8]", "run_dir=runs/f1"]) == 0
+        assert main(["evaluate", "runs/f1"]) == 0
+        yield folder / "runs" / "f1", folder
+
+
+def test_files_data_is_evaluated_on_another_npz_with_the_training_preprocessing(
+    files_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, _ = files_run
+    before = run_files(run)
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "data.path=other.npz", "--split", "all"]) == 0
+    assert "(20 samples)" in capsys.readouterr().out
+    assert main(["predict", str(run), "data.path=other.npz", "--split", "all"]) == 0
+    on_other = read_csv(capsys.readouterr().out)
+    # --input applies the checkpoint's mean/std to raw rows: the same rows, the same outputs.
+    assert main(["predict", str(run), "--input", "rows.npy"]) == 0
+    as_rows = read_csv(capsys.readouterr().out)
+    assert [r["probability"] for r in on_other] == [r["probability"] for r in as_rows]
+    assert unchanged(run, before)
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("model.hidden_sizes=[4]", "model.hidden_sizes: the model is the checkpoint's"),
+        ("data.standardize=false", "cannot change data.standardize: the preprocessing is"),
+        ("data.split_seed=3", "cannot change data.split_seed"),
+        ("optim.lr=1.0", "optim.lr: a training setting"),
+    ],
+)
+def test_keys_that_cannot_apply_at_inference_are_refused(
+    files_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str], override: str, says: str
+) -> None:
+    run, _ = files_run
+    before = run_files(run)
+    capsys.readouterr()
+    for command in (["evaluate", str(run)], ["predict", str(run), "--split", "test"]):
+        assert main([*command, "data.path=other.npz", override]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {override}: ") and says in err, err
+        assert err.count("\n") == 1
+    assert run_files(run) == before

@@ -25,7 +25,6 @@ from typing import Any
 from hpcdl.config.paths import path_keys, with_absolute_paths
 from hpcdl.config.schema import Config, CustomDataConfig
 from hpcdl.errors import ConfigError
-from hpcdl.workdir import from_here
 
 # --split: one of the data's splits, or `all` of its samples (hpcdl.inference.ALL_SPLIT).
 SPLITS = ("test", "val", "train", "all")
@@ -117,7 +116,7 @@ def inference_config(
         given = apply_overrides(cfg, [*data_items, *other_items])
         trainer = replace(cfg.trainer, batch_size=given.trainer.batch_size)
         given = replace(cfg, data=given.data, trainer=trainer)
-        cfg = _paths_from_here(cfg, given)
+        cfg = _paths_from_here(given, _keys(data_items))
     if predict_items:
         cfg = with_predict_function(cfg, predict_items)
     applied = [f"{key}={_text(_value(cfg, key))}" for key in _keys(data_items)]
@@ -156,21 +155,22 @@ def _refusal(key: str, item: str, command: str) -> str:
     return f"{item}: hpcdl {command} takes only {takes}; {key}: {reason}"
 
 
-def _paths_from_here(cfg: Config, given: Config) -> Config:
+def _paths_from_here(given: Config, keys: list[str]) -> Config:
     """`given` with the paths typed on this command line made absolute from the current
-    folder: data.path and data.labels_path, and each data.kwargs value that names a file
-    or folder here (data.kwargs are the user's, read from the run's workdir, where a path
-    typed here would name another file; a value that names nothing here is passed as
-    typed)."""
-    before = path_keys(cfg)
-    typed = frozenset(k for k, v in path_keys(given).items() if before.get(k) != v)
-    given = with_absolute_paths(given, Path.cwd(), only=typed)
-    if not isinstance(given.data, CustomDataConfig) or not isinstance(cfg.data, CustomDataConfig):
+    folder: data.path and data.labels_path, and each data.kwargs value given (`keys`)
+    that names a file or folder here (data.kwargs are the user's, read from the run's
+    workdir, where a path typed here could name another file; a value that names nothing
+    here is passed as typed)."""
+    given = with_absolute_paths(given, Path.cwd(), only=frozenset(keys) & set(path_keys(given)))
+    if not isinstance(given.data, CustomDataConfig):
         return given
     kwargs = dict(given.data.kwargs)
+    typed = {k.split(".")[2] for k in keys if k.startswith("data.kwargs.")}
+    if "data.kwargs" in keys:
+        typed = set(kwargs)
     for name, value in kwargs.items():
-        if value != cfg.data.kwargs.get(name) and _names_a_path_here(value):
-            kwargs[name] = from_here(value, given.workdir)
+        if name in typed and _names_a_path_here(value):
+            kwargs[name] = os.path.abspath(Path(value).expanduser())
     return replace(given, data=replace(given.data, kwargs=kwargs))
 
 

@@ -66,7 +66,7 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
         "predicted_vs_true.png",
         "regression: test-set predictions of the final model against the truth",
     ),
-    ("eval/<checkpoint>/", "`hpcdl evaluate` output: metrics.json and the test plot"),
+    ("eval/<checkpoint>/", "`hpcdl evaluate` output: metrics.json and the test plot (eval/<checkpoint>[-<split>][-<hash>]/ for another split or other data)"),
     (
         "trackers.json",
         "logger=tensorboard/wandb/mlflow: each tracker's run identity, made once, so every attempt continues it",

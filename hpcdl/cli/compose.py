@@ -76,17 +76,24 @@ def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> Di
             try:
                 return hydra_compose("config", overrides=[*extra, *overrides])
             except HydraException as err:
-                raise _in_file(err, config_dirs) or err from None
+                raise _in_file(err, overrides, config_dirs) or err from None
 
     return _with_additions(overrides, attempt)
 
 
-def _in_file(err: Exception, config_dirs: Optional[list[str]]) -> Optional[ConfigError]:
+def _in_file(
+    err: Exception, overrides: list[str], config_dirs: Optional[list[str]]
+) -> Optional[ConfigError]:
     """Hydra's error about a file's own content (`In 'cluster/mine': Could not load
-    'cluster/nonexist'`, from its defaults list) as one line naming the file; None for others."""
+    'cluster/nonexist'`, from its defaults list) as one line naming the file; None for others,
+    and for a group choice the command line made (`model=transformer`: Hydra says `In
+    'config'` for it too, but the override is what to fix)."""
     where = re.match(r"In '([^']+)': ", str(err))
     path = _config_file(where.group(1), config_dirs) if where else None
     if where is None or path is None or _yaml_cause(err) is not None:
+        return None
+    missing = re.search(r"Could not (?:find|load) '(.+)/([^/']+)'", str(err))
+    if missing and _chosen_on_command_line(missing.group(1), missing.group(2), overrides):
         return None
     message = hydra_message(err).removeprefix(where.group(0))
     loaded = re.match(r"Could not load '([^/']+)/([^']+)'", message)
@@ -98,6 +105,15 @@ def _in_file(err: Exception, config_dirs: Optional[list[str]]) -> Optional[Confi
     if loaded or "unknown option" in message:
         message = f"its defaults list: {message}; fix the entry there"
     return ConfigError(f"{shown_path(path)}: {message}")
+
+
+def _chosen_on_command_line(group: str, option: str, overrides: list[str]) -> bool:
+    """Whether an override picks `option` for `group` (model=transformer, +cluster=x)."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == group and value == option:
+            return True
+    return False
 
 
 def _searchpath(config_dirs: Optional[list[str]]) -> list[str]:

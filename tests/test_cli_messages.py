@@ -48,3 +48,61 @@ def test_a_bad_group_choice_as_the_user_meets_it(hpcdl, tmp_path: Path) -> None:
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == f"error: model=transformer: unknown option; {MODELS}"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["resume", "runs/reg2", "optim.lr=0.001", "--form", "660"],
+            "hpcdl resume: unknown option --form; did you mean --from? (hpcdl resume --help)",
+        ),
+        (
+            ["resume", "runs/reg2", "--form=660", "optim.lr=0.001"],
+            "hpcdl resume: unknown option --form; did you mean --from? (hpcdl resume --help)",
+        ),
+        (
+            ["train", "--dry-run", "--nope", "run_dir=r"],
+            "hpcdl train: unknown option --nope (hpcdl train --help)",
+        ),
+        (
+            ["sweep", "summary", "sw", "--metrc", "loss"],
+            "hpcdl sweep summary: unknown option --metrc; did you mean --metric? "
+            "(hpcdl sweep summary --help)",
+        ),
+        (
+            ["predict", "r", "--split", "test", "--outptu", "p.csv"],
+            "hpcdl predict: unknown option --outptu; did you mean --output? (hpcdl predict --help)",
+        ),
+        (
+            ["run", "cluster=local", "--lr=0.1"],
+            "hpcdl run: unknown option --lr; a program's own options go after --: "
+            "hpcdl run [overrides] -- COMMAND ... (hpcdl run --help)",
+        ),
+        (["--verbose", "train"], "hpcdl: unknown option --verbose (hpcdl --help)"),
+    ],
+)
+def test_an_unknown_option_is_one_line_naming_the_command(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Not argparse's usage of the whole of hpcdl and `unrecognized arguments`."""
+    from hpcdl.cli.main import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: {expected}\n"
+
+
+def test_overrides_mix_with_options_in_any_order() -> None:
+    from hpcdl.cli.main import build_parser, parse_anywhere
+
+    argv = ["resume", "r", "a=1", "--from", "best", "b=2", "--no-preflight", "c=3"]
+    args = parse_anywhere(build_parser(), argv)
+    assert (args.run_dir, args.from_checkpoint, args.no_preflight) == ("r", "best", True)
+    assert args.overrides == ["a=1", "b=2", "c=3"]
+
+
+def test_a_programs_own_options_after_the_double_dash_pass_through(hpcdl) -> None:
+    program = ["python", "-c", "import sys; print(sys.argv[1:])", "--form", "-x", "a=1"]
+    out = hpcdl("run", "run_dir=r1", "--", *program)
+    assert out.returncode == 0, out.stderr
+    assert "['--form', '-x', 'a=1']" in out.stdout

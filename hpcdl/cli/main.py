@@ -234,9 +234,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 file=sys.stderr,
             )
             return EXIT_BAD_INPUT
-    args = parse_anywhere(build_parser(), argv)
-    args.program = command
     try:
+        args = parse_anywhere(build_parser(), argv)
+        args.program = command
         handler = {
             "train": cmd_train,
             "run": cmd_run,
@@ -295,11 +295,39 @@ def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
     args, extra = parser.parse_known_args(argv)
     if not extra:
         return args
-    overrides = [w for w in extra if "=" in w and not w.startswith("-")]
+    options = [w for w in extra if w.startswith("-") and len(w) > 1]
+    if options:
+        raise HpcdlError(_unknown_option(parser, args, argv, options[0]))
+    overrides = [w for w in extra if "=" in w]
     if len(overrides) != len(extra) or not hasattr(args, "overrides"):
         return parser.parse_args(argv)  # the usual usage error for anything else
     args.overrides = [*args.overrides, *overrides]
     return args
+
+
+def _unknown_option(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str], option: str
+) -> str:
+    """`hpcdl resume: unknown option --form; did you mean --from? (hpcdl resume --help)`,
+    for the (sub)command whose name comes before the option, in place of argparse's usage of
+    the whole of hpcdl and `unrecognized arguments`."""
+    import difflib
+
+    before = argv[: argv.index(option)]
+    while True:  # down to the innermost command named before the option: hpcdl sweep summary
+        commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, commands[0].dest, None) if commands else None
+        if name is None or name not in before:
+            break
+        parser = commands[0].choices[name]
+    name = option.split("=", 1)[0]
+    known = [s for a in parser._actions for s in a.option_strings]
+    # 0.75: --form finds --from (0.83), --nope finds no --info (0.67).
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    if not close and parser.prog == "hpcdl run":
+        hint = "; a program's own options go after --: hpcdl run [overrides] -- COMMAND ..."
+    return f"{parser.prog}: unknown option {name}{hint} ({parser.prog} --help)"
 
 
 def cmd_train(args: argparse.Namespace) -> int:

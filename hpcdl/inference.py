@@ -29,10 +29,11 @@ from hpcdl.config.schema import (
 )
 from hpcdl.data import DataSplits, Preprocessing, build_data, load_feature_rows
 from hpcdl.data.feed import EVAL_BATCH_SIZE, Feed, TensorFeed, build_feed
-from hpcdl.errors import ConfigError, DataError, WriteError, os_error_reason
+from hpcdl.errors import CheckpointError, ConfigError, DataError, WriteError, os_error_reason
 from hpcdl.evaluation import evaluate, load_matching_weights
 from hpcdl.models import build_model
 from hpcdl.plots import plot_confusion_matrix, plot_predicted_vs_true
+from hpcdl.resume_from import checkpoint_listing
 from hpcdl.rundir import RUN_DIR_LAYOUT, RunDir
 from hpcdl.tasks import (
     CustomPrediction,
@@ -59,13 +60,20 @@ def _model_from_checkpoint(state: dict[str, Any], source: str) -> nn.Module:
 
 def _checkpoint_for(run_dir: RunDir, which: str) -> Path:
     """--checkpoint best | last (or newest) | PATH, or the name of a file in the run's
-    checkpoints/ folder (step_000000390.pt)."""
+    checkpoints/ folder (step_000000390.pt); anything else is refused listing those."""
     if which in ("best", "last", "newest"):
         return resolve_checkpoint(run_dir.path, "best" if which == "best" else "last")
+    given = Path(which).expanduser()
     in_run = run_dir.checkpoint_dir / which
-    if not Path(which).expanduser().exists() and in_run.is_file():
+    if not given.exists() and in_run.is_file():
         return in_run
-    return resolve_checkpoint(Path(which).expanduser())
+    if not given.exists():
+        raise CheckpointError(
+            f"{which}: no such checkpoint file, nor one in {run_dir.checkpoint_dir} "
+            f"({checkpoint_listing(run_dir)}); give best, last (or newest), one of those "
+            "names, or a checkpoint file's path"
+        )
+    return resolve_checkpoint(given)
 
 
 def load_model(cfg: Config, run_dir: RunDir, which: str, device: str | torch.device) -> nn.Module:

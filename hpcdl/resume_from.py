@@ -163,7 +163,9 @@ def choose(
     try:
         entries = read_plain_entries(path)
     except CheckpointError as err:
-        raise HpcdlError(f"--from {ref}: {err}; choose another: {_listing(run_dir)}") from None
+        raise HpcdlError(
+            f"--from {ref}: {err}; choose another: {checkpoint_listing(run_dir)}"
+        ) from None
     step = _step_of(run_dir, path, entries, ref)
     return ChosenCheckpoint(run_dir, path, step, entries, target)
 
@@ -191,14 +193,16 @@ def _named(run_dir: RunDir, ref: str) -> Path:
         if candidate.parent != folder.resolve():
             raise HpcdlError(
                 f"--from {ref}: not in {folder}; --from continues this run from one of its "
-                f"own checkpoints ({_listing(run_dir)}); for another run's weights, start a "
+                f"own checkpoints ({checkpoint_listing(run_dir)}); for another run's weights, start a "
                 f"new run with init_from={ref}"
             )
     else:
         candidate = folder / (BEST if ref == "best" else ref)
     ok = candidate.name == BEST or STEP_FILE.match(candidate.name)
     if not ok or not candidate.is_file():
-        raise HpcdlError(f"--from {ref}: no such checkpoint in {folder}; {_listing(run_dir)}")
+        raise HpcdlError(
+            f"--from {ref}: no such checkpoint in {folder}; {checkpoint_listing(run_dir)}"
+        )
     return candidate
 
 
@@ -209,7 +213,7 @@ def _step_of(run_dir: RunDir, path: Path, entries: dict[str, Any], ref: str) -> 
     if not all(key in entries for key in ("optimizer", "progress")) and not _is_script_run(run_dir):
         raise HpcdlError(
             f"--from {ref}: {path} holds the model's weights only, not the training state to "
-            f"continue from; {_listing(run_dir)}, or start a new run from its weights with "
+            f"continue from; {checkpoint_listing(run_dir)}, or start a new run from its weights with "
             f"init_from={path}"
         )
     progress = entries.get("progress")
@@ -219,7 +223,7 @@ def _step_of(run_dir: RunDir, path: Path, entries: dict[str, Any], ref: str) -> 
     if not same:  # an `hpcdl run` program's best.pt whose step file is gone
         raise HpcdlError(
             f"--from {ref}: no step file holds {path}'s state, so the step it was saved at "
-            f"is not known; choose a step file: {_listing(run_dir)}"
+            f"is not known; choose a step file: {checkpoint_listing(run_dir)}"
         )
     return same[0]
 
@@ -266,7 +270,7 @@ def _step_files(run_dir: RunDir) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _listing(run_dir: RunDir) -> str:
+def checkpoint_listing(run_dir: RunDir) -> str:
     """'the checkpoints there: step_..., ..., best.pt', the middle of a long list cut."""
     names = [path.name for _, path in _step_files(run_dir)]
     if len(names) > _LISTED_FIRST + _LISTED_LAST:

@@ -106,3 +106,54 @@ def test_a_programs_own_options_after_the_double_dash_pass_through(hpcdl) -> Non
     out = hpcdl("run", "run_dir=r1", "--", *program)
     assert out.returncode == 0, out.stderr
     assert "['--form', '-x', 'a=1']" in out.stdout
+
+
+def fake_run(root: Path, steps: list[int]) -> Path:
+    """A run dir with a config and checkpoint files by name only: the names are all that a
+    refused --checkpoint reads."""
+    from hpcdl.config.convert import save_config
+    from hpcdl.rundir import RunDir
+
+    run_dir = RunDir(root / "run")
+    run_dir.checkpoint_dir.mkdir(parents=True)
+    for step in steps:
+        (run_dir.checkpoint_dir / f"step_{step:09d}.pt").write_bytes(b"")
+    (run_dir.checkpoint_dir / "best.pt").write_bytes(b"")
+    save_config(compose_config([f"run_dir={run_dir.path}"]), run_dir.config_file)
+    return run_dir.path
+
+
+def test_an_unknown_checkpoint_lists_what_is_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpcdl import Job
+    from hpcdl.cli.main import main
+    from hpcdl.errors import CheckpointError
+
+    run = fake_run(tmp_path, [13, 26])
+    monkeypatch.chdir(tmp_path)
+    expected = (
+        f"bset: no such checkpoint file, nor one in {run / 'checkpoints'} (the checkpoints "
+        "there: step_000000013.pt, step_000000026.pt, best); give best, last (or newest), "
+        "one of those names, or a checkpoint file's path"
+    )
+    assert main(["predict", "run", "--checkpoint", "bset", "--split", "test"]) == 2
+    assert capsys.readouterr().err == f"error: {expected}\n"
+    assert main(["evaluate", "run", "--checkpoint", "bset"]) == 2
+    assert capsys.readouterr().err == f"error: {expected}\n"
+    with pytest.raises(CheckpointError) as info:
+        Job.from_run_dir(run).load_model("step_999.pt")
+    assert str(info.value) == expected.replace("bset", "step_999.pt")
+
+
+def test_a_long_list_of_checkpoints_is_shortened(tmp_path: Path) -> None:
+    from hpcdl import Job
+    from hpcdl.errors import CheckpointError
+
+    run = fake_run(tmp_path, [10, 20, 30, 40, 50, 60, 70])
+    with pytest.raises(CheckpointError) as info:
+        Job.from_run_dir(run).load_model("step_999.pt")
+    assert (
+        "(the checkpoints there: step_000000010.pt, step_000000020.pt, (2 more), "
+        "step_000000050.pt, step_000000060.pt, step_000000070.pt, best)"
+    ) in str(info.value)

@@ -158,7 +158,7 @@ def choose(
             "of its own in its run dir that hpcdl cannot copy; continue it in place with "
             f"`hpcdl resume {run_dir.path} --from {ref}`"
         )
-    target = _new_run_dir(new_run_dir)
+    target = _new_run_dir(new_run_dir, run_dir)
     path = _named(run_dir, ref)
     try:
         entries = read_plain_entries(path)
@@ -170,10 +170,16 @@ def choose(
     return ChosenCheckpoint(run_dir, path, step, entries, target)
 
 
-def _new_run_dir(value: Optional[str]) -> Optional[Path]:
+def _new_run_dir(value: Optional[str], run_dir: RunDir) -> Optional[Path]:
     if value is None:
         return None
-    target = Path(value).expanduser().resolve()
+    target, source = Path(value).expanduser().resolve(), run_dir.path.resolve()
+    if target == source or source in target.parents or target in source.parents:
+        where = "is" if target == source else "is inside" if source in target.parents else "holds"
+        raise RunDirError(
+            f"--new-run-dir {value}: {target} {where} the run dir {source}, which a branch "
+            f"leaves as it was; give a folder outside it, e.g. {source}-branch"
+        )
     if target.exists() or target.is_symlink():
         raise RunDirError(
             f"--new-run-dir {value}: {target} already exists; give a new run dir (it is "

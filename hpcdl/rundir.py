@@ -50,7 +50,7 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("checkpoints/", "step_<N>.pt (the newest keep_last, and milestones: keep_every_epochs) and best.pt"),
     (
         "checkpoints.set-aside-<N>/",
-        "`hpcdl resume --from-scratch`: the checkpoints it found there; `--from`: those after the chosen one, with the records of their epochs (nothing deleted)",
+        "`hpcdl resume --from-scratch`: the checkpoints it found there, and eval/; `--from`: those after the chosen one, with the records of their epochs and eval/ of those checkpoints (nothing deleted)",
     ),
     (
         "checkpoint.json",
@@ -238,12 +238,21 @@ class RunDir(JobDir):
     def set_aside_checkpoints(self) -> Optional[Path]:
         """`hpcdl resume --from-scratch` of a run whose checkpoints are still there (some
         damaged, or all good): the folder moves to checkpoints.set-aside-N, deleting nothing,
-        so that the retrained run starts at epoch 1 instead of loading them. None when there
-        was nothing to move."""
-        if not self.checkpoint_dir.is_dir() or not any(self.checkpoint_dir.iterdir()):
+        so that the retrained run starts at epoch 1 instead of loading them; eval/, the
+        `hpcdl evaluate` results of them, moves into it. None when there was nothing to
+        move."""
+        checkpoints = self.checkpoint_dir.is_dir() and any(self.checkpoint_dir.iterdir())
+        evaluated = (self.path / self.EVAL).is_dir()
+        if not checkpoints and not evaluated:
             return None
         target = self._next_set_aside()
-        self.checkpoint_dir.rename(target)
+        if checkpoints:
+            self.checkpoint_dir.rename(target)
+        else:  # gone, but `hpcdl evaluate` results of them are there
+            target.mkdir()
+        if evaluated:  # they name checkpoints/best.pt, which the retrained run replaces
+            (self.path / self.EVAL).rename(target / self.EVAL)
+        fsync_directory(self.path)
         return target
 
     def set_aside_after(
@@ -252,9 +261,17 @@ class RunDir(JobDir):
         """`hpcdl resume --from`: the checkpoints saved after the chosen one (``checkpoints``,
         in checkpoints/) move to a new checkpoints.set-aside-N, with the records of the epochs
         after it: checkpoint.json, summary.json and the plots moved, metrics.csv copied and
-        then cut back to ``cut_metrics_after_epoch`` (None: left as it is). Nothing deleted."""
+        then cut back to ``cut_metrics_after_epoch`` (None: left as it is), and the `hpcdl
+        evaluate` results of those checkpoints moved to eval/ there. Nothing deleted."""
+        evaluated = self._evaluations_of(checkpoints)  # before the checkpoints move
         target = self._next_set_aside()
         target.mkdir()
+        if evaluated:
+            (target / self.EVAL).mkdir()
+            for folder in evaluated:
+                folder.rename(target / self.EVAL / folder.name)
+            fsync_directory(target / self.EVAL)
+            fsync_directory(self.path / self.EVAL)
         metrics = self.path / self.METRICS
         if cut_metrics_after_epoch is not None and metrics.is_file():
             shutil.copy2(metrics, target / self.METRICS)
@@ -268,6 +285,22 @@ class RunDir(JobDir):
         if cut_metrics_after_epoch is not None:
             self.metrics.truncate_after_epoch(cut_metrics_after_epoch)
         return target
+
+    def _evaluations_of(self, checkpoints: list[Path]) -> list[Path]:
+        """The eval/<name>/ folders whose metrics.json names one of ``checkpoints``."""
+        names = {str(path.resolve()) for path in checkpoints}
+        evals = self.path / self.EVAL
+        folders = sorted(p for p in evals.iterdir() if p.is_dir()) if evals.is_dir() else []
+        found: list[Path] = []
+        for folder in folders:
+            try:
+                report = _read_json(folder / self.EVAL_METRICS)
+            except (OSError, ValueError):
+                continue  # not an evaluation's (being written, or the user's): left
+            checkpoint = report.get("checkpoint") if report else None
+            if isinstance(checkpoint, str) and str(Path(checkpoint).resolve()) in names:
+                found.append(folder)
+        return found
 
     def _next_set_aside(self) -> Path:
         """checkpoints.set-aside-N with the first N not taken."""

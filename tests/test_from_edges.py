@@ -69,3 +69,36 @@ def test_a_new_run_dir_nested_with_the_run_dir_is_refused(
     )
     assert snapshot(run) == before
     assert sorted(p.name for p in run.parent.iterdir()) == beside
+
+
+def test_from_sets_aside_the_evaluations_of_the_checkpoints_it_sets_aside(run: Path) -> None:
+    """eval/best/ named checkpoints/best.pt, epoch 3's, which --from 12 moves aside (the run
+    writes a new best.pt): it moves with it. Epoch 1's evaluation still names its file."""
+    best_eval = snapshot(run / "eval" / "best")
+    out = run_hpcdl("resume", "run", "--from", "12", cwd=run.parent)
+    assert out.returncode == 0, out.stdout + out.stderr
+    aside = run / "checkpoints.set-aside-1"
+    assert "best.pt" in {p.name for p in aside.iterdir()}
+    assert snapshot(aside / "eval" / "best") == best_eval
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["step_000000006"]
+
+
+def test_from_scratch_sets_aside_the_evaluations_with_the_checkpoints(run: Path) -> None:
+    evaluations = snapshot(run / "eval")
+    out = run_hpcdl("resume", "run", "--from-scratch", "trainer.max_epochs=1", cwd=run.parent)
+    assert out.returncode == 0, out.stdout + out.stderr
+    aside = run / "checkpoints.set-aside-1"
+    assert f"its checkpoints moved to {aside}" in out.stdout
+    assert snapshot(aside / "eval") == evaluations
+    assert not (run / "eval").exists()
+
+
+def test_from_scratch_sets_aside_the_evaluations_of_checkpoints_already_gone(
+    run: Path,
+) -> None:
+    shutil.rmtree(run / "checkpoints")
+    evaluations = snapshot(run / "eval")
+    out = run_hpcdl("resume", "run", "--from-scratch", "trainer.max_epochs=1", cwd=run.parent)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert snapshot(run / "checkpoints.set-aside-1" / "eval") == evaluations
+    assert not (run / "eval").exists()

@@ -42,7 +42,7 @@ from hpcdl.errors import RunDirError, WriteError, os_error_reason
 # lists it. A test checks the docs' table against this.
 RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("config.yaml", "the resolved config the job reads; rewritten by `hpcdl resume` overrides"),
-    ("commands.log", "every `hpcdl train`/`run`/`resume` command line that touched the run"),
+    ("commands.log", "every `hpcdl train`/`run`/`resume` command line that touched the run (`sweep: trial N of SWEEP_DIR`: a local sweep started the trial)"),
     (
         "metrics.csv",
         "one row per epoch: train/val loss and the task's metrics, lr, seconds, samples/s",
@@ -96,6 +96,13 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
 # run` program's exit (RunDir.record_program_end), `hpcdl resume --from-scratch`.
 PROGRAM_END = "program_end"
 STARTED_OVER = "from_scratch"
+
+# Set by a local sweep's pool (hpcdl.sweep.launch) in the `hpcdl resume` of each trial it
+# starts, to `trial N of SWEEP_DIR`: commands.log records that attempt as the sweep's, not
+# as a resume typed by hand, and its start record says `"sweep": true`
+# (hpcdl.launch.foreground), so that `hpcdl sweep status` tells the sweep's own attempts
+# (it counts them as it starts them) from a `hpcdl resume SWEEP_DIR/N` run by hand.
+SWEEP_VAR = "HPCDL_SWEEP_ATTEMPT"
 
 # The checkpoint store's step files (hpcdl.checkpoint.step_file_name), found by name alone.
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -348,9 +355,10 @@ class RunDir(JobDir):
         return cfg
 
     def record_command(self, verb: str) -> None:
-        """commands.log: `<time> train|run|resume: <this command line>`."""
+        """commands.log: `<time> train|run|resume: <this command line>`, or `<time> sweep:
+        trial N of SWEEP_DIR` for the resume a local sweep's pool starts a trial with."""
         stamp = dt.datetime.now().isoformat(timespec="seconds")
-        append_line_durably(self.path / self.COMMANDS, f"{stamp} {verb}: {shlex.join(sys.argv)}")
+        append_line_durably(self.path / self.COMMANDS, f"{stamp} {_command_line(verb)}")
 
     def withdraw_command(self, verb: str) -> None:
         """Take back the line that record_command(verb) appended in this process, when it is
@@ -364,7 +372,7 @@ class RunDir(JobDir):
             return
         start = text.rstrip(b"\n").rfind(b"\n") + 1
         line = text[start:].decode(errors="replace")
-        if not line.endswith(f" {verb}: {shlex.join(sys.argv)}\n"):
+        if not line.endswith(f" {_command_line(verb)}\n"):
             return
         try:
             with open(path, "r+b") as f:
@@ -550,6 +558,14 @@ class SweepDir(JobDir):
 
     def summary_plot(self, metric: str) -> Path:
         return self.path / f"summary_{metric}.png"
+
+
+def _command_line(verb: str) -> str:
+    """commands.log's line for this process's command, without its time."""
+    sweep = os.environ.get(SWEEP_VAR)
+    if verb == "resume" and sweep:
+        return f"sweep: {sweep}"
+    return f"{verb}: {shlex.join(sys.argv)}"
 
 
 def _read_json(path: Path) -> Optional[dict[str, Any]]:

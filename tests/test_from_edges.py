@@ -102,3 +102,19 @@ def test_from_scratch_sets_aside_the_evaluations_of_checkpoints_already_gone(
     assert out.returncode == 0, out.stdout + out.stderr
     assert snapshot(run / "checkpoints.set-aside-1" / "eval") == evaluations
     assert not (run / "eval").exists()
+
+
+def test_a_local_sweeps_own_resume_of_a_trial_is_recorded_as_the_sweeps(tmp_path: Path) -> None:
+    """The pool starts each trial with `hpcdl resume`, which the user never typed:
+    commands.log says `sweep: trial N of SWEEP_DIR`. A resume by hand stays `resume:`."""
+    sweep = ["cluster=debug", "trainer.max_epochs=1", *SMALL, "optim.lr=choice(0.01)"]
+    out = run_hpcdl("train", "-m", *sweep, "hydra.sweep.dir=sw", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    trial = tmp_path / "sw" / "0"
+    lines = [line.split(" ", 1)[1] for line in (trial / "commands.log").read_text().splitlines()]
+    assert [line.split(" ")[0] for line in lines] == ["train:", "sweep:"]
+    assert lines[1] == f"sweep: trial 0 of {tmp_path / 'sw'}"
+    out = run_hpcdl("resume", "sw/0", "trainer.max_epochs=2", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    last = (trial / "commands.log").read_text().splitlines()[-1].split(" ", 1)[1]
+    assert last.startswith("resume: ") and last.endswith(" resume sw/0 trainer.max_epochs=2")

@@ -12,19 +12,13 @@ import socket
 from typing import Any, Optional
 
 from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
-from hpcdl.rundir import RunDir
+from hpcdl.rundir import SWEEP_VAR, RunDir
 
 # The `launcher` of a foreground attempt's records (a Slurm job's records have none).
 FOREGROUND_LAUNCHERS = ("local", "debug")
 
 # An end record's reason, by the attempt's exit status; any other status is "failed".
 END_REASONS = {EXIT_OK: "completed", EXIT_INTERRUPTED: "interrupted"}
-
-# Set by a local sweep (hpcdl.sweep.launch) in the `hpcdl resume` of each trial it starts:
-# that attempt's start record says `"sweep": true`, so that `hpcdl sweep status` tells the
-# sweep's own attempts (it counts them as it starts them) from a `hpcdl resume SWEEP_DIR/N`
-# run by hand (counted from its start record, as on Slurm).
-SWEEP_VAR = "HPCDL_SWEEP_ATTEMPT"
 
 
 def _now() -> str:

@@ -205,7 +205,8 @@ def _start_trial(
         [sys.executable, "-m", "hpcdl.cli.main", "resume", record.run_dir],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**env, SWEEP_VAR: "1"},  # its start record: the sweep's attempt
+        # Its start record and commands.log line: the sweep's attempt, not one by hand.
+        env={**env, SWEEP_VAR: f"trial {index} of {sweep_dir}"},
         start_new_session=True,  # our handler forwards Ctrl-C as one SIGTERM
     )
     log.close()

@@ -751,7 +751,7 @@ def test_a_programs_error_metric_ranks_lowest_first_and_the_summary_says_why(
     ],
 )
 def test_a_metric_hpcdl_does_not_define_is_guessed_from_its_name(metric: str, lower: bool) -> None:
-    from hpcdl.sweep.direction import lower_by_name
+    from hpcdl.config.metrics import lower_by_name
 
     assert lower_by_name(metric) is lower
 

@@ -1,5 +1,6 @@
 """The built-in tasks' metrics and which way each is better: the one table that the tasks
-(hpcdl.tasks), the check of trainer.early_stopping.monitor and sweep rankings read.
+(hpcdl.tasks), the check of trainer.early_stopping.monitor and sweep rankings read;
+and the guess from the name for any other metric.
 Stdlib only (login node)."""
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ TASK_METRICS: dict[str, dict[str, Mode]] = {
     "classification": {"accuracy": Mode.max},
     "regression": {"mae": Mode.min, "rmse": Mode.min, "r2": Mode.max},
 }
+# Names of metrics where lower is better, for a metric hpcdl does not define (a custom task's,
+# a program's own in its metrics_file): parts of the name, and whole words between underscores.
+LOWER_PARTS = ("loss", "error", "perplexity")
+LOWER_WORDS = ("err", "mae", "mse", "rmse", "ppl", "time", "seconds")
+# A name ending in a unit of time is a duration (wall_s, step_ms); one with "per" a rate.
+DURATION_UNITS = ("s", "ms", "min")
 # The prefixes of a metric's name in metrics.csv and summary.json: val_mae, test_accuracy.
 SPLITS = ("train", "val", "test")
 
@@ -36,3 +43,13 @@ def builtin_mode(metric: str) -> Optional[Mode]:
         if name in metrics:
             return metrics[name]
     return None
+
+
+def lower_by_name(metric: str) -> bool:
+    """A guess for a metric hpcdl does not define: lower is better for losses, errors,
+    perplexities and durations (val_error, wer_err, rmse, wall_s, epoch_time)."""
+    name = metric.lower()
+    words = name.replace("-", "_").split("_")
+    if any(part in name for part in LOWER_PARTS) or any(w in LOWER_WORDS for w in words):
+        return True
+    return words[-1] in DURATION_UNITS and "per" not in words  # not a rate: samples_per_s

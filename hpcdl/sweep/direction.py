@@ -10,18 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from hpcdl.config.metrics import builtin_mode, unprefixed
+from hpcdl.config.metrics import builtin_mode, lower_by_name, unprefixed
 from hpcdl.config.schema import Mode
 from hpcdl.errors import HpcdlError
 from hpcdl.rundir import RunDir
 from hpcdl.sweep.ledger import Ledger
-
-# Names of metrics where lower is better, for a metric hpcdl does not define (a program's
-# own, in its metrics_file): parts of the name, and whole words between underscores.
-LOWER_PARTS = ("loss", "error", "perplexity")
-LOWER_WORDS = ("err", "mae", "mse", "rmse", "ppl", "time", "seconds")
-# A name ending in a unit of time is a duration (wall_s, step_ms); one with "per" a rate.
-DURATION_UNITS = ("s", "ms", "min")
 
 
 @dataclass(frozen=True)
@@ -99,13 +92,3 @@ def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]
     if monitors != {metric}:  # test_dist, best_metric: what the mode was set for
         reason += f" for {', '.join(sorted(monitors))}"
     return Direction(only, reason)
-
-
-def lower_by_name(metric: str) -> bool:
-    """A guess for a metric hpcdl does not define: lower is better for losses, errors,
-    perplexities and durations (val_error, wer_err, rmse, wall_s, epoch_time)."""
-    name = metric.lower()
-    words = name.replace("-", "_").split("_")
-    if any(part in name for part in LOWER_PARTS) or any(w in LOWER_WORDS for w in words):
-        return True
-    return words[-1] in DURATION_UNITS and "per" not in words  # not a rate: samples_per_s

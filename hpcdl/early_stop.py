@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
+from hpcdl.config.metrics import monitor_mode
 from hpcdl.config.schema import EarlyStoppingConfig
 from hpcdl.errors import plural
 from hpcdl.state import Progress
@@ -16,10 +17,12 @@ KEY = "trainer.early_stopping"
 
 
 def settings(es: EarlyStoppingConfig) -> dict[str, Any]:
-    """What a checkpoint records of the settings its run stops under."""
+    """What a checkpoint records of the settings its run stops under. The mode is the one
+    that applies (auto resolved), as checkpoints saved before auto recorded it: a resume
+    sees no change between a saved "min" and auto for a lower-is-better monitor."""
     return {
         "monitor": es.monitor,
-        "mode": es.mode.value,
+        "mode": monitor_mode(es.monitor, es.mode).value,
         "patience": es.patience,
         "min_delta": es.min_delta,
         "target": es.target,

@@ -21,6 +21,7 @@ from torch import nn
 
 from hpcdl import early_stop
 from hpcdl.checkpoint import CheckpointStore, capture_rng_state, restore_rng_state, unmap
+from hpcdl.config.metrics import monitor_mode
 from hpcdl.config.schema import Config, EarlyStoppingConfig, Mode, Precision
 from hpcdl.data.feed import Feed, TrainBatch
 from hpcdl.data.loader import channels_last_inputs
@@ -620,7 +621,7 @@ class Trainer:
         result = self.evaluate_split("val")
         pr, es = self.progress, self.t.early_stopping
         value = self._monitored(result)
-        sign = 1.0 if es.mode == Mode.min else -1.0
+        sign = 1.0 if monitor_mode(es.monitor, es.mode) == Mode.min else -1.0
         improved = pr.best_metric is None or sign * (pr.best_metric - value) > es.min_delta
         if improved:
             pr.best_metric, pr.best_epoch = value, pr.epoch + 1

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         choices=["min", "max"],
         help="rank lowest (min) or highest (max) first; default: the trials' "
-        "trainer.early_stopping.mode for their monitor, else the metric's own (built-in "
+        "trainer.early_stopping.mode for their monitor (auto: its direction), else the metric's own (built-in "
         "metrics; else guessed from the name: loss, error, mae, time, ... lowest first)",
     )
     sweep_rerun = sweep_sub.add_parser("rerun", help="resubmit failed/cancelled/timed-out trials")

@@ -1,6 +1,6 @@
 """The built-in tasks' metrics and which way each is better: the one table that the tasks
-(hpcdl.tasks), the check of trainer.early_stopping.monitor and sweep rankings read;
-and the guess from the name for any other metric.
+(hpcdl.tasks), the check of trainer.early_stopping.monitor, its mode when left to auto
+(monitor_mode) and sweep rankings read; and the guess from the name for any other metric.
 Stdlib only (login node)."""
 
 from __future__ import annotations
@@ -53,3 +53,15 @@ def lower_by_name(metric: str) -> bool:
     if any(part in name for part in LOWER_PARTS) or any(w in LOWER_WORDS for w in words):
         return True
     return words[-1] in DURATION_UNITS and "per" not in words  # not a rate: samples_per_s
+
+
+def monitor_mode(monitor: str, mode: Optional[Mode]) -> Mode:
+    """trainer.early_stopping.mode as it applies: `mode` when set (min or max); for null
+    (auto) the monitored metric's own direction, from the table (val_r2: max, val_loss: min),
+    else, for a custom task's metric, guessed from its name as sweep rankings guess it."""
+    if mode is not None:
+        return mode
+    builtin = builtin_mode(monitor)
+    if builtin is not None:
+        return builtin
+    return Mode.min if lower_by_name(monitor) else Mode.max

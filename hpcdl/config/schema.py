@@ -319,7 +319,10 @@ class Device(str, Enum):
 @dataclass
 class EarlyStoppingConfig:
     monitor: str = "val_loss"
-    mode: Mode = Mode.min
+    # Whether lower (min) or higher (max) is better; None (auto): the monitored metric's
+    # own direction (hpcdl.config.metrics.monitor_mode), decided where it is read, so a
+    # resume that changes the monitor also changes the direction.
+    mode: Optional[Mode] = None
     # Evaluations without improvement before stopping; 0 = off.
     patience: int = 0
     min_delta: float = 0.0

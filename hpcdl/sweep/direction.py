@@ -1,7 +1,7 @@
 """Which way a sweep's metric ranks: lowest first (min) or highest first (max).
 
-In order: `--mode`; the trials' trainer.early_stopping.mode when the metric is their
-monitor (on any split, or summary.json's best_metric); the built-in metrics'
+In order: `--mode`; the trials' trainer.early_stopping.mode (auto resolved) when the metric
+is their monitor (on any split, or summary.json's best_metric); the built-in metrics'
 (hpcdl.config.metrics); else a guess from the name. Stdlib only (login node)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from hpcdl.config.metrics import builtin_mode, lower_by_name, unprefixed
+from hpcdl.config.metrics import builtin_mode, lower_by_name, monitor_mode, unprefixed
 from hpcdl.config.schema import Mode
 from hpcdl.errors import HpcdlError
 from hpcdl.rundir import RunDir
@@ -63,9 +63,11 @@ def direction(ledger: Ledger, metric: str, mode: Union[str, Mode, None] = None) 
 
 
 def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]:
-    """The trials' trainer.early_stopping.mode, when `metric` is what they monitor."""
+    """The trials' trainer.early_stopping.mode, when `metric` is what they monitor (auto:
+    the mode it stands for, as the trials' trainer decided best.pt)."""
     modes: dict[Mode, list[int]] = {}
     monitors: set[str] = set()
+    auto = True  # no trial set the mode: the reason says so
     for t in ledger.trials:
         try:
             cfg = RunDir(Path(t.run_dir)).load_config()
@@ -75,8 +77,9 @@ def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]
             continue
         es = cfg.trainer.early_stopping
         if metric == "best_metric" or unprefixed(metric) == unprefixed(es.monitor):
-            modes.setdefault(es.mode, []).append(t.index)
+            modes.setdefault(monitor_mode(es.monitor, es.mode), []).append(t.index)
             monitors.add(es.monitor)
+            auto = auto and es.mode is None
     if not modes:
         return None
     if len(modes) > 1:
@@ -88,7 +91,7 @@ def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]
             f"({trials}); choose the ranking with --mode min (lowest first) or --mode max"
         )
     (only,) = modes
-    reason = f"the trials' trainer.early_stopping.mode={only.value}"
+    reason = f"the trials' trainer.early_stopping.mode{', auto: ' if auto else '='}{only.value}"
     if monitors != {metric}:  # test_dist, best_metric: what the mode was set for
         reason += f" for {', '.join(sorted(monitors))}"
     return Direction(only, reason)

@@ -476,7 +476,23 @@ def _custom_rows(
 
 
 def _as_text_of(dtype: np.dtype[Any]) -> Callable[[Any], str]:
-    return lambda value: str(dtype.type(value))
+    """A value's CSV text; for a float, the shortest that reads back as the same value of
+    the dtype it was computed in (1201113.5, not 1.20111e+06; 0.50039226 for a float32)."""
+    if dtype.kind != "f":
+        return lambda value: str(dtype.type(value))
+    return lambda value: _float_text(dtype.type(value))
+
+
+def _float_text(x: np.floating[Any]) -> str:
+    """Laid out as Python's repr: positional from 1e-4 up to 1e16 (numpy's str() of a
+    float32 turns scientific from 1e6 on), else scientific."""
+    if x == 0 or not np.isfinite(x) or 1e-4 <= abs(x) < 1e16:
+        return np.format_float_positional(x, unique=True, trim="0")
+    return str(x)
+
+
+def _numpy_dtype(values: torch.Tensor) -> np.dtype[Any]:
+    return values.detach().cpu()[:0].numpy().dtype
 
 
 def _write_csv(table: Predictions, target: Optional[Path]) -> None:
@@ -511,10 +527,10 @@ def _class_rows(outputs: torch.Tensor, names: list[str]) -> Predictions:
         k = int(p.argmax())
         rows.append([i, k, names[k] if k < len(names) else str(k), float(p[k])])
     columns = ["row", "predicted", "class_name", "probability"]
-    return Predictions(columns, rows, {"probability": lambda v: f"{v:.6f}"})
+    return Predictions(columns, rows, {"probability": _as_text_of(_numpy_dtype(probs))})
 
 
 def _regression_rows(task: RegressionTask, outputs: torch.Tensor) -> Predictions:
-    values = task.predict(outputs).tolist()
-    rows = [[i, v] for i, v in enumerate(values)]
-    return Predictions(["row", "predicted"], rows, {"predicted": lambda v: f"{v:.6g}"})
+    values = task.predict(outputs)
+    rows = [[i, v] for i, v in enumerate(values.tolist())]
+    return Predictions(["row", "predicted"], rows, {"predicted": _as_text_of(_numpy_dtype(values))})

@@ -291,6 +291,23 @@ def test_regression_end_to_end(hpcdl, tmp_path: Path) -> None:
     assert sum(errors) / len(errors) < 20_000  # in dollars: the target's own units
 
 
+def test_predictions_csv_floats_read_back_as_the_values_computed() -> None:
+    # hpcdl predict's CSV: the shortest text that reads back as the same float32, not
+    # 6 significant digits (1201113.5 was written 1.20111e+06) or 6 decimals.
+    from hpcdl.inference import _class_rows, _regression_rows
+
+    outputs = torch.tensor([0.0, 1.2345678, -0.3, 3e-7])
+    regression = _regression_rows(RegressionTask(RegressionLoss.mse, 1201113.5, 1000.0), outputs)
+    texts = [row[1] for row in regression.csv_rows()]
+    assert texts[0] == "1201113.5"
+    assert [np.float32(t) for t in texts] == [np.float32(r[1]) for r in regression.rows]
+    logits = torch.tensor([[0.0, 1e-6], [3.0, -2.0], [0.1, 0.2]])
+    classes = _class_rows(logits, ["no", "yes"])
+    texts = [row[3] for row in classes.csv_rows()]
+    assert texts[0] != "0.500000" and np.float32(texts[0]) == np.float32(0.50000025)
+    assert [np.float32(t) for t in texts] == [np.float32(r[3]) for r in classes.rows]
+
+
 def test_regression_needs_numeric_targets(hpcdl, tmp_path: Path) -> None:
     out = hpcdl("train", "task=regression", "data=digits", "run_dir=run")
     assert out.returncode == 2 and "task=regression: data=digits holds class labels" in out.stderr

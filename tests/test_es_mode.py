@@ -22,8 +22,11 @@ from hpcdl.state import Progress
         ("val_mae", Mode.min),
         ("val_r2", Mode.max),
         ("val_accuracy", Mode.max),
-        ("val_dice", Mode.max),  # a custom task's: guessed from the name, as sweeps guess it
+        ("val_dice", Mode.max),  # a custom task's: guessed from the name
+        ("val_f1", Mode.max),
         ("val_error_rate", Mode.min),
+        ("val_dist", Mode.min),  # a distance
+        ("val_wobble", Mode.min),  # reads like neither: min, the default before auto
     ],
 )
 def test_auto_mode_is_the_monitors_direction_and_an_explicit_mode_wins(

@@ -20,7 +20,13 @@ TASK_METRICS: dict[str, dict[str, Mode]] = {
 # Names of metrics where lower is better, for a metric hpcdl does not define (a custom task's,
 # a program's own in its metrics_file): parts of the name, and whole words between underscores.
 LOWER_PARTS = ("loss", "error", "perplexity")
-LOWER_WORDS = ("err", "mae", "mse", "rmse", "ppl", "time", "seconds")
+LOWER_WORDS: tuple[str, ...] = ("err", "mae", "mse", "rmse", "ppl", "nll", "wer", "cer")
+LOWER_WORDS += ("dist", "distance", "time", "seconds")
+# Whole words of names where higher is better: early stopping's auto mode follows them; a
+# name that reads like neither keeps min, the mode's default before auto existed.
+HIGHER_WORDS: tuple[str, ...] = ("acc", "accuracy", "f1", "auc", "r2", "dice", "iou")
+HIGHER_WORDS += ("precision", "recall")
+HIGHER_WORDS += ("score", "map", "bleu", "psnr", "ssim")
 # A name ending in a unit of time is a duration (wall_s, step_ms); one with "per" a rate.
 DURATION_UNITS = ("s", "ms", "min")
 # The prefixes of a metric's name in metrics.csv and summary.json: val_mae, test_accuracy.
@@ -58,10 +64,14 @@ def lower_by_name(metric: str) -> bool:
 def monitor_mode(monitor: str, mode: Optional[Mode]) -> Mode:
     """trainer.early_stopping.mode as it applies: `mode` when set (min or max); for null
     (auto) the monitored metric's own direction, from the table (val_r2: max, val_loss: min),
-    else, for a custom task's metric, guessed from its name as sweep rankings guess it."""
+    else, for a custom task's metric, max for a name that reads as a score (val_dice,
+    val_f1) and min otherwise (a loss-like name, or one that reads like neither)."""
     if mode is not None:
         return mode
     builtin = builtin_mode(monitor)
     if builtin is not None:
         return builtin
-    return Mode.min if lower_by_name(monitor) else Mode.max
+    words = monitor.lower().replace("-", "_").split("_")
+    if not lower_by_name(monitor) and any(w in HIGHER_WORDS for w in words):
+        return Mode.max
+    return Mode.min  # a loss-like name, or one that reads like neither (min, as before)

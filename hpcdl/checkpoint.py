@@ -16,14 +16,11 @@ Knows nothing about Slurm, Hydra or DDP: the caller decides which rank saves.
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 import random
 import re
 import threading
 import warnings
-import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +39,7 @@ from hpcdl.checkpoint_file import (  # noqa: F401 (the file format, without torc
     MAGIC_V1,
     MAGIC_V2,
     PIECE_BYTES,
+    PLAIN_RECORD_ERRORS,
     PathLike,
     _check_digest,
     _hash_pool,
@@ -55,6 +53,7 @@ from hpcdl.checkpoint_file import (  # noqa: F401 (the file format, without torc
     _wait,
     _zip_record,
     payload_checksum,
+    read_plain_record,
     step_file_name,
     verify_checkpoint,
 )
@@ -219,16 +218,8 @@ def milestone_mark(path: Path) -> Mark:
     setting, so it is purged as before. An epoch's end is E epochs done, step 0 of the
     next (the trainer saves an epoch's last step again once the epoch has ended)."""
     try:
-        with open(path, "rb") as file:
-            state = _Unpickler(io.BytesIO(_zip_record(file, "data.pkl"))).load()
-    except (
-        ValueError,
-        EOFError,
-        KeyError,
-        StopIteration,
-        pickle.UnpicklingError,
-        zipfile.BadZipFile,
-    ):
+        state = read_plain_record(path)
+    except PLAIN_RECORD_ERRORS:
         return Mark(0, None)
     progress = state.get("progress") if isinstance(state, dict) else None
     if not isinstance(progress, dict):

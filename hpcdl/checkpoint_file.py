@@ -420,21 +420,32 @@ def read_plain_entries(path: PathLike) -> dict[str, Any]:
     of the file's runs. A file that verifies but is no checkpoint dict is refused."""
     path = Path(path)
     verify_checkpoint(path)
+    unreadable: tuple[type[Exception], ...] = (OSError, *PLAIN_RECORD_ERRORS)
     try:
-        with open(path, "rb") as file:
-            state = _Unpickler(io.BytesIO(_zip_record(file, "data.pkl"))).load()
-    except (
-        OSError,
-        ValueError,
-        EOFError,
-        KeyError,
-        pickle.UnpicklingError,
-        zipfile.BadZipFile,
-    ) as err:
+        state = read_plain_record(path)
+    except unreadable as err:
         raise CheckpointError(f"{path}: not a torch.save checkpoint ({err})") from err
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a checkpoint dict")
     return state
+
+
+# What reading a file that is not a whole torch.save pickle raises in read_plain_record.
+PLAIN_RECORD_ERRORS: tuple[type[Exception], ...] = (
+    ValueError,
+    EOFError,
+    KeyError,
+    StopIteration,
+    pickle.UnpicklingError,
+    zipfile.BadZipFile,
+)
+
+
+def read_plain_record(path: Path) -> Any:
+    """The checkpoint's pickle record with its tensors left out, unverified (a small read;
+    read_plain_entries verifies first). Raises OSError or one of PLAIN_RECORD_ERRORS."""
+    with open(path, "rb") as file:
+        return _Unpickler(io.BytesIO(_zip_record(file, "data.pkl"))).load()
 
 
 def _zip_record(file: IO[bytes], name: str) -> bytes:

@@ -290,4 +290,6 @@ def test_script_sweep_is_one_array_and_rerun_failed_reruns_only_the_failed(
     ledger = json.loads((sweep / "sweep.json").read_text())["trials"]
     assert [t["attempts"] for t in ledger] == [1, 1, 1, 1, 1, 2]
     summary = run_hpcdl("sweep", "summary", str(sweep), cwd=tmp_path)
-    assert "--seed=3 --lr=0.2" in summary.stdout.splitlines()[2]  # the best: 0.6
+    rows = [ln for ln in summary.stdout.splitlines() if ln.startswith("| ")]  # header, rows
+    assert "--seed=3 --lr=0.2" in rows[1], summary.stdout  # the best: 0.6
+    assert summary.stdout.startswith("ranked by val_accuracy, highest first"), summary.stdout

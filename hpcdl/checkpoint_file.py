@@ -445,7 +445,13 @@ def read_plain_record(path: Path) -> Any:
     """The checkpoint's pickle record with its tensors left out, unverified (a small read;
     read_plain_entries verifies first). Raises OSError or one of PLAIN_RECORD_ERRORS."""
     with open(path, "rb") as file:
-        return _Unpickler(io.BytesIO(_zip_record(file, "data.pkl"))).load()
+        record = _zip_record(file, "data.pkl")
+    try:
+        return _Unpickler(io.BytesIO(record)).load()
+    except PLAIN_RECORD_ERRORS:
+        raise
+    except Exception as err:  # a crafted pickle calling a stand-in: TypeError, ...
+        raise pickle.UnpicklingError(f"not a plain checkpoint record ({err!r})") from err
 
 
 def _zip_record(file: IO[bytes], name: str) -> bytes:

@@ -64,6 +64,8 @@ def test_six_trial_sweep_is_one_array_and_returns_before_it_finishes(devcluster,
         ["model=mlp", "optim.lr=0.03"],
     ]
     wait_until(lambda: all_completed(sweep), 300, "all six trials")
+    # summary.json comes before the job's end: a trial stays RUNNING until Slurm says so.
+    wait_until(lambda: "6 trials: 6 COMPLETED" in sweep_status(sweep), 120, "the six jobs' ends")
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
     assert status.returncode == 0 and "6 trials: 6 COMPLETED" in status.stdout, status.stdout
     refreshed = ledger(sweep)["trials"]
@@ -87,6 +89,10 @@ def submit_good_and_broken(tmp_path: Path, env: dict[str, str] | None = None) ->
         "trainer.max_epochs=3",
         env=env,
     )
+
+
+def sweep_status(sweep: Path) -> str:
+    return run_hpcdl("sweep", "status", str(sweep), cwd=sweep.parent).stdout
 
 
 def fix_broken(tmp_path: Path) -> None:
@@ -231,8 +237,7 @@ def test_a_requeued_array_task_keeps_its_id_and_resumes_exactly(devcluster, tmp_
     wait_for_checkpoint(run_dir)
     subprocess.run(["scontrol", "requeue", trial["job_id"]], check=True)
     wait_until(lambda: all_completed(sweep), 300, "both trials")
-    status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
-    assert "2 trials: 2 COMPLETED" in status.stdout, status.stdout
+    wait_until(lambda: "2 trials: 2 COMPLETED" in sweep_status(sweep), 120, "both jobs' ends")
     after = ledger(sweep)["trials"][0]
     assert after["job_id"] == trial["job_id"] and after["attempts"] == 1
     assert after["requeues"] >= 1

@@ -10,7 +10,7 @@ launches and the job decides.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from hpcdl import early_stop
 from hpcdl.checkpoint_file import stored_checksum
@@ -58,11 +58,17 @@ def nothing_to_train(cfg: Config, run_dir: RunDir) -> Optional[str]:
         if progress_or_none is None:
             return None
         progress, saved = progress_or_none, None
-    if progress.early_stopped:
-        line: Optional[str] = early_stop.nothing_to_train_line(progress, saved, es)
-    else:
-        line = limit_reached_line(progress, cfg.trainer.max_epochs, cfg.trainer.max_steps)
+    line = line_for(cfg, progress, saved)
     return None if line is None else f"{newest}: {line}"
+
+
+def line_for(cfg: Config, progress: Progress, saved: Optional[Any]) -> Optional[str]:
+    """Why a checkpoint at ``progress`` (saved under the early-stopping settings
+    ``saved``, already applied by early_stop.resumed) leaves nothing to train under
+    ``cfg``; None when there is something."""
+    if progress.early_stopped:
+        return early_stop.nothing_to_train_line(progress, saved, cfg.trainer.early_stopping)
+    return limit_reached_line(progress, cfg.trainer.max_epochs, cfg.trainer.max_steps)
 
 
 def is_whole(checkpoint: Path) -> bool:

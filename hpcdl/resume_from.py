@@ -25,7 +25,7 @@ from hpcdl.checkpoint_file import read_plain_entries, step_file_name, stored_che
 from hpcdl.config.convert import save_config
 from hpcdl.config.schema import Config
 from hpcdl.errors import CheckpointError, HpcdlError, RunDirError, os_error_reason
-from hpcdl.nothing_to_train import limit_reached_line
+from hpcdl.nothing_to_train import line_for
 from hpcdl.rundir import STEP_FILE, RunDir
 from hpcdl.state import Progress
 
@@ -61,18 +61,14 @@ class ChosenCheckpoint:
         if progress is None:
             return None
         es, saved = cfg.trainer.early_stopping, self.entries.get("early_stopping")
-        progress = early_stop.resumed(progress, saved, es)
-        if progress.early_stopped:
-            line: Optional[str] = early_stop.nothing_to_train_line(progress, saved, es)
-        else:
-            line = limit_reached_line(progress, cfg.trainer.max_epochs, cfg.trainer.max_steps)
+        line = line_for(cfg, early_stop.resumed(progress, saved, es), saved)
         return None if line is None else f"{self.path}: {line}"
 
     def continue_in_place(self) -> None:
         """Under the run dir's lock: set aside what was saved after the chosen checkpoint."""
         run_dir = self.run_dir
         step_file = run_dir.checkpoint_dir / step_file_name(self.step)
-        later = [path for step, path in _step_files(run_dir) if step > self.step]
+        later = [path for step, path in run_dir.step_files() if step > self.step]
         best = run_dir.checkpoint_dir / BEST
         if self.path != best and best.is_file() and _step_of_best(run_dir) > self.step:
             later.append(best)  # its weights are from the epochs set aside
@@ -225,7 +221,7 @@ def _step_of(run_dir: RunDir, path: Path, entries: dict[str, Any], ref: str) -> 
     progress = entries.get("progress")
     if isinstance(progress, dict) and isinstance(progress.get("global_step"), int):
         return int(progress["global_step"])
-    same = [step for step, p in _step_files(run_dir) if _same_bytes(p, path)]
+    same = [step for step, p in run_dir.step_files() if _same_bytes(p, path)]
     if not same:  # an `hpcdl run` program's best.pt whose step file is gone
         raise HpcdlError(
             f"--from {ref}: no step file holds {path}'s state, so the step it was saved at "
@@ -242,7 +238,7 @@ def _step_of_best(run_dir: RunDir) -> int:
     """The global step best.pt was saved at: the step file with the same bytes, else the
     progress it holds; -1 when not known (kept where it is)."""
     best = run_dir.checkpoint_dir / BEST
-    for step, path in _step_files(run_dir):
+    for step, path in run_dir.step_files():
         if _same_bytes(path, best):
             return step
     try:
@@ -268,17 +264,9 @@ def _verifies(path: Path) -> bool:
     return True
 
 
-def _step_files(run_dir: RunDir) -> list[tuple[int, Path]]:
-    folder = run_dir.checkpoint_dir
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := STEP_FILE.match(p.name))]
-    return sorted(found)
-
-
 def checkpoint_listing(run_dir: RunDir) -> str:
     """'the checkpoints there: step_..., ..., best.pt', the middle of a long list cut."""
-    names = [path.name for _, path in _step_files(run_dir)]
+    names = [path.name for _, path in run_dir.step_files()]
     if len(names) > _LISTED_FIRST + _LISTED_LAST:
         cut = len(names) - _LISTED_FIRST - _LISTED_LAST
         names = [*names[:_LISTED_FIRST], f"({cut} more)", *names[-_LISTED_LAST:]]

@@ -396,14 +396,15 @@ class RunDir(JobDir):
     def newest_checkpoint(self) -> Optional[Path]:
         """The step file with the highest step, from the names alone (as the checkpoint
         store finds it; whether it loads is only known by reading it, with torch)."""
+        found = self.step_files()
+        return found[-1][1] if found else None
+
+    def step_files(self) -> list[tuple[int, Path]]:
+        """(step, path) of every step_<N>.pt in the checkpoints folder, oldest first."""
         if not self.checkpoint_dir.is_dir():
-            return None
-        found = [
-            (int(m.group(1)), entry)
-            for entry in self.checkpoint_dir.iterdir()
-            if (m := STEP_FILE.match(entry.name))
-        ]
-        return max(found)[1] if found else None
+            return []
+        folder = self.checkpoint_dir.iterdir()
+        return sorted((int(m.group(1)), p) for p in folder if (m := STEP_FILE.match(p.name)))
 
     def write_checkpoint_record(self, checkpoint: Path, record: Mapping[str, Any]) -> None:
         """checkpoint.json: what ``checkpoint`` holds besides tensors (its progress, data

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hpcdl.config.schema import EarlyStoppingConfig, Mode
+from hpcdl.errors import ConfigError
 from hpcdl.state import Progress
 
 
@@ -48,6 +49,11 @@ def test_the_composed_default_is_auto() -> None:
     assert compose_config(["trainer.early_stopping.mode=min"]).trainer.early_stopping.mode == (
         Mode.min
     )
+    # 'auto', the word the docs use for null, is null; anything else names its choices
+    auto = compose_config(["trainer.early_stopping.mode=auto"]).trainer.early_stopping
+    assert auto.mode is None
+    with pytest.raises(ConfigError, match=r"^trainer.early_stopping.mode: .*min, max.*auto"):
+        compose_config(["trainer.early_stopping.mode=highest"])
 
 
 def test_a_regression_run_monitoring_val_r2_keeps_its_highest_epoch(hpcdl, tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def from_dict(raw: dict[Any, Any]) -> schema.Config:
             )
         parts[group] = _typed(group, options[name], node)
     for group, cls in FIXED_GROUPS.items():
-        parts[group] = _typed(group, cls, raw.get(group) or {})
+        parts[group] = _typed(group, cls, _auto_mode(group, raw.get(group) or {}))
     for key in (*TOP_LEVEL_KEYS, *RECORDED_KEYS):
         value = raw.get(key)
         if value is not None and not isinstance(value, str):
@@ -93,6 +93,14 @@ def from_dict(raw: dict[Any, Any]) -> schema.Config:
     if script is not None:
         parts["script"] = _typed("script", schema.ScriptConfig, script)
     return schema.Config(**parts)
+
+
+def _auto_mode(group: str, node: dict[str, Any]) -> dict[str, Any]:
+    """trainer.early_stopping.mode=auto, the word the docs use for null, read as null."""
+    stopping = node.get("early_stopping") if group == "trainer" else None
+    if not isinstance(stopping, dict) or stopping.get("mode") != "auto":
+        return node
+    return {**node, "early_stopping": {**stopping, "mode": None}}
 
 
 # Groups whose file must set keys: without `name` a named group has no schema, and an empty
@@ -212,6 +220,8 @@ def _omegaconf_message(
         value = node.get(full_key, "") if isinstance(node, dict) else ""
         example = ",".join(str(v) for v in _default_of(cls, full_key) or []) or "..."
         return f"{key}={value!r} is not a list; give one in brackets, e.g. {key}=[{example}]"
+    if key == "trainer.early_stopping.mode":
+        text += ", or auto (null): the monitored metric's own direction"
     return f"{key}: {text}"
 
 

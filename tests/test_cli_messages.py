@@ -157,3 +157,22 @@ def test_a_long_list_of_checkpoints_is_shortened(tmp_path: Path) -> None:
         "(the checkpoints there: step_000000010.pt, step_000000020.pt, (2 more), "
         "step_000000050.pt, step_000000060.pt, step_000000070.pt, best)"
     ) in str(info.value)
+
+
+def test_ctrl_c_before_a_command_handles_it_is_one_line_and_status_130(tmp_path: Path) -> None:
+    """A real SIGINT while a command runs without its own handler (a training run's comes
+    only once it starts): no traceback, the shell's status for Ctrl-C."""
+    import subprocess
+    import sys
+
+    program = (
+        "import os, signal, sys\n"
+        "import hpcdl.cli.main as m\n"
+        "m.cmd_status = lambda args: os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.exit(m.main(['status', 'anything']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "interrupted (Ctrl-C)"

@@ -20,6 +20,7 @@ from hpcdl.errors import ConfigError, HpcdlError, plural, warnings_as_lines
 from hpcdl.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
+    EXIT_CTRL_C,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -255,6 +256,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     except HpcdlError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        # Ctrl-C before a command set its own handler (a training run catches it from its
+        # start and saves): one line instead of a traceback, the shell's status for SIGINT.
+        print("\ninterrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_CTRL_C
     except BrokenPipeError:
         # The reader went away (`hpcdl train | head`): stop quietly, as Unix tools do on
         # SIGPIPE. A training run stops where it was and continues with `hpcdl resume`.

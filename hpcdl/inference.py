@@ -26,6 +26,7 @@ from hpcdl.config.schema import (
     CustomTaskConfig,
     ImageFolderConfig,
     RegressionTaskConfig,
+    numeric_targets,
 )
 from hpcdl.data import DataSplits, Preprocessing, build_data, load_feature_rows
 from hpcdl.data.feed import EVAL_BATCH_SIZE, Feed, TensorFeed, build_feed
@@ -330,7 +331,7 @@ def _inference_feed(cfg: Config, state: dict[str, Any], split: str) -> Feed:
         feed = build_feed(data_cfg, device, seed=cfg.trainer.seed, task=cfg.task)
     else:
         fitted = state.get("preprocessing")  # {} in checkpoints of dataset runs
-        regression = isinstance(cfg.task, RegressionTaskConfig)
+        regression = numeric_targets(cfg.task)
         data = build_data(
             data_cfg,
             regression=regression,

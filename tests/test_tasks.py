@@ -291,6 +291,51 @@ def test_regression_end_to_end(hpcdl, tmp_path: Path) -> None:
     assert sum(errors) / len(errors) < 20_000  # in dollars: the target's own units
 
 
+HUBER = """
+import torch
+import torch.nn.functional as F
+
+
+def huber(model, batch):
+    x, y = batch
+    assert y.dtype == torch.float32, y.dtype  # the values as they are, not class indices
+    pred = model(x).float().squeeze(-1)
+    return F.huber_loss(pred / 1000, y / 1000), {"mean_target": y.mean()}
+"""
+
+
+def test_a_custom_loss_on_a_numeric_csv_target_with_task_labels_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """task=custom reads data=files labels as class indices unless task.labels=numbers: then
+    the step gets the float targets in their own units, and the model one output."""
+    from hpcdl.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "steps.py").write_text(HUBER)
+    write_houses(tmp_path / "houses.csv")
+    common = ["data=files", "data.path=houses.csv", "data.label_column=price"]
+    task = ["task=custom", "task.target=steps:huber", "trainer.max_epochs=2"]
+    assert main(["train", "run_dir=classes", *common, *task]) == 2
+    err = capsys.readouterr().err
+    assert "non-integer numbers" in err and "task.labels=numbers" in err
+    assert not (tmp_path / "classes" / "checkpoints").exists()
+    assert main(["train", "run_dir=digits", "data=digits", *task, "task.labels=numbers"]) == 2
+    assert "task.labels=numbers: data=digits holds class labels" in capsys.readouterr().err
+
+    assert main(["train", "run_dir=run", *common, *task, "task.labels=numbers"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    prices = np.loadtxt(tmp_path / "houses.csv", delimiter=",", skiprows=1)[:, -1]
+    assert abs(summary["test_mean_target"] - prices.mean()) < 3 * prices.std() / np.sqrt(45)
+    from hpcdl.checkpoint import read_checkpoint
+
+    state = read_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
+    assert state["data_info"]["num_classes"] == 1 and state["data_info"]["class_names"] == []
+    assert main(["evaluate", "run"]) == 0
+    assert "test_mean_target" in capsys.readouterr().out
+
+
 def test_predictions_csv_floats_read_back_as_the_values_computed() -> None:
     # hpcdl predict's CSV: the shortest text that reads back as the same float32, not
     # 6 significant digits (1201113.5 was written 1.20111e+06) or 6 decimals.

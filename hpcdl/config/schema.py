@@ -190,6 +190,11 @@ class ClassificationTaskConfig:
     name: str = "classification"
 
 
+class LabelKind(str, Enum):
+    classes = "classes"
+    numbers = "numbers"
+
+
 @dataclass
 class CustomTaskConfig:
     name: str = "custom"
@@ -201,6 +206,18 @@ class CustomTaskConfig:
     # mode, no gradients) and returning a tensor or {name: tensor} with one entry or row per
     # sample; null: predict refuses the run. Frozen with the code on Slurm like target.
     predict: Optional[str] = None
+    # How data=files (and data=custom) labels reach the function: classes (integers or
+    # names, as class indices 0..K-1) or numbers (float32 values as they are, one model
+    # output): a numeric target with your own loss.
+    labels: LabelKind = LabelKind.classes
+
+
+def numeric_targets(task: object) -> bool:
+    """Whether the run's labels are numbers (one model output, no classes): task=regression,
+    or task=custom with task.labels=numbers."""
+    if isinstance(task, RegressionTaskConfig):
+        return True
+    return isinstance(task, CustomTaskConfig) and task.labels == LabelKind.numbers
 
 
 class RegressionLoss(str, Enum):
@@ -404,7 +421,9 @@ class ContainerConfig:
     null. The image needs Python with torch and hpcdl's dependencies; hpcdl itself and
     the user's modules come from the frozen code dir, which is mounted with the run dir."""
 
-    image: Optional[str] = None  # a .sif file or sandbox dir; pyxis: e.g. nvcr.io#nvidia/pytorch:25.01-py3
+    image: Optional[str] = (
+        None  # a .sif file or sandbox dir; pyxis: e.g. nvcr.io#nvidia/pytorch:25.01-py3
+    )
     runtime: ContainerRuntime = ContainerRuntime.apptainer
     # More host paths to mount (data, scratch): "/scratch" or "/host/path:/in/container".
     binds: list[str] = field(default_factory=list)

@@ -289,7 +289,9 @@ def check_optim(optim: object) -> None:
             raise ConfigError("optim.nesterov=true needs optim.momentum > 0")
     fused = getattr(optim, "fused", None)
     if fused is not None:
-        _auto_true_false("optim.fused", fused, "on when training on CUDA or with trainer.lagged_sync=true")
+        _auto_true_false(
+            "optim.fused", fused, "on when training on CUDA or with trainer.lagged_sync=true"
+        )
     if isinstance(optim, schema.AdamConfig) and (
         len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas)
     ):
@@ -326,7 +328,9 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
     _positive("trainer.keep_last", t.keep_last)
     _positive("trainer.keep_every_epochs", t.keep_every_epochs, allow_none=True)
     _auto_true_false("trainer.async_checkpoint", t.async_checkpoint, "on when training on CUDA")
-    _auto_true_false("trainer.lagged_sync", t.lagged_sync, "on when training on CUDA with a fused optimizer")
+    _auto_true_false(
+        "trainer.lagged_sync", t.lagged_sync, "on when training on CUDA with a fused optimizer"
+    )
     _positive("trainer.max_bad_steps", t.max_bad_steps)
     _positive("trainer.log_every_steps", t.log_every_steps)
     _non_negative("trainer.early_stopping.patience", t.early_stopping.patience)
@@ -365,9 +369,11 @@ def check_task(task: object) -> None:
 
 
 def _check_task_fits_data(task: object, data: schema.DataCommon) -> None:
-    if isinstance(task, schema.RegressionTaskConfig) and data.name not in schema.REGRESSION_SOURCES:
+    if schema.numeric_targets(task) and data.name not in schema.REGRESSION_SOURCES:
+        regression = isinstance(task, schema.RegressionTaskConfig)
+        which = "task=regression" if regression else "task.labels=numbers"
         raise ConfigError(
-            f"task=regression: data={data.name} holds class labels; use data=files with a "
+            f"{which}: data={data.name} holds class labels; use data=files with a "
             "numeric label column (data.label_column) or data=custom"
         )
 

@@ -19,7 +19,7 @@ from hpcdl.config.schema import (
     CustomDataConfig,
     DataConfig,
     ImageFolderConfig,
-    RegressionTaskConfig,
+    numeric_targets,
 )
 from hpcdl.data.build import DataSplits, build_data
 from hpcdl.data.loader import (
@@ -193,7 +193,7 @@ def build_feed(cfg: DataConfig, device: torch.device, seed: int, *, task: Any = 
     built-in classification's labels are checked batch by batch on the host, before they
     move to the device (on a GPU a label out of range is a device-side assert, which ends
     the process without saying which label)."""
-    regression = isinstance(task, RegressionTaskConfig)
+    regression = numeric_targets(task)
     if isinstance(cfg, (CustomDataConfig, ImageFolderConfig)):
         classes = isinstance(task, ClassificationTaskConfig)
         return build_dataset_feed(cfg, seed, regression=regression, check_labels=classes)

@@ -155,7 +155,8 @@ def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]
         if fractional.size:
             raise DataError(
                 f"{where}: labels must be integers or class names, got non-integer numbers "
-                f"(e.g. {fractional[0]:g}); use task=regression for a numeric target"
+                f"(e.g. {fractional[0]:g}); use task=regression for a numeric target (or "
+                "task.labels=numbers with task=custom and your own loss)"
             )
         labels = labels.astype(np.int64)
     if labels.dtype.kind not in "iuUSb":

@@ -153,12 +153,16 @@ class Job:
     def status(self) -> dict[str, Any]:
         """What `hpcdl status RUN_DIR` prints, as a dict: job_id, state, elapsed (a string,
         `[D-]HH:MM:SS` as sacct writes it, whoever ran the job), source, attempts, requeues,
-        last_end, last_epoch, last_metrics, test_accuracy, ... of the run's newest attempt
+        last_end, last_epoch, last_metrics (train_loss and the val_* metrics of the last epoch), test_metrics
+        (summary.json's test_*), test_accuracy, ... of the run's newest attempt
         (a Slurm job, or a run in the foreground: job_id is then the local job's, None
         in-process; state COMPLETED, INTERRUPTED, FAILED or RUNNING)."""
         from hpcdl.launch.monitor import run_report
 
-        return run_report(RunDir(self.run_dir))
+        report = run_report(RunDir(self.run_dir))
+        if "test_metrics" in report:  # its own key before test_metrics held every test metric
+            report["test_accuracy"] = report["test_metrics"].get("test_accuracy")
+        return report
 
     def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> dict[str, Any]:
         """Until the job has left the queue (requeues and chained jobs included), then its

@@ -412,3 +412,25 @@ def test_a_running_foreground_attempt_shows_its_elapsed_time_so_far(tmp_path, ca
         )
         report = Job(run.path).status()  # the Python API's dict: the same string
     assert report["state"] == "RUNNING" and report["elapsed"] in ("01:00:00", "01:00:01")
+
+
+def test_status_shows_a_regressions_own_metrics_not_only_losses(tmp_path, capsys) -> None:
+    """last_metrics: train_loss and every val_* of the last epoch (val_mae, val_r2, a custom
+    task's own); test_metrics: every test_* of summary.json. Printed as `name value` pairs."""
+    run = new_run(tmp_path)
+    local_run(run, "4711", exit_code=0, num_ranks=1)
+    row = {"epoch": 2, "step": 14, "train_loss": 0.68606, "train_mae": 2.1}
+    run.metrics.append(
+        {**row, "val_loss": 0.29091, "val_mae": 1.36631, "val_r2": 0.6791, "lr": 0.01}
+    )
+    run.write_summary({"test_loss": 0.19, "test_mae": 1.0173, "test_r2": 0.669, "epochs": 2})
+    report = status_lines(run, capsys)
+    assert (
+        report["last_metrics"] == "train_loss 0.6861  val_loss 0.2909  val_mae 1.366  val_r2 0.6791"
+    )
+    assert report["test_metrics"] == "test_loss 0.19  test_mae 1.017  test_r2 0.669"
+    from hpcdl.client import Job
+
+    status = Job(run.path).status()  # the Python API keeps every digit, and test_accuracy
+    assert status["last_metrics"]["val_mae"] == pytest.approx(1.36631)
+    assert status["test_metrics"]["test_r2"] == 0.669 and status["test_accuracy"] is None

@@ -422,16 +422,32 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     last = run_dir.metrics.last_row()
     if last is not None:
         info["last_epoch"] = last.get("epoch")
+        # the training loss and every validation metric: a regression's val_mae and val_r2,
+        # a custom task's own, not only a classifier's accuracy
         info["last_metrics"] = {
-            k: last[k] for k in ("train_loss", "val_loss", "val_accuracy") if k in last
+            k: v for k, v in last.items() if k == "train_loss" or k.startswith("val_")
         }
     for rank, record in sorted(run_dir.last_telemetry().items()):
         info[f"rank {rank}"] = describe_sample(record)
     summary = run_dir.read_summary()
     if summary is not None:
-        info["test_accuracy"] = summary.get("test_accuracy")
+        info["test_metrics"] = {
+            k: v
+            for k, v in summary.items()
+            if k.startswith("test_") and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         info["weights_sha256"] = summary.get("weights_sha256")
     return info
+
+
+def shown(value: Any) -> str:
+    """A report value as `hpcdl status` prints it: metrics as `name value` pairs with 4
+    significant digits (the dict keeps every digit for the Python API)."""
+    if not isinstance(value, dict):
+        return str(value)
+    return "  ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items()
+    )
 
 
 def describe_sample(record: dict[str, Any]) -> str:
@@ -465,8 +481,8 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
             if cause:
                 report["cause"] = cause
         for key, value in report.items():
-            if value is not None:
-                print(f"{key:>15}: {value}")
+            if value is not None and value != {}:
+                print(f"{key:>15}: {shown(value)}")
         if watch_s is None or not is_active(report["state"]):
             return EXIT_OK
         time.sleep(max(watch_s, MIN_REFRESH_S))

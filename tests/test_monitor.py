@@ -434,3 +434,20 @@ def test_status_shows_a_regressions_own_metrics_not_only_losses(tmp_path, capsys
     status = Job(run.path).status()  # the Python API keeps every digit, and test_accuracy
     assert status["last_metrics"]["val_mae"] == pytest.approx(1.36631)
     assert status["test_metrics"]["test_r2"] == 0.669 and status["test_accuracy"] is None
+
+
+def test_a_resume_killed_without_an_end_is_not_shown_as_the_earlier_completion(
+    tmp_path, capsys
+) -> None:
+    """A completed run resumed for more epochs, then killed (no end record): last_end says
+    it was killed, not the first attempt's 'completed', and the first attempt's test metrics
+    and weights hash (of weights trained on since) are not shown as the run's."""
+    run = new_run(tmp_path)
+    local_run(run, "4711", exit_code=0, num_ranks=1)
+    run.write_summary({"test_loss": 0.5, "test_accuracy": 0.8, "weights_sha256": "ab" * 32})
+    assert "test_metrics" in status_lines(run, capsys)
+    local_run(run, "4712", exit_code=None, num_ranks=1)  # the resume, killed
+    report = status_lines(run, capsys)
+    assert report["state"] == "FAILED" and report["attempts"] == "2"
+    assert report["last_end"].startswith("none recorded: killed")
+    assert "test_metrics" not in report and "weights_sha256" not in report

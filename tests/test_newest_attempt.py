@@ -94,7 +94,7 @@ def status_lines(ref: str, capsys) -> dict[str, str]:
     [
         (cancelled, "CANCELLED", "cancelled (exit)"),
         (fails, "FAILED", "failed (exit): RuntimeError: CUDA error: an illegal memory access"),
-        (killed, "FAILED", "completed"),  # no end record: the first attempt's is the last
+        (killed, "FAILED", "none recorded: killed"),  # not the first attempt's completed
     ],
 )
 def test_a_completed_slurm_run_resumed_then_stopped_is_not_completed(

@@ -306,7 +306,8 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
     if start is not None and end is not None:  # a killed attempt's is unknown
         verdict["elapsed"] = attempt_elapsed(start, end)
     report["source"] = "run dir (" + report["source"].removeprefix("none (")
-    return {**verdict, **{k: v for k, v in report.items() if k not in verdict}}
+    report = {**verdict, **{k: v for k, v in report.items() if k not in verdict}}
+    return with_killed_line(report) if verdict["state"] == "FAILED" else report
 
 
 def no_scheduler_error(job_id: str, source: str) -> HpcdlError:
@@ -349,7 +350,9 @@ def foreground_report(run_dir: RunDir, launch: Launch) -> dict[str, Any]:
         holder = last_holder(run_dir)
         if holder:
             report["where"] = describe_holder(holder)
-    return {**report, **run_status(run_dir)}
+    report.update(run_status(run_dir))
+    killed = state == "FAILED" and launch.start is not None and launch.end is None
+    return with_killed_line(report) if killed else report
 
 
 # An attempt's state by its end record's reason: every reason hpcdl.launch.foreground (a
@@ -403,6 +406,19 @@ def state_from_run_dir(run_dir: RunDir) -> str:
     return END_STATES.get(str(ends[-1].get("reason")), "FAILED") if ends else "FAILED"
 
 
+def with_killed_line(report: dict[str, Any]) -> dict[str, Any]:
+    """The report of a run whose newest attempt ended without recording an end, with a
+    last_end that says so, after `requeues`."""
+    if "last_end" in report:
+        return report
+    out: dict[str, Any] = {}
+    for key, value in report.items():
+        out[key] = value
+        if key == "requeues":
+            out["last_end"] = "none recorded: killed (SIGKILL, out of memory, a node lost)"
+    return out
+
+
 def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     if run_dir is None:
         return {}
@@ -411,7 +427,9 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     starts = [a for a in attempts if a.get("event") == "start"]
     info["attempts"] = len(starts)
     info["requeues"] = run_dir.requeues()
-    ends = [a for a in attempts if a.get("event") == "end"]
+    # the newest attempt's end only: an earlier attempt's 'completed' says nothing of a
+    # resume that was killed since (no end of its own: SIGKILL, out of memory, a node lost)
+    ends = [a for a in attempts[_newest_start(attempts) :] if a.get("event") == "end"]
     if ends:
         action, error = ends[-1].get("action"), ends[-1].get("error")
         info["last_end"] = (
@@ -430,7 +448,8 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     for rank, record in sorted(run_dir.last_telemetry().items()):
         info[f"rank {rank}"] = describe_sample(record)
     summary = run_dir.read_summary()
-    if summary is not None:
+    if summary is not None and (not starts or (ends and ends[-1].get("reason") == "completed")):
+        # an earlier attempt's summary.json describes weights a resume has trained on since
         info["test_metrics"] = {
             k: v
             for k, v in summary.items()
@@ -438,6 +457,12 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
         }
         info["weights_sha256"] = summary.get("weights_sha256")
     return info
+
+
+def _newest_start(attempts: list[dict[str, Any]]) -> int:
+    """Where the newest attempt's records begin in attempts.jsonl (0 without a start)."""
+    starts = [i for i, a in enumerate(attempts) if a.get("event") == "start"]
+    return starts[-1] if starts else 0
 
 
 def shown(value: Any) -> str:

@@ -313,10 +313,10 @@ def test_a_custom_loss_on_a_numeric_csv_target_with_task_labels_numbers(
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "steps.py").write_text(HUBER)
+    (tmp_path / "huber_steps.py").write_text(HUBER)  # a name no other test imports
     write_houses(tmp_path / "houses.csv")
     common = ["data=files", "data.path=houses.csv", "data.label_column=price"]
-    task = ["task=custom", "task.target=steps:huber", "trainer.max_epochs=2"]
+    task = ["task=custom", "task.target=huber_steps:huber", "trainer.max_epochs=2"]
     assert main(["train", "run_dir=classes", *common, *task]) == 2
     err = capsys.readouterr().err
     assert "non-integer numbers" in err and "task.labels=numbers" in err

@@ -95,18 +95,25 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
         os.environ[LOCAL_GPUS_VAR] = gpus
     # The controller must not see the terminal's Ctrl-C: on SIGINT it kills ranks after 1 s,
     # which could cut a checkpoint save short. It inherits SIG_IGN; the ranks install their
-    # own handlers, and we forward a SIGTERM to it ourselves.
+    # own handlers, and we forward a SIGTERM to it ourselves, from the moment it exists.
+    stopper: Optional[RankStopper] = None
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         # The controller, and so every rank, starts in the run's folder (hpcdl.workdir).
         with in_workdir(cfg.workdir):
             job = executor.submit(run_job, str(run_dir.path))
+        stopper = RankStopper(job, stopping_what(cfg), num_tasks)
     finally:
-        signal.signal(signal.SIGINT, previous)
-    record_start(run_dir, "local", str(job.job_id), num_tasks)
-    ranks = plural(num_tasks, "rank")
-    print(f"local job {job.job_id}: {ranks}, logs in {run_dir.log_dir}", flush=True)
-    code = _wait(job, stopping_what(cfg))
+        if stopper is None:
+            signal.signal(signal.SIGINT, previous)
+    try:
+        record_start(run_dir, "local", str(job.job_id), num_tasks)
+        ranks = plural(num_tasks, "rank")
+        print(f"local job {job.job_id}: {ranks}, logs in {run_dir.log_dir}", flush=True)
+        _wait(job, stopper)
+    finally:
+        stopper.restore(previous)
+    code = _exit_code(job)
     record_end(run_dir, "local", str(job.job_id), code)
     return code
 
@@ -120,44 +127,82 @@ def stopping_what(cfg: Config) -> str:
     return "stopping all ranks at the next step"
 
 
-def _wait(job: Any, what: str) -> int:
-    stopping: list[int] = []
+class RankStopper:
+    """Ctrl-C, SIGTERM or a hangup to this process: one SIGTERM to submitit's controller,
+    which forwards it to every rank. Its handlers go in as it is made."""
 
-    def stop_ranks(why: str) -> None:
-        if not stopping:
+    def __init__(self, job: Any, what: str, num_tasks: int) -> None:
+        self.job, self.what, self.num_tasks = job, what, num_tasks
+        self.stopping = False
+        self.pending = False  # a stop asked for before the ranks could take it
+        # A hangup (terminal closed, ssh gone) stops the ranks as Ctrl-C does, unless nohup
+        # asked for it to be ignored.
+        signals = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+            signals.append(signal.SIGHUP)
+        self.old = {s: signal.signal(s, self._forward) for s in signals}
+
+    def restore(self, sigint: Any) -> None:
+        """The handlers from before (SIGINT's from before the controller was started)."""
+        for s, h in self.old.items():
+            signal.signal(s, sigint if s == signal.SIGINT else h)
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        self.stop(signal.Signals(signum).name)
+
+    def stop(self, why: str) -> None:
+        if not self.stopping:
             with contextlib.suppress(OSError):  # a hung-up terminal: nowhere to say it
-                print(f"\n{why}: {what}", flush=True)
-        stopping.append(1)
-        if job._process is not None:  # submitit's controller forwards SIGTERM to every task
-            job._process.send_signal(signal.SIGTERM)
+                print(f"\n{why}: {self.what}", flush=True)
+        self.stopping = True
+        self.send()
 
-    def forward(signum: int, _frame: Any) -> None:
-        stop_ranks(signal.Signals(signum).name)
+    def send(self) -> None:
+        # submitit's controller forwards SIGTERM to every task. A SIGTERM that comes before
+        # its handler is in, or before a rank's own are (Python's first milliseconds),
+        # kills it: no rank trains, and the run looks failed. Each rank has its handlers once
+        # it has written to its log (submitit's first line comes after them), so until every
+        # rank has, the stop waits.
+        process = self.job._process
+        if process is None or not _ranks_listening(self.job, self.num_tasks):
+            self.pending = True
+            return
+        self.pending = False
+        process.send_signal(signal.SIGTERM)
 
-    # A hangup (terminal closed, ssh gone) stops the ranks as Ctrl-C does, unless nohup
-    # asked for it to be ignored.
-    signals = [signal.SIGINT, signal.SIGTERM]
-    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-        signals.append(signal.SIGHUP)
-    old = {s: signal.signal(s, forward) for s in signals}
+
+def _wait(job: Any, stopper: RankStopper) -> None:
+    """Until every rank has ended, rank 0's log copied to the terminal."""
     echo = LineEcho(Path(job.paths.stdout), hidden=SUBMITIT_INFO)  # rank 0's log
-    try:
-        while True:
-            try:
-                echo.poll()
-            except OSError:  # the reader went away (`| head`, a closed terminal)
-                _silence_stdout()
-                stop_ranks("output closed")
-                echo = LineEcho(Path(os.devnull), hidden=b"")
-            if job.done():
-                break
-            time.sleep(POLL_S)
-        with contextlib.suppress(OSError):
-            echo.poll(final=True)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    return _exit_code(job)
+    while True:
+        try:
+            echo.poll()
+        except OSError:  # the reader went away (`| head`, a closed terminal)
+            _silence_stdout()
+            stopper.stop("output closed")
+            echo = LineEcho(Path(os.devnull), hidden=b"")
+        if job.done():
+            break
+        if stopper.pending:
+            stopper.send()
+        time.sleep(POLL_S)
+    with contextlib.suppress(OSError):
+        echo.poll(final=True)
+
+
+def _ranks_listening(job: Any, num_tasks: int) -> bool:
+    """Whether every rank has written to its log, so has its stop handlers in."""
+    from submitit.core.utils import JobPaths
+
+    folder = Path(job.paths.folder)
+    for rank in range(num_tasks):
+        log = JobPaths(folder, job.job_id, rank).stdout
+        try:
+            if log.stat().st_size == 0:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def _silence_stdout() -> None:

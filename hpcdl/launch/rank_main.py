@@ -11,6 +11,10 @@ pickled, its non-daemon threads have finished and its output is flushed, it exit
 ``os._exit``. A ``sys.exit(n)`` from the job (a stop after a checkpoint, bad input) leaves
 the same way with n; an exception prints its traceback and leaves with 1 (with an NCCL
 process group the failing rank has not destroyed, the teardown could also wait on peers).
+
+A stop signal that comes while the rank starts is recorded from the first moment
+(hpcdl.signals.record_early_stops), also over submitit's own handlers, which would only log
+a SIGTERM ("Bypassing signal SIGTERM"); the job's handlers take it over when they go in.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import shlex
 import sys
 import threading
 import traceback
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 from hpcdl.errors import HpcdlError
 from hpcdl.launch.launcher_watch import FOREGROUND_VAR, record_orphaned_end, watch_foreground
@@ -70,7 +74,12 @@ def leave(code: int) -> NoReturn:
 
 
 def run(folder: str) -> NoReturn:
+    from hpcdl.signals import record_early_stops
+
+    record_early_stops()  # first: Ctrl-C as the ranks start saves instead of killing them
     from submitit.core.submission import process_job
+
+    _keep_early_stops_over_submitits()
 
     if os.environ.get("SUBMITIT_EXECUTOR") == "local":
         if LOCAL_GPUS_VAR in os.environ:
@@ -88,6 +97,23 @@ def run(folder: str) -> NoReturn:
         traceback.print_exc()
         leave(1)
     leave(0)
+
+
+def _keep_early_stops_over_submitits() -> None:
+    """submitit puts in its handlers just before it calls the job: put ours back after."""
+    from submitit.core.job_environment import JobEnvironment
+
+    from hpcdl.signals import record_early_stops
+
+    original = getattr(JobEnvironment, "_handle_signals", None)
+    if original is None:  # another submitit: its handlers stay until the job's go in
+        return
+
+    def handle_signals(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        record_early_stops()
+
+    JobEnvironment._handle_signals = handle_signals  # type: ignore[method-assign]
 
 
 def main(argv: Optional[list[str]] = None) -> NoReturn:

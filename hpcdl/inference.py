@@ -24,12 +24,14 @@ from hpcdl.config.schema import (
     Config,
     CustomDataConfig,
     CustomTaskConfig,
+    FilesConfig,
     ImageFolderConfig,
     RegressionTaskConfig,
     numeric_targets,
 )
 from hpcdl.data import DataSplits, Preprocessing, build_data, load_feature_rows
 from hpcdl.data.feed import EVAL_BATCH_SIZE, Feed, TensorFeed, build_feed
+from hpcdl.data.files import csv_header
 from hpcdl.errors import CheckpointError, ConfigError, DataError, WriteError, os_error_reason
 from hpcdl.evaluation import evaluate, load_matching_weights
 from hpcdl.models import build_model
@@ -332,6 +334,7 @@ def _inference_feed(cfg: Config, state: dict[str, Any], split: str) -> Feed:
     else:
         fitted = state.get("preprocessing")  # {} in checkpoints of dataset runs
         regression = numeric_targets(cfg.task)
+        _check_csv_header(data_cfg, info)
         data = build_data(
             data_cfg,
             regression=regression,
@@ -345,6 +348,45 @@ def _inference_feed(cfg: Config, state: dict[str, Any], split: str) -> Feed:
         )
     _check_fits(feed, info)
     return feed
+
+
+def _check_csv_header(data_cfg: Any, info: dict[str, Any]) -> None:
+    """Other CSV data for a run trained on a CSV, before it is read: every column but
+    data.label_column is a feature, so the header must name the training CSV's feature
+    columns and no other; a missing or extra column is named here, where reading the file
+    would only find rows of the wrong width."""
+    trained = info.get("feature_columns")
+    if not isinstance(data_cfg, FilesConfig) or trained is None:
+        return
+    if Path(data_cfg.path).suffix.lower() != ".csv":
+        return
+    header = csv_header(Path(data_cfg.path))
+    label = data_cfg.label_column
+    if header is None or label not in header:
+        return  # reading the file says what is wrong
+    features = [name for name in header if name != label]
+    missing = [name for name in trained if name not in features]
+    extra = list(dict.fromkeys(name for name in features if name not in trained))
+    where = f"data.path={data_cfg.path!r}"
+    if missing:
+        raise DataError(
+            f"{where}: no {_columns(missing)} in its header ({', '.join(header)}); the model "
+            f"was trained on the columns {', '.join(trained)}: add {_them(missing)}"
+        )
+    if extra:
+        raise DataError(
+            f"{where}: {_columns(extra)} not among the model's feature columns "
+            f"({', '.join(trained)}); every column but data.label_column={label!r} is read as "
+            f"a feature: drop {_them(extra)} from the file"
+        )
+
+
+def _columns(names: list[str]) -> str:
+    return ("column " if len(names) == 1 else "columns ") + ", ".join(map(repr, names))
+
+
+def _them(names: list[str]) -> str:
+    return "it" if len(names) == 1 else "them"
 
 
 def _check_columns(data: DataSplits, info: dict[str, Any]) -> None:

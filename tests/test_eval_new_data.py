@@ -187,3 +187,58 @@ def test_keys_that_cannot_apply_at_inference_are_refused(
         assert err.startswith(f"error: {override}: ") and says in err, err
         assert err.count("\n") == 1
     assert run_files(run) == before
+
+
+@pytest.fixture(scope="module")
+def csv_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """A data=files run on a CSV with a header (columns a, b, c and the label `kind`)."""
+    folder = tmp_path_factory.mktemp("csv")
+    rng = np.random.default_rng(0)
+    lines = ["a,b,c,kind"]
+    for row in rng.normal(size=(60, 3)):
+        lines.append(",".join(f"{v:.3f}" for v in row) + ("," + ("hi" if row[0] > 0 else "lo")))
+    (folder / "train.csv").write_text("\n".join(lines) + "\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)
+        train = ["data=files", "data.path=train.csv", "data.label_column=kind"]
+        assert main(["train", *train, "trainer.max_epochs=1", "run_dir=runs/t1"]) == 0
+        yield folder / "runs" / "t1", folder
+
+
+@pytest.mark.parametrize(
+    ("header", "cells", "says"),
+    [
+        (
+            "id,a,b,c,kind",
+            "7,",
+            "column 'id' not among the model's feature columns (a, b, c); every column but "
+            "data.label_column='kind' is read as a feature: drop it from the file",
+        ),
+        (
+            "a,c,kind",
+            "",
+            "no column 'b' in its header (a, c, kind); the model was trained on the columns "
+            "a, b, c: add it",
+        ),
+    ],
+)
+def test_other_csv_data_with_another_column_is_refused_naming_it(
+    csv_run: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    header: str,
+    cells: str,
+    says: str,
+) -> None:
+    # Before, such a file was read and refused as "features of shape (2, 4) do not fit
+    # the model's input_shape (3,)", naming neither the file nor the column.
+    run, folder = csv_run
+    num_features = header.count(",") - cells.count(",")
+    rows = [cells + ",".join(["0.5"] * num_features) + ",hi", cells + "-1," * num_features + "lo"]
+    other = folder / f"other-{len(header)}.csv"
+    other.write_text("\n".join([header, *rows]) + "\n")
+    before = run_files(run)
+    capsys.readouterr()
+    for command in ("evaluate", "predict"):
+        assert main([command, str(run), f"data.path={other}", "--split", "all"]) == 2
+        assert capsys.readouterr().err == f"error: data.path={str(other)!r}: {says}\n"
+    assert run_files(run) == before

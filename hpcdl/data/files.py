@@ -247,6 +247,18 @@ def read_csv(
     return header, rows
 
 
+def csv_header(file: Path) -> Optional[list[str]]:
+    """The first row of a CSV, its cells stripped, when it is a header (training's rule);
+    None for a file without one or that cannot be read (reading it in full says why)."""
+    try:
+        with file.open(newline="") as f:
+            first = next((row for row in csv.reader(f) if row), None)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    cells = [cell.strip() for cell in first] if first is not None else None
+    return cells if cells is not None and has_text(cells) else None
+
+
 def parse_numeric_rows(
     rows: Sequence[Sequence[str]],
     file: Path,

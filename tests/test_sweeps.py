@@ -707,6 +707,34 @@ def test_trials_whose_early_stopping_modes_disagree_are_refused_without_mode(
     ]
 
 
+def test_best_metric_of_trials_that_monitor_different_metrics_is_refused(
+    tmp_path: Path, capsys
+) -> None:
+    # Each trial's best_metric is its own monitor's: a loss and an accuracy do not rank
+    # together, whichever way --mode turns them (before, the table mixed them).
+    from hpcdl.cli.main import main
+    from hpcdl.client import Sweep
+
+    plan = plan_sweep(
+        [
+            "trainer.early_stopping.monitor=val_loss,val_accuracy",
+            f"hydra.sweep.dir={tmp_path / 'sw'}",
+        ]
+    )
+    sweep = _completed_sweep(plan, [{"best_metric": 0.2}, {"best_metric": 0.9}])
+    said = (
+        "error: best_metric: the trials' best_metric is not one metric, they monitor different "
+        "ones (trainer.early_stopping.monitor: val_accuracy in trials 1; val_loss in trials 0); "
+        "rank by one of those with --metric val_accuracy\n"
+    )
+    for mode in ([], ["--mode", "min"]):
+        assert main(["sweep", "summary", str(sweep), "--metric", "best_metric", *mode]) == 2
+        assert capsys.readouterr().err == said
+    assert not (sweep / "summary.md").exists() and not (sweep / "summary.csv").exists()
+    with pytest.raises(HpcdlError, match="best_metric is not one metric"):
+        Sweep.from_sweep_dir(sweep).summary(metric="best_metric", mode="max")
+
+
 def test_a_programs_error_metric_ranks_lowest_first_and_the_summary_says_why(
     tmp_path: Path, capsys
 ) -> None:
@@ -784,6 +812,8 @@ def test_a_one_trial_sweeps_status_says_1_trial(tmp_path: Path) -> None:
     from hpcdl.sweep import launch
     from hpcdl.sweep.report import status_table
 
-    ledger = launch.create_sweep(plan_sweep(["optim.lr=choice(0.1)", f"hydra.sweep.dir={tmp_path}"]))
+    ledger = launch.create_sweep(
+        plan_sweep(["optim.lr=choice(0.1)", f"hydra.sweep.dir={tmp_path}"])
+    )
     table = status_table(ledger, "val_accuracy")
     assert "\n1 trial: 1 NOT_STARTED\n" in table, table

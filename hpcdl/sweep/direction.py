@@ -16,6 +16,9 @@ from hpcdl.errors import HpcdlError
 from hpcdl.rundir import RunDir
 from hpcdl.sweep.ledger import Ledger
 
+# summary.json's best value of each trial's trainer.early_stopping.monitor.
+BEST_METRIC = "best_metric"
+
 
 @dataclass(frozen=True)
 class Direction:
@@ -49,6 +52,8 @@ def direction(ledger: Ledger, metric: str, mode: Union[str, Mode, None] = None) 
     """The direction `metric` ranks the sweep's trials in; refuses (one line asking for
     --mode) when it is the trials' early-stopping monitor and their modes disagree."""
     chosen = parse_mode(mode)
+    if metric == BEST_METRIC:
+        refuse_mixed_monitors(ledger)
     if chosen is not None:
         return Direction(chosen, f"--mode {chosen.value}")
     monitored = early_stopping_direction(ledger, metric)
@@ -60,6 +65,29 @@ def direction(ledger: Ledger, metric: str, mode: Union[str, Mode, None] = None) 
         return Direction(builtin, f"{unprefixed(metric)}: {better} is better")
     guessed = Mode.min if lower_by_name(metric) else Mode.max
     return Direction(guessed, "a metric hpcdl does not define: guessed from its name")
+
+
+def refuse_mixed_monitors(ledger: Ledger) -> None:
+    """best_metric is each trial's trainer.early_stopping.monitor: trials that monitor
+    different metrics (a sweep of the monitor) hold values that do not compare, whatever
+    --mode says."""
+    monitors: dict[str, list[int]] = {}
+    for t in ledger.trials:
+        try:
+            cfg = RunDir(Path(t.run_dir)).load_config()
+        except HpcdlError:
+            continue
+        if cfg.script is None:
+            monitors.setdefault(cfg.trainer.early_stopping.monitor, []).append(t.index)
+    if len(monitors) > 1:
+        trials = "; ".join(
+            f"{name} in trials {', '.join(map(str, ids))}" for name, ids in sorted(monitors.items())
+        )
+        raise HpcdlError(
+            f"{BEST_METRIC}: the trials' best_metric is not one metric, they monitor different "
+            f"ones (trainer.early_stopping.monitor: {trials}); rank by one of those with "
+            f"--metric {min(monitors)}"
+        )
 
 
 def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]:
@@ -76,7 +104,7 @@ def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]
         if cfg.script is not None:  # `hpcdl run`: the program stops itself
             continue
         es = cfg.trainer.early_stopping
-        if metric == "best_metric" or unprefixed(metric) == unprefixed(es.monitor):
+        if metric == BEST_METRIC or unprefixed(metric) == unprefixed(es.monitor):
             modes.setdefault(monitor_mode(es.monitor, es.mode), []).append(t.index)
             monitors.add(es.monitor)
             auto = auto and es.mode is None

@@ -735,6 +735,46 @@ def test_best_metric_of_trials_that_monitor_different_metrics_is_refused(
         Sweep.from_sweep_dir(sweep).summary(metric="best_metric", mode="max")
 
 
+def test_a_kfold_summary_shows_no_spread_for_one_fold_and_names_the_folds_left_out(
+    tmp_path: Path, capsys
+) -> None:
+    # Trial 3 (lr 0.01, fold 1) ended without a val_accuracy: its configuration's mean is
+    # one fold's. Before, the table showed that fold's std as 0.0000 (as if the folds
+    # agreed) and said nothing of the fold left out; a configuration with no value, nan.
+    from hpcdl.cli.main import main
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import ledger as ledger_mod
+
+    plan = plan_sweep(
+        [
+            "optim.lr=0.1,0.01,0.001",
+            "data.num_folds=2",
+            "data.fold=range(0,2)",
+            f"hydra.sweep.dir={tmp_path / 'sw'}",
+        ]
+    )
+    rows = [{"val_accuracy": 0.9}, {"val_accuracy": 0.8}, {"val_accuracy": 0.95}]
+    sweep = _completed_sweep(plan, [*rows, *[{"val_loss": 1.0}] * 3])
+    with ledger_mod.locked(sweep) as ledger:
+        for index in (3, 4, 5):
+            ledger.trial(index).state = "FAILED"
+            (RunDir(sweep / str(index)).summary_file).unlink()
+    assert main(["sweep", "summary", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    assert [[cell.strip() for cell in line.split("|")[1:-1]] for line in table[1:]] == [
+        ["1", "optim.lr=0.01", "0.9500", "-", "1"],
+        ["2", "optim.lr=0.1", "0.8500", "0.0707", "2"],
+        ["3", "optim.lr=0.001", "-", "-", "0"],
+    ]
+    note = (
+        "optim.lr=0.01: trial 3 reports no val_accuracy (FAILED); its mean is over the other "
+        "1 of 2 only"
+    )
+    assert note in out.splitlines()
+    assert (sweep / "summary.md").read_text().splitlines()[-1] == note
+
+
 def test_a_programs_error_metric_ranks_lowest_first_and_the_summary_says_why(
     tmp_path: Path, capsys
 ) -> None:

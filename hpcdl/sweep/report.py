@@ -257,12 +257,35 @@ def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> st
     head = ["rank", "overrides", f"{metric} mean", "std" if folds else "", "n"]
     rows = [[h for h in head if h]]
     for rank, e in enumerate(entries, 1):
-        cells = [str(rank), e["overrides"], f"{e['mean']:.4f}"]
+        # No value, or one fold's: no mean, or no spread to show (a std of 0 would claim
+        # that the folds agree).
+        cells = [str(rank), e["overrides"], f"{e['mean']:.4f}" if e["n"] else "-"]
         if folds:
-            cells.append(f"{e['std']:.4f}")
+            cells.append(f"{e['std']:.4f}" if e["n"] > 1 else "-")
         cells.append(str(e["n"]))
         rows.append(cells)
     return _markdown(rows)
+
+
+def missing_notes(entries: list[dict[str, Any]], ledger: Ledger, metric: str) -> str:
+    """A line per configuration some of whose folds report no value of `metric` (a failed
+    or unfinished trial): its mean is over the others only."""
+    reported = {t.index for t in ledger.trials if t.metric is not None}
+    lines = []
+    for e in entries:
+        lacking = [i for i in e["trials"] if i not in reported]
+        if e["n"] and lacking:
+            ids = ", ".join(map(str, lacking))
+            which = f"trial {ids} reports" if len(lacking) == 1 else f"trials {ids} report"
+            lines.append(
+                f"{e['overrides']}: {which} no {metric} ({_states(ledger, lacking)}); its mean "
+                f"is over the other {e['n']} of {len(e['trials'])} only\n"
+            )
+    return "".join(lines)
+
+
+def _states(ledger: Ledger, indices: list[int]) -> str:
+    return ", ".join(sorted({ledger.trial(i).state for i in indices}))
 
 
 def write_summary(ledger: Ledger, metric: str, direction: Direction) -> tuple[str, list[Path]]:
@@ -272,6 +295,8 @@ def write_summary(ledger: Ledger, metric: str, direction: Direction) -> tuple[st
     entries = summarize(ledger, metric, direction)
     folds = any(k == FOLD_KEY for k in ledger.swept_keys)
     text = direction.header(metric) + "\n\n" + summary_table(entries, metric, folds)
+    notes = missing_notes(entries, ledger, metric)
+    text += "\n" + notes.rstrip("\n") if notes else ""
     markdown, table_csv = sweep_dir.summary_file("md"), sweep_dir.summary_file("csv")
     write_atomic(markdown, text + "\n")
     buffer = io.StringIO(newline="")

@@ -339,4 +339,12 @@ class Sweep:
 
     def trial(self, index: int) -> Job:
         """One trial's run, as a Job (logs, result, status of that trial alone)."""
+        from hpcdl.sweep.ledger import load
+
+        indices = [t.index for t in load(self.sweep_dir).trials]
+        if index not in indices:
+            raise HpcdlError(
+                f"trial {index}: {self.sweep_dir} has no such trial; give one of its "
+                f"{len(indices)} trials, {min(indices, default=0)} to {max(indices, default=0)}"
+            )
         return Job.from_run_dir(self.sweep_dir / str(index))

@@ -176,3 +176,20 @@ def test_local_sweep_status_summary_and_rerun_failed(tmp_path, monkeypatch) -> N
     assert (tmp_path / "sw" / "summary.csv").is_file()
     with pytest.raises(HpcdlError, match=r"no sweep\.json"):
         Sweep.from_sweep_dir(tmp_path)
+
+
+def test_a_trial_the_sweep_does_not_have_is_refused_naming_its_trials(tmp_path: Path) -> None:
+    # Before, trial(5) of a 2-trial sweep said "SWEEP_DIR/5: not an hpcdl run dir", and
+    # trial(-1) looked for a run dir named -1.
+    from hpcdl.cli.expand import plan_sweep
+    from hpcdl.sweep import launch
+
+    plan = plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={tmp_path / 'sw'}"])
+    sweep = Sweep.from_sweep_dir(launch.create_sweep(plan).sweep_dir)
+    assert sweep.trial(1).run_dir == tmp_path / "sw" / "1"
+    for index in (2, -1):
+        with pytest.raises(HpcdlError) as refused:
+            sweep.trial(index)
+        assert str(refused.value) == (
+            f"trial {index}: {tmp_path / 'sw'} has no such trial; give one of its 2 trials, 0 to 1"
+        )

@@ -174,6 +174,17 @@ def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl
         (["launcher=mpirun", "--", "python", "ok.py"], "launcher='mpirun': unknown"),
         (["launcher=torchrun", "--", "python", "ok.py"], "launcher=torchrun: starts one torchrun"),
         ([], "give a command after -- or entry=..., not neither"),
+        # A typo of hpcdl run's own key is offered that key, not hpcdl train's keys.
+        (
+            ["metrics_fil=r.json", "--", "python", "ok.py"],
+            "metrics_fil: unknown key of hpcdl run; did you mean metrics_file?",
+        ),
+        # hpcdl train's keys would be read by nothing: refused, not silently kept.
+        (
+            ["trainer.max_epochs=3", "--", "python", "ok.py"],
+            "trainer.max_epochs: hpcdl train's key, unused by hpcdl run",
+        ),
+        (["model=cnn", "--", "python", "ok.py"], "model: hpcdl train's key, unused by hpcdl run"),
         (["--config-dir", "conf"], "/conf: no such folder"),  # a flag's value, not a program
         (
             ["python", "ok.py", "--lr", "1"],
@@ -543,7 +554,9 @@ def test_a_rank_that_never_sees_rank_0s_port_names_the_shared_file_system(tmp_pa
     from hpcdl.script_port import PortError, agreed_port
 
     env = RankEnv(rank=1, world_size=2, job_id="4242", master_port_derived=True)
-    with pytest.raises(PortError, match=r"^rank 1: rank 0 of job 4242 chose no port within 0.3s") as info:
+    with pytest.raises(
+        PortError, match=r"^rank 1: rank 0 of job 4242 chose no port within 0.3s"
+    ) as info:
         agreed_port(env, tmp_path / "ports", timeout_s=0.3)
     assert "file system every node sees" in str(info.value) and "\n" not in str(info.value)
 

@@ -9,6 +9,7 @@ torchrun, entry=package.module:function, entry.kwargs.NAME=VALUE, metrics_file=P
 from __future__ import annotations
 
 import argparse
+import difflib
 import itertools
 import os
 import re
@@ -21,6 +22,9 @@ from hpcdl.errors import ConfigError, HpcdlWarning
 
 # Keys of `hpcdl run` itself; everything else goes to the config.
 RUN_KEYS = ("launcher", "entry", "metrics_file")
+# The config's keys that a script run uses; hpcdl train's (model, trainer, ...) would be
+# composed into its config.yaml and read by nothing (hpcdl.config.convert names them all).
+CONFIG_KEYS = ("cluster", "run_dir", "hydra")
 BRACES = re.compile(r"\{([^{}]*)\}")
 RANGE = re.compile(r"^range\((-?\d+),\s*(-?\d+)(?:,\s*(-?\d+))?\)$")
 HYDRA_LIST = re.compile(r"^([A-Za-z_+~][\w.+~/-]*)=([^=]*,[^=]*)$")
@@ -79,6 +83,8 @@ def script_from(overrides: list[str], command: list[str]) -> tuple[ScriptConfig,
     rest = []
     for text in overrides:
         key, sep, value = text.partition("=")
+        if sep:
+            refuse_foreign_key(key.lstrip("+~"))
         if not sep or key.split(".", 1)[0] not in RUN_KEYS:
             rest.append(text)
         elif key == "launcher":
@@ -103,6 +109,27 @@ def script_from(overrides: list[str], command: list[str]) -> tuple[ScriptConfig,
         metrics_file=metrics_file,
     )
     return script, rest
+
+
+def refuse_foreign_key(key: str) -> None:
+    """A key before `--` that `hpcdl run` does not use: one of `hpcdl train`'s sections
+    (trainer.max_epochs=3 would change nothing: the program reads its own arguments), or a
+    typo, offered the nearest of hpcdl run's keys rather than hpcdl train's."""
+    from hpcdl.config.convert import GROUPS, PRESET_GROUPS, RECORDED_KEYS, TOP_LEVEL_KEYS
+
+    top = key.split(".", 1)[0]
+    if top in (*RUN_KEYS, *CONFIG_KEYS, *RECORDED_KEYS):  # workdir: compose's own message
+        return
+    own = f"hpcdl run's keys: cluster=..., cluster.*, run_dir, {', '.join(RUN_KEYS)}"
+    if top in (*GROUPS, *TOP_LEVEL_KEYS, *PRESET_GROUPS):
+        raise ConfigError(
+            f"{key}: hpcdl train's key, unused by hpcdl run (your program reads its own "
+            f"arguments: give them after --); {own}"
+        )
+    close = difflib.get_close_matches(top, [*RUN_KEYS, *CONFIG_KEYS], n=1)
+    if close:
+        raise ConfigError(f"{key}: unknown key of hpcdl run; did you mean {close[0]}?")
+    raise ConfigError(f"{key}: unknown key of hpcdl run; {own}")
 
 
 def expand_token(token: str) -> list[str]:

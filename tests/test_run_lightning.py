@@ -33,7 +33,7 @@ def test_lightning_example_stops_with_a_checkpoint_and_resumes(tmp_path: Path) -
     shutil.copy(EXAMPLE, tmp_path)
     command = [sys.executable, "-m", "hpcdl.cli.main", "run", "cluster=local"]
     command += ["cluster.tasks_per_node=2", "run_dir=r", "metrics_file=result.json", "--"]
-    command += ["python", "lightning_train.py", "--epochs", "20", "--sleep", "0.2"]
+    command += ["python", "lightning_train.py", "--epochs", "6", "--sleep", "0.2"]
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         _wait_for("epoch=*.ckpt", tmp_path / "r" / "checkpoints", timeout_s=120)
@@ -48,4 +48,4 @@ def test_lightning_example_stops_with_a_checkpoint_and_resumes(tmp_path: Path) -
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "on_exception.ckpt" in resumed.stdout
     result = json.loads((tmp_path / "r" / "result.json").read_text())
-    assert result["step"] == 20 * 4  # 512 samples, 2 ranks, batches of 64
+    assert result["step"] == 6 * 4  # 512 samples, 2 ranks, batches of 64

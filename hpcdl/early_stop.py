@@ -74,7 +74,25 @@ def nothing_to_train_line(
     progress: Progress, saved: Optional[dict[str, Any]], es: EarlyStoppingConfig
 ) -> str:
     """For a run that stopped early and stays stopped: why, and the override that trains on."""
-    stopped = saved or settings(es)
+    why, how = _why_stopped(progress, saved or settings(es))
+    return (
+        f"the run stopped early after epoch {progress.epoch} ({why}): nothing to train; "
+        f"to train on, resume with {how}"
+    )
+
+
+def stopped_line(progress: Progress, es: EarlyStoppingConfig) -> str:
+    """The line the trainer prints as early stopping ends the run (progress.epoch: the
+    epochs trained)."""
+    why, _ = _why_stopped(progress, settings(es))
+    return (
+        f"stopping early after epoch {progress.epoch}: {why}; best.pt holds epoch "
+        f"{progress.best_epoch} (resume with other {KEY} settings to train on)"
+    )
+
+
+def _why_stopped(progress: Progress, stopped: dict[str, Any]) -> tuple[str, str]:
+    """(why the run stopped, the override that trains on) under the settings `stopped`."""
     monitor, patience, target = stopped["monitor"], stopped["patience"], stopped["target"]
     if stopped_by_patience(progress, patience):
         best = f"epoch {progress.best_epoch}'s {progress.best_metric:.4g}"
@@ -83,13 +101,7 @@ def nothing_to_train_line(
             f"{plural(progress.num_evals_without_improvement, 'evaluation')}, "
             f"{KEY}.patience={patience}"
         )
-        how = f"{KEY}.patience=0 (off) or a larger patience"
-    elif target is not None:
-        why = f"{monitor} reached {KEY}.target={target}"
-        how = f"{KEY}.target=null or another target"
-    else:
-        why, how = KEY, f"other {KEY} settings"
-    return (
-        f"the run stopped early after epoch {progress.epoch} ({why}): nothing to train; "
-        f"to train on, resume with {how}"
-    )
+        return why, f"{KEY}.patience=0 (off) or a larger patience"
+    if target is not None:
+        return f"{monitor} reached {KEY}.target={target}", f"{KEY}.target=null or another target"
+    return KEY, f"other {KEY} settings"

@@ -674,6 +674,8 @@ class Trainer:
             pr.epoch += 1
             pr.step_in_epoch = 0
             pr.start_epoch_sums()
+        if pr.early_stopped:
+            self.p.reporter.message(early_stop.stopped_line(pr, self.t.early_stopping))
         self.save(is_best=improved, milestone=epoch_done and self._milestone_epoch())
 
     # ------------------------------------------------------------------ checkpoints

@@ -614,6 +614,10 @@ def test_resume_of_an_early_stopped_run_trains_on_only_with_other_early_stopping
     run = tmp_path / "run"
     assert len(read_csv(run / "metrics.csv")) == 2
     best = float(read_csv(run / "metrics.csv")[0]["val_loss"])
+    assert (  # the run says why it ended before trainer.max_epochs
+        f"stopping early after epoch 2: val_loss did not improve on epoch 1's {best:.4g} in 1 "
+        "evaluation, trainer.early_stopping.patience=1; best.pt holds epoch 1" in out.stdout
+    ), out.stdout
     out = hpcdl("resume", "run", "trainer.max_epochs=50")
     assert out.returncode == 0, out.stderr
     assert (

@@ -178,6 +178,7 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
             "trainer.batch_size=1: smaller than the 2 ranks",
         ),
         (["data.fold=3", "data.num_folds=3"], "data.fold=3: must be in [0, data.num_folds=3)"),
+        (["data.fold=1"], "data.fold=1: a k-fold split needs data.num_folds; set it too"),
         (["trainer.early_stopping.monitor=acc"], "trainer.early_stopping.monitor='acc'"),
         (
             ["data=digits", "model.hidden_sizes=abc"],

@@ -113,6 +113,11 @@ def check_data(data: schema.DataCommon) -> None:
     _non_negative("data.num_workers", data.num_workers)
     if data.num_folds == 1 or data.num_folds < 0:
         raise ConfigError(f"data.num_folds={data.num_folds}: use 0 (off) or >= 2")
+    if data.fold and not data.num_folds:  # else the fold is ignored: the usual split
+        raise ConfigError(
+            f"data.fold={data.fold}: a k-fold split needs data.num_folds; set it too, e.g. "
+            f"data.num_folds={max(5, data.fold + 1)} data.fold={data.fold}"
+        )
     if data.num_folds and not 0 <= data.fold < data.num_folds:
         raise ConfigError(f"data.fold={data.fold}: must be in [0, data.num_folds={data.num_folds})")
     if isinstance(data, schema.SyntheticConfig):

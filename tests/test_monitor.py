@@ -56,7 +56,7 @@ def test_status_and_logs_of_a_local_run_come_from_its_run_dir(tmp_path, capsys) 
     local_run(run, "4711", exit_code=3)
     report = status_lines(run, capsys)
     assert report["job_id"] == "4711" and report["state"] == "INTERRUPTED"
-    assert report["source"] == "run dir (cluster=local, trained in the foreground, not on Slurm)"
+    assert report["source"] == "run dir (cluster=local, run in the foreground, not on Slurm)"
     assert report["attempts"] == "1" and report["last_end"] == "interrupted"
     assert main(["logs", str(run.path), "--rank", "1"]) == 0
     assert capsys.readouterr().out == "rank 1 of job 4711\n"
@@ -101,7 +101,7 @@ def test_a_debug_run_has_no_log_files_and_says_so_in_one_line(tmp_path, capsys) 
     record_end(run, "debug", None, 1)
     report = status_lines(run, capsys)
     assert report["state"] == "FAILED" and "job_id" not in report
-    assert report["source"] == "run dir (cluster=debug, trained in the foreground, not on Slurm)"
+    assert report["source"] == "run dir (cluster=debug, run in the foreground, not on Slurm)"
     assert main(["logs", str(run.path)]) == 2
     err = capsys.readouterr().err
     assert err == (

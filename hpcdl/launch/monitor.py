@@ -339,7 +339,7 @@ def foreground_report(run_dir: RunDir, launch: Launch) -> dict[str, Any]:
 
     state = foreground_state(run_dir, launch)
     how = f"cluster={launch.launcher}, " if launch.launcher else ""
-    source = f"run dir ({how}trained in the foreground, not on Slurm)"
+    source = f"run dir ({how}run in the foreground, not on Slurm)"
     if state == "UNKNOWN" and not run_dir.has_started():
         state, source = "NOT_STARTED", "run dir (no attempt has started)"
     report: dict[str, Any] = {"job_id": launch.job_id, "state": state}

@@ -414,8 +414,8 @@ def test_a_metric_no_trial_reports_is_refused_and_nothing_is_written(
         assert main(["sweep", command, str(sweep), "--metric", "val_acuracy"]) == 2
         err = capsys.readouterr().err
         assert err == (
-            "error: --metric val_acuracy: no trial reports it; choose one the trials report "
-            "(summary.json, metrics.csv): val_accuracy\n"
+            "error: --metric val_acuracy: no trial reports it; did you mean val_accuracy? "
+            "choose one the trials report (summary.json, metrics.csv): val_accuracy\n"
         )
     assert sorted(p.name for p in sweep.iterdir()) == [".sweep.lock", "0", "1", "sweep.json"]
     assert (sweep / "sweep.json").read_bytes() == ledger

@@ -5,6 +5,7 @@ the metric per swept key."""
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import math
 import statistics
@@ -127,9 +128,11 @@ def refuse_unknown_metric(ledger: Ledger, metric: str) -> None:
                 " (a program reports its own in its metrics_file, written into the run dir: "
                 "$HPCDL_RUN_DIR; each trial's log says what was missing)"
             )
+        close = difflib.get_close_matches(metric, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
         raise HpcdlError(
-            f"--metric {metric}: no trial reports it{where}; choose one the trials report "
-            f"(summary.json, metrics.csv): {', '.join(known)}"
+            f"--metric {metric}: no trial reports it{where}; {hint}choose one the trials "
+            f"report (summary.json, metrics.csv): {', '.join(known)}"
         )
 
 

@@ -64,8 +64,9 @@ class ChosenCheckpoint:
         line = line_for(cfg, early_stop.resumed(progress, saved, es), saved)
         return None if line is None else f"{self.path}: {line}"
 
-    def continue_in_place(self) -> None:
-        """Under the run dir's lock: set aside what was saved after the chosen checkpoint."""
+    def continue_in_place(self, records: tuple[Path, ...] = ()) -> None:
+        """Under the run dir's lock: set aside what was saved after the chosen checkpoint,
+        with ``records`` (an `hpcdl run` program's metrics_file: rundir.program_records)."""
         run_dir = self.run_dir
         step_file = run_dir.checkpoint_dir / step_file_name(self.step)
         later = [path for step, path in run_dir.step_files() if step > self.step]
@@ -80,7 +81,7 @@ class ChosenCheckpoint:
             return
         progress, keys = self.progress, _record_keys(run_dir)
         if later:
-            aside = run_dir.set_aside_after(later, progress.epoch if progress else None)
+            aside = run_dir.set_aside_after(later, progress.epoch if progress else None, records)
             print(
                 f"--from {self.where}: the {len(later)} checkpoint(s) saved after it, with the "
                 f"records of their epochs, moved to {aside}",

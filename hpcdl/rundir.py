@@ -242,15 +242,17 @@ class RunDir(JobDir):
         self.checkpoint_record_file.unlink(missing_ok=True)
         self.append_attempt({"event": STARTED_OVER})  # program_wall_s counts from here
 
-    def set_aside_checkpoints(self) -> Optional[Path]:
+    def set_aside_checkpoints(self, records: tuple[Path, ...] = ()) -> Optional[Path]:
         """`hpcdl resume --from-scratch` of a run whose checkpoints are still there (some
         damaged, or all good): the folder moves to checkpoints.set-aside-N, deleting nothing,
         so that the retrained run starts at epoch 1 instead of loading them; eval/, the
-        `hpcdl evaluate` results of them, moves into it. None when there was nothing to
-        move."""
+        `hpcdl evaluate` results of them, moves into it, and so do ``records`` (files of the
+        run dir that describe them: an `hpcdl run` program's metrics_file). None when there
+        was nothing to move."""
         checkpoints = self.checkpoint_dir.is_dir() and any(self.checkpoint_dir.iterdir())
         evaluated = (self.path / self.EVAL).is_dir()
-        if not checkpoints and not evaluated:
+        records = tuple(path for path in records if path.is_file())
+        if not checkpoints and not evaluated and not records:
             return None
         target = self._next_set_aside()
         if checkpoints:
@@ -259,17 +261,23 @@ class RunDir(JobDir):
             target.mkdir()
         if evaluated:  # they name checkpoints/best.pt, which the retrained run replaces
             (self.path / self.EVAL).rename(target / self.EVAL)
+        for path in records:
+            path.rename(target / path.name)
         fsync_directory(self.path)
         return target
 
     def set_aside_after(
-        self, checkpoints: list[Path], cut_metrics_after_epoch: Optional[int]
+        self,
+        checkpoints: list[Path],
+        cut_metrics_after_epoch: Optional[int],
+        records: tuple[Path, ...] = (),
     ) -> Path:
         """`hpcdl resume --from`: the checkpoints saved after the chosen one (``checkpoints``,
         in checkpoints/) move to a new checkpoints.set-aside-N, with the records of the epochs
-        after it: checkpoint.json, summary.json and the plots moved, metrics.csv copied and
-        then cut back to ``cut_metrics_after_epoch`` (None: left as it is), and the `hpcdl
-        evaluate` results of those checkpoints moved to eval/ there. Nothing deleted."""
+        after it: checkpoint.json, summary.json, the plots and ``records`` (an `hpcdl run`
+        program's metrics_file) moved, metrics.csv copied and then cut back to
+        ``cut_metrics_after_epoch`` (None: left as it is), and the `hpcdl evaluate` results
+        of those checkpoints moved to eval/ there. Nothing deleted."""
         evaluated = self._evaluations_of(checkpoints)  # before the checkpoints move
         target = self._next_set_aside()
         target.mkdir()
@@ -282,8 +290,8 @@ class RunDir(JobDir):
         metrics = self.path / self.METRICS
         if cut_metrics_after_epoch is not None and metrics.is_file():
             shutil.copy2(metrics, target / self.METRICS)
-        records = (self.checkpoint_record_file, self.summary_file, self.curves_png)
-        for path in (*checkpoints, *records, self.confusion_png, self.scatter_png):
+        ours = (self.checkpoint_record_file, self.summary_file, self.curves_png)
+        for path in (*checkpoints, *ours, *records, self.confusion_png, self.scatter_png):
             if path.is_file():
                 path.rename(target / path.name)
         fsync_directory(target)
@@ -559,6 +567,18 @@ class SweepDir(JobDir):
 
     def summary_plot(self, metric: str) -> Path:
         return self.path / f"summary_{metric}.png"
+
+
+def program_records(cfg: Config, run_dir: RunDir) -> tuple[Path, ...]:
+    """The files in the run dir that an `hpcdl run` program wrote about its epochs: its
+    metrics_file (a relative one is the run dir's; one outside the run dir is the user's
+    and stays where it is). Set aside with the checkpoints they describe."""
+    name = cfg.script.metrics_file if cfg.script is not None else None
+    if not name:
+        return ()
+    path = run_dir.path / name
+    inside = path.resolve().is_relative_to(run_dir.path.resolve())
+    return (path,) if inside and path.is_file() else ()
 
 
 def _command_line(verb: str) -> str:

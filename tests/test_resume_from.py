@@ -233,3 +233,34 @@ def test_a_script_run_continues_in_place_but_is_not_branched(run: Path) -> None:
         choose(script, run_dir, EPOCH_2, from_scratch=False, new_run_dir=str(run.parent / "b"))
     chosen = choose(script, run_dir, EPOCH_2, from_scratch=False, new_run_dir=None)
     assert chosen.step == 12
+    with hold(run_dir):
+        chosen.continue_in_place()
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [
+        "step_000000006.pt",
+        EPOCH_2,
+    ]
+
+
+def test_a_script_runs_metrics_file_is_set_aside_with_the_checkpoints(run: Path) -> None:
+    """The program's metrics_file describes the epochs set aside: it goes with them, on
+    --from and on --from-scratch; one outside the run dir is the user's and stays."""
+    from hpcdl.rundir import program_records
+
+    cfg, run_dir = open_run_dir(run)
+    command = ["python", "train.py"]
+    script = replace(cfg, script=ScriptConfig(command=command, metrics_file="result.json"))
+    (run / "result.json").write_text('{"acc": 0.9}')
+    chosen = choose(script, run_dir, EPOCH_2, from_scratch=False, new_run_dir=None)
+    with hold(run_dir):
+        chosen.continue_in_place(program_records(script, run_dir))
+    assert not (run / "result.json").exists()
+    assert (run / "checkpoints.set-aside-1" / "result.json").read_text() == '{"acc": 0.9}'
+
+    (run / "result.json").write_text('{"acc": 0.8}')
+    aside = run_dir.set_aside_checkpoints(program_records(script, run_dir))
+    assert aside == run / "checkpoints.set-aside-2"
+    assert (aside / "result.json").read_text() == '{"acc": 0.8}'
+    outside = run.parent / "mine.json"
+    outside.write_text("{}")
+    elsewhere = replace(script, script=replace(script.script, metrics_file=str(outside)))
+    assert program_records(elsewhere, run_dir) == ()

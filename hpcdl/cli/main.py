@@ -664,7 +664,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from hpcdl.cli.resume_run import completed_line, refuse_unrunnable, resumed_config
     from hpcdl.nothing_to_train import nothing_to_train
     from hpcdl.probe import probe_user_code
-    from hpcdl.rundir import open_run_dir
+    from hpcdl.rundir import open_run_dir, program_records
     from hpcdl.runlock import hold, is_held
     from hpcdl.workdir import in_workdir
 
@@ -697,12 +697,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
         run_dir = chosen.branch(stored)  # RUN_DIR is only read; NEW_DIR is launched below
     with hold(run_dir):  # before anything is written: a second resume changes nothing
         if chosen is not None and chosen.new_run_dir is None:
-            chosen.continue_in_place()
+            chosen.continue_in_place(program_records(cfg, run_dir))
         if args.from_scratch:
-            aside = run_dir.set_aside_checkpoints()
+            records = program_records(cfg, run_dir)
+            aside = run_dir.set_aside_checkpoints(records)
             run_dir.clear_history()
             if aside is not None:
-                print(f"--from-scratch: its checkpoints moved to {aside}", flush=True)
+                also = "".join(f" and {path.name}" for path in records)
+                print(f"--from-scratch: its checkpoints{also} moved to {aside}", flush=True)
         stored_config = run_dir.config_file.read_bytes()
         cfg = run_dir.save_config(cfg)
         run_dir.record_command("resume")

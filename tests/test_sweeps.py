@@ -348,6 +348,28 @@ def test_a_trial_that_left_the_queue_without_running_is_cancelled(
     assert calls[-1][:2] == ["squeue", "--me"]
 
 
+def test_a_trial_resumed_by_hand_with_other_settings_is_noted(tmp_path: Path) -> None:
+    """`hpcdl resume SWEEP/1 trainer.max_epochs=50` changes what trial 1 is, not its row: a
+    note says so (the swept key's own edit has its note already). The sweep's attempts and
+    a plain resume leave none."""
+    from hpcdl.sweep import launch
+    from hpcdl.sweep.report import edit_notes, refresh
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={sweep}"]))
+    (sweep / "0" / "commands.log").write_text(
+        f"2026-11-26T07:00:00 sweep: trial 0 of {sweep}\n"
+        f"2026-11-26T07:05:00 resume: /usr/bin/hpcdl resume {sweep}/0\n"
+    )
+    (sweep / "1" / "commands.log").write_text(
+        f"2026-11-26T07:00:00 sweep: trial 1 of {sweep}\n"
+        f"2026-11-26T07:05:00 resume: /usr/bin/hpcdl resume {sweep}/1 optim.lr=0.2 "
+        "trainer.max_epochs=50 -- python x.py a=b\n"
+    )
+    ledger, _ = refresh(sweep)
+    assert edit_notes(ledger) == "trial 1: resumed by hand with trainer.max_epochs=50\n"
+
+
 def test_status_and_summary_show_a_value_edited_in_a_trials_config(tmp_path: Path) -> None:
     # The documented fix of a failed trial: edit its config.yaml, then `sweep rerun --failed`.
     from hpcdl.sweep import launch

@@ -8,6 +8,7 @@ import csv
 import difflib
 import io
 import math
+import shlex
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -147,7 +148,9 @@ def overrides_as_run(planned: list[str], run_dir: RunDir) -> list[str]:
 
 
 def edit_notes(ledger: Ledger) -> str:
-    """A line per trial whose config.yaml no longer has a value the sweep planned."""
+    """A line per trial whose config.yaml no longer has a value the sweep planned, and one
+    per trial resumed by hand with other settings (commands.log), which its row does not
+    show: trainer.max_epochs=50 for one trial makes it no longer comparable."""
     lines = []
     for t in ledger.trials:
         pairs = zip(t.overrides, t.planned, strict=True)
@@ -156,7 +159,34 @@ def edit_notes(ledger: Ledger) -> str:
             now = " ".join(n for n, _ in edited)
             then = " ".join(p for _, p in edited)
             lines.append(f"trial {t.index}: its config.yaml has {now} (the sweep planned {then})\n")
+        swept = {o.partition("=")[0] for o in t.planned}
+        for words in hand_resumes(RunDir(Path(t.run_dir))):
+            other = [w for w in words if w.partition("=")[0].lstrip("+~") not in swept]
+            if other:
+                lines.append(f"trial {t.index}: resumed by hand with {' '.join(other)}\n")
     return "".join(lines)
+
+
+def hand_resumes(run_dir: RunDir) -> list[list[str]]:
+    """The overrides and options of each `hpcdl resume` of the run typed by hand (its
+    commands.log's `resume:` lines; a sweep's own attempts are `sweep:` lines), without a
+    program's command after `--`."""
+    try:
+        lines = (run_dir.path / run_dir.COMMANDS).read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        _, _, command = line.partition(" resume: ")
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            continue
+        if "resume" not in words:
+            continue
+        rest = words[words.index("resume") + 2 :]  # after the run dir
+        found.append(rest[: rest.index("--")] if "--" in rest else rest)
+    return found
 
 
 def no_metric_hint(ledger: Ledger, metric: str) -> Optional[str]:

@@ -6,12 +6,13 @@ is their monitor (on any split, or summary.json's best_metric); the built-in met
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from hpcdl.config.metrics import builtin_mode, lower_by_name, monitor_mode, unprefixed
-from hpcdl.config.schema import Mode
+from hpcdl.config.schema import Config, Mode
 from hpcdl.errors import HpcdlError
 from hpcdl.rundir import RunDir
 from hpcdl.sweep.ledger import Ledger
@@ -72,22 +73,34 @@ def refuse_mixed_monitors(ledger: Ledger) -> None:
     different metrics (a sweep of the monitor) hold values that do not compare, whatever
     --mode says."""
     monitors: dict[str, list[int]] = {}
+    for index, cfg in _trainer_configs(ledger):
+        monitors.setdefault(cfg.trainer.early_stopping.monitor, []).append(index)
+    if len(monitors) > 1:
+        raise HpcdlError(
+            f"{BEST_METRIC}: the trials' best_metric is not one metric, they monitor different "
+            f"ones (trainer.early_stopping.monitor: {_by_trials(monitors)}); rank by one of "
+            f"those with --metric {min(monitors)}"
+        )
+
+
+def _trainer_configs(ledger: Ledger) -> Iterator[tuple[int, Config]]:
+    """(index, config) of each trial trained by hpcdl's trainer whose config reads (an
+    `hpcdl run` program stops itself; an unreadable trial leaves it to the others)."""
     for t in ledger.trials:
         try:
             cfg = RunDir(Path(t.run_dir)).load_config()
         except HpcdlError:
             continue
         if cfg.script is None:
-            monitors.setdefault(cfg.trainer.early_stopping.monitor, []).append(t.index)
-    if len(monitors) > 1:
-        trials = "; ".join(
-            f"{name} in trials {', '.join(map(str, ids))}" for name, ids in sorted(monitors.items())
-        )
-        raise HpcdlError(
-            f"{BEST_METRIC}: the trials' best_metric is not one metric, they monitor different "
-            f"ones (trainer.early_stopping.monitor: {trials}); rank by one of those with "
-            f"--metric {min(monitors)}"
-        )
+            yield t.index, cfg
+
+
+def _by_trials(groups: Mapping[Any, list[int]]) -> str:
+    """'min in trials 0, 2; max in trials 1'."""
+    return "; ".join(
+        f"{getattr(key, 'value', key)} in trials {', '.join(map(str, ids))}"
+        for key, ids in sorted(groups.items())
+    )
 
 
 def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]:
@@ -96,27 +109,18 @@ def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]
     modes: dict[Mode, list[int]] = {}
     monitors: set[str] = set()
     auto = True  # no trial set the mode: the reason says so
-    for t in ledger.trials:
-        try:
-            cfg = RunDir(Path(t.run_dir)).load_config()
-        except HpcdlError:
-            continue  # nothing to read: the other trials decide
-        if cfg.script is not None:  # `hpcdl run`: the program stops itself
-            continue
+    for index, cfg in _trainer_configs(ledger):
         es = cfg.trainer.early_stopping
         if metric == BEST_METRIC or unprefixed(metric) == unprefixed(es.monitor):
-            modes.setdefault(monitor_mode(es.monitor, es.mode), []).append(t.index)
+            modes.setdefault(monitor_mode(es.monitor, es.mode), []).append(index)
             monitors.add(es.monitor)
             auto = auto and es.mode is None
     if not modes:
         return None
     if len(modes) > 1:
-        trials = "; ".join(
-            f"{m.value} in trials {', '.join(map(str, ids))}" for m, ids in sorted(modes.items())
-        )
         raise HpcdlError(
             f"{metric}: the trials monitor it with different trainer.early_stopping.mode "
-            f"({trials}); choose the ranking with --mode min (lowest first) or --mode max"
+            f"({_by_trials(modes)}); choose the ranking with --mode min (lowest first) or --mode max"
         )
     (only,) = modes
     reason = f"the trials' trainer.early_stopping.mode{', auto: ' if auto else '='}{only.value}"

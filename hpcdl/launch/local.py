@@ -190,17 +190,24 @@ def _wait(job: Any, stopper: RankStopper) -> None:
         echo.poll(final=True)
 
 
+# A rank's log that has existed this long without a line: its process has long been past
+# its first milliseconds, so has its handlers in (should its first line never come).
+SURELY_STARTED_S = 3.0
+
+
 def _ranks_listening(job: Any, num_tasks: int) -> bool:
-    """Whether every rank has written to its log, so has its stop handlers in."""
+    """Whether every rank has written to its log (or had the time to), so has its stop
+    handlers in."""
     from submitit.core.utils import JobPaths
 
     folder = Path(job.paths.folder)
     for rank in range(num_tasks):
         log = JobPaths(folder, job.job_id, rank).stdout
         try:
-            if log.stat().st_size == 0:
-                return False
+            stat = log.stat()
         except OSError:
+            return False
+        if stat.st_size == 0 and time.time() - stat.st_mtime < SURELY_STARTED_S:
             return False
     return True
 

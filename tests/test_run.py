@@ -167,6 +167,7 @@ def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl
     ("args", "message"),
     [
         (["--", "python", "missing.py"], "missing.py: no such script"),
+        (["--", "python", "-u"], "python -u: no script to run; give it after the interpreter"),
         (["--", "./notexec.sh"], "./notexec.sh: not executable"),
         (["--", "no-such-program-xyz"], "no-such-program-xyz: command not found on PATH"),
         (["entry=nosuchpkg_xyz.train:main"], "entry='nosuchpkg_xyz.train:main': module"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -237,7 +238,12 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
         script = next(
             (t for i, t in enumerate(rest) if not t.startswith("-") and i not in values), None
         )
-        if script is not None and not (base / Path(script).expanduser()).is_file():
+        if script is None:  # an interpreter reading its input: it would wait, or do nothing
+            raise ConfigError(
+                f"{shlex.join(command)}: no script to run; give it after the interpreter "
+                f"({program} train.py ...), or {program} -m package.module, or -c CODE"
+            )
+        if not (base / Path(script).expanduser()).is_file():
             raise ConfigError(f"{script}: no such script (from {base}); {fix}")
         return
     path = base / Path(program).expanduser()

@@ -214,6 +214,35 @@ def test_unknown_requeue_mode_is_one_line(hpcdl) -> None:
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("extra", "owner"),
+    [
+        ("cluster.sbatch_extra.time=90", "--time comes from cluster.timeout_min"),
+        ("+cluster.sbatch_extra.signal=USR1@60", "--signal comes from cluster.signal and"),
+        ("+cluster.sbatch_extra.cpus_per_task=4", "--cpus-per-task comes from cluster.cpus_per"),
+        ("+cluster.sbatch_extra.output=/tmp/x.out", "--output is set by hpcdl itself"),
+    ],
+)
+def test_sbatch_extra_may_not_set_what_the_profile_sets(hpcdl, tmp_path, extra, owner) -> None:
+    """An option hpcdl writes itself, in sbatch_extra too, replaced hpcdl's line or added a
+    second one: a --time past MaxTime queued unchecked, a --signal the ranks ignore (the job
+    ran into its time limit, TIMEOUT, not requeued: seen on the dev cluster).
+    Refused in one line before anything is created, also with --no-preflight; no Slurm
+    is reached here (SLURM_CONF points nowhere)."""
+    key = extra.lstrip("+").split("=")[0]
+    nowhere = {"SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+    for flags in (["--dry-run"], [], ["--no-preflight"]):
+        out = hpcdl("train", "cluster=devcluster", extra, "run_dir=r", *flags, env=nowhere)
+        assert out.returncode == 2, (flags, out.stdout, out.stderr)
+        errors = out.stderr.strip().splitlines()
+        assert len(errors) == 1 and errors[0].startswith(f"error: {key}: {owner}"), errors
+        assert f"drop this key (~{key})" in errors[0]
+        assert not (tmp_path / "r").exists()
+    fine = hpcdl("train", "cluster=devcluster", "+cluster.sbatch_extra.exclusive=true",
+                 "run_dir=r", "--dry-run", "--no-preflight", env=nowhere)  # fmt: skip
+    assert fine.returncode == 0 and "#SBATCH --exclusive" in fine.stdout, fine.stderr
+
+
 def test_overrides_may_follow_flags_and_the_job_uses_this_interpreter(hpcdl, tmp_path) -> None:
     out = hpcdl("train", "cluster=rivanna_a100", "--dry-run", "run_dir=r", "cluster.nodes=2")
     assert out.returncode == 0, out.stderr

@@ -32,7 +32,7 @@ def _run(cmd: list[str]) -> str:
         if any(s in out.stderr for s in ("resolve_ctls", "Unable to contact", "fetch_config")):
             raise SlurmUnreachable(
                 f"`{' '.join(cmd)}` failed: {why}; Slurm's controller cannot be reached from "
-                "here: is SLURM_CONF set (for the dev cluster: eval \"$(slurm/devcluster env)\")? "
+                'here: is SLURM_CONF set (for the dev cluster: eval "$(slurm/devcluster env)")? '
                 "--no-preflight skips this check"
             )
         raise ConfigError(f"`{' '.join(cmd)}` failed: {why}")
@@ -100,9 +100,60 @@ def check(cluster: ClusterConfig) -> str:
     return check_request(cluster)
 
 
+# sbatch options hpcdl writes itself, and the profile keys that set them. The same option
+# in cluster.sbatch_extra would replace hpcdl's line or add a second one: a --time past the
+# partition's MaxTime queued unchecked (pending forever), a --signal other than
+# cluster.signal that the ranks do not act on (the job runs into its time limit, not
+# requeued), --no-requeue or --output that the job's requeue and `hpcdl logs` do not expect.
+OWNED_SBATCH_OPTIONS = {
+    "time": "cluster.timeout_min",
+    "partition": "cluster.partition",
+    "account": "cluster.account",
+    "qos": "cluster.qos",
+    "constraint": "cluster.constraint",
+    "nodes": "cluster.nodes",
+    "ntasks": "cluster.nodes and cluster.tasks_per_node",
+    "ntasks-per-node": "cluster.tasks_per_node",
+    "cpus-per-task": "cluster.cpus_per_task",
+    "mem": "cluster.mem_gb",
+    "gres": "cluster.gpus_per_node and cluster.gpu_type",
+    "gpus-per-node": "cluster.gpus_per_node and cluster.gpu_type",
+    "signal": "cluster.signal and cluster.signal_delay_s",
+    "requeue": "cluster.requeue",
+    "no-requeue": "cluster.requeue",
+    "output": "hpcdl itself (the logs in RUN_DIR/logs that hpcdl logs reads)",
+    "error": "hpcdl itself (the logs in RUN_DIR/logs that hpcdl logs reads)",
+    "open-mode": "hpcdl itself (the logs in RUN_DIR/logs that hpcdl logs reads)",
+    "array": "hpcdl train -m (sweeps; cluster.array_parallelism for %N)",
+}
+
+
+def sbatch_extra_refusal(cluster: ClusterConfig) -> str | None:
+    """One line for the first cluster.sbatch_extra key that names an option hpcdl sets
+    from the profile itself; None when there is none."""
+    for key in cluster.sbatch_extra:
+        option = str(key).replace("_", "-")
+        owner = OWNED_SBATCH_OPTIONS.get(option)
+        if owner is None:
+            continue
+        drop = f"~cluster.sbatch_extra.{key}"
+        if owner.startswith("cluster."):
+            return f"cluster.sbatch_extra.{key}: --{option} comes from {owner}; set that instead and drop this key ({drop})"
+        return f"cluster.sbatch_extra.{key}: --{option} is set by {owner}; drop this key ({drop})"
+    return None
+
+
+def check_sbatch_extra(cluster: ClusterConfig) -> None:
+    why = sbatch_extra_refusal(cluster)
+    if why:
+        raise ConfigError(why)
+
+
 def check_request(cluster: ClusterConfig) -> str:
     """The request against the partition's limits and nodes (scontrol, sinfo): what `check`
-    does but the container's runtime and image."""
+    does but the container's runtime and image. First, before any Slurm command (so also
+    where none answers): cluster.sbatch_extra must not set what the profile's keys set."""
+    check_sbatch_extra(cluster)
     partitions = parse_partitions(_run(["scontrol", "show", "partition", "-o"]))
     name = cluster.partition or next(
         (n for n, f in partitions.items() if f.get("Default") == "YES"), None

@@ -302,8 +302,12 @@ def _remove_submission_files(run_dir: RunDir) -> None:
 def submit(cfg: Config, run_dir: RunDir) -> Submission:
     from submitit.core.utils import FailedJobError
 
+    from hpcdl.launch.preflight import sbatch_extra_refusal
     from hpcdl.launch.slurm_job import main as job_main
 
+    why = sbatch_extra_refusal(cfg.cluster)  # also with --no-preflight: never submitted
+    if why:
+        raise SubmitError(why)
     freeze_code(run_dir, cfg)
     frozen = with_frozen_script(cfg, run_dir)
     if frozen != cfg:

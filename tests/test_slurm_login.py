@@ -243,6 +243,18 @@ def test_sbatch_extra_may_not_set_what_the_profile_sets(hpcdl, tmp_path, extra, 
     assert fine.returncode == 0 and "#SBATCH --exclusive" in fine.stdout, fine.stderr
 
 
+def test_a_slurm_conf_that_is_not_there_is_one_line_at_once(hpcdl, tmp_path) -> None:
+    """A stale SLURM_CONF (a removed dev cluster's state dir): scontrol retried for 60 s
+    and then failed with `s_p_parse_file: cannot stat file`; now one line, at once."""
+    missing = tmp_path / "gone" / "slurm.conf"
+    out = hpcdl("train", "cluster=devcluster", "run_dir=r", env={"SLURM_CONF": str(missing)},
+                timeout=30)  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    errors = out.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"error: SLURM_CONF={missing}: no such file")
+    assert not (tmp_path / "r").exists()
+
+
 def test_overrides_may_follow_flags_and_the_job_uses_this_interpreter(hpcdl, tmp_path) -> None:
     out = hpcdl("train", "cluster=rivanna_a100", "--dry-run", "run_dir=r", "cluster.nodes=2")
     assert out.returncode == 0, out.stderr

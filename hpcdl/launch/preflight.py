@@ -7,6 +7,7 @@ after a day in the queue. Stdlib only.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -19,6 +20,14 @@ class SlurmUnreachable(ConfigError):
 
 
 def _run(cmd: list[str]) -> str:
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        # scontrol/sinfo would retry for 60 s ("s_p_parse_file: cannot stat file") first
+        raise SlurmUnreachable(
+            f"SLURM_CONF={conf}: no such file, so Slurm's commands have no configuration; "
+            "point it at this cluster's slurm.conf, or unset it (for the dev cluster: "
+            'eval "$(slurm/devcluster env)"); --no-preflight skips this check'
+        )
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:

@@ -243,6 +243,27 @@ def test_sbatch_extra_may_not_set_what_the_profile_sets(hpcdl, tmp_path, extra, 
     assert fine.returncode == 0 and "#SBATCH --exclusive" in fine.stdout, fine.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("TERM", "would not tell the warning from a cancel"), ("USR3", "is not a signal")],
+)
+def test_a_warning_signal_the_job_cannot_act_on_is_refused(hpcdl, tmp_path, name, why) -> None:
+    """cluster.signal=TERM: scancel's SIGTERM looked like the warning, so `hpcdl cancel`
+    was recorded as a preemption and the job requeued itself and trained on (seen on the
+    dev cluster); USR3 reached sbatch, whose refusal did not name the key."""
+    nowhere = {"SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+    for flags in (["--dry-run"], [], ["--no-preflight"]):
+        out = hpcdl("train", "cluster=devcluster", f"cluster.signal={name}", "run_dir=r", *flags,
+                    env=nowhere)  # fmt: skip
+        assert out.returncode == 2, (flags, out.stdout, out.stderr)
+        errors = out.stderr.strip().splitlines()
+        assert len(errors) == 1 and errors[0].startswith(f"error: cluster.signal='{name}': {why}")
+        assert not (tmp_path / "r").exists()
+    ok = hpcdl("train", "cluster=devcluster", "cluster.signal=SIGUSR1", "run_dir=r", "--dry-run",
+               "--no-preflight", env=nowhere)  # fmt: skip
+    assert ok.returncode == 0 and "#SBATCH --signal=USR1@30" in ok.stdout, ok.stderr
+
+
 def test_a_slurm_conf_that_is_not_there_is_one_line_at_once(hpcdl, tmp_path) -> None:
     """A stale SLURM_CONF (a removed dev cluster's state dir): scontrol retried for 60 s
     and then failed with `s_p_parse_file: cannot stat file`; now one line, at once."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal as signal_module
 import subprocess
 
 from hpcdl.config.schema import ClusterConfig, tasks_per_node
@@ -152,8 +153,36 @@ def sbatch_extra_refusal(cluster: ClusterConfig) -> str | None:
     return None
 
 
+# The warning signals a job can tell apart: SIGTERM is also scancel's and the time limit's
+# kill (a cancel would look like the warning and requeue), SIGINT/SIGHUP stop a run
+# anyway, SIGKILL/SIGSTOP cannot be caught.
+WARNING_SIGNALS = ("USR1", "USR2")
+
+
+def signal_refusal(cluster: ClusterConfig) -> str | None:
+    """One line when cluster.signal is not a warning signal the ranks can act on."""
+    name = str(cluster.signal).upper().removeprefix("SIG")
+    if name in WARNING_SIGNALS:
+        return None
+    why = (
+        "is not a signal"
+        if not hasattr(signal_module, "SIG" + name)
+        else "would not tell the warning from a cancel or a kill"
+    )
+    return (
+        f"cluster.signal={cluster.signal!r}: {why}; the warning before the time limit must "
+        f"be {' or '.join(WARNING_SIGNALS)} (USR2 by default)"
+    )
+
+
+def sbatch_options_refusal(cluster: ClusterConfig) -> str | None:
+    """What the sbatch options would get wrong whatever the cluster: the warning signal,
+    and cluster.sbatch_extra options that hpcdl writes itself; None when nothing."""
+    return signal_refusal(cluster) or sbatch_extra_refusal(cluster)
+
+
 def check_sbatch_extra(cluster: ClusterConfig) -> None:
-    why = sbatch_extra_refusal(cluster)
+    why = sbatch_options_refusal(cluster)
     if why:
         raise ConfigError(why)
 
@@ -161,7 +190,8 @@ def check_sbatch_extra(cluster: ClusterConfig) -> None:
 def check_request(cluster: ClusterConfig) -> str:
     """The request against the partition's limits and nodes (scontrol, sinfo): what `check`
     does but the container's runtime and image. First, before any Slurm command (so also
-    where none answers): cluster.sbatch_extra must not set what the profile's keys set."""
+    where none answers): a warning signal the ranks can act on, and no cluster.sbatch_extra
+    option that the profile's keys set."""
     check_sbatch_extra(cluster)
     partitions = parse_partitions(_run(["scontrol", "show", "partition", "-o"]))
     name = cluster.partition or next(

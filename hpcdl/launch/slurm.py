@@ -302,10 +302,10 @@ def _remove_submission_files(run_dir: RunDir) -> None:
 def submit(cfg: Config, run_dir: RunDir) -> Submission:
     from submitit.core.utils import FailedJobError
 
-    from hpcdl.launch.preflight import sbatch_extra_refusal
+    from hpcdl.launch.preflight import sbatch_options_refusal
     from hpcdl.launch.slurm_job import main as job_main
 
-    why = sbatch_extra_refusal(cfg.cluster)  # also with --no-preflight: never submitted
+    why = sbatch_options_refusal(cfg.cluster)  # also with --no-preflight: never submitted
     if why:
         raise SubmitError(why)
     freeze_code(run_dir, cfg)

@@ -179,6 +179,12 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
         ),
         (["data.fold=3", "data.num_folds=3"], "data.fold=3: must be in [0, data.num_folds=3)"),
         (["data.fold=1"], "data.fold=1: a k-fold split needs data.num_folds; set it too"),
+        # sbatch's names, as an HPC user types them first: the key that sets them
+        (
+            ["cluster.time=30"],
+            "cluster.time: unknown key; sbatch's --time is set by cluster.timeout_min",
+        ),
+        (["cluster.mem=16"], "cluster.mem: unknown key; sbatch's --mem is set by cluster.mem_gb"),
         (["trainer.early_stopping.monitor=acc"], "trainer.early_stopping.monitor='acc'"),
         (
             ["data=digits", "model.hidden_sizes=abc"],

@@ -266,7 +266,33 @@ def unknown_key_message(key: str) -> str:
     return _unknown_key_message(key, valid)
 
 
+# sbatch's names for what cluster.* keys set: an HPC user types these first.
+SBATCH_NAMES = {
+    "cluster.time": "cluster.timeout_min (minutes)",
+    "cluster.t": "cluster.timeout_min (minutes)",
+    "cluster.gpus": "cluster.gpus_per_node",
+    "cluster.gres": "cluster.gpus_per_node and cluster.gpu_type",
+    "cluster.gpus_per_task": "cluster.gpus_per_node (one rank per GPU: tasks_per_node)",
+    "cluster.ntasks_per_node": "cluster.tasks_per_node",
+    "cluster.ntasks": "cluster.tasks_per_node (per node) and cluster.nodes",
+    "cluster.mem": "cluster.mem_gb (GB per node)",
+    "cluster.cpus": "cluster.cpus_per_task",
+    "cluster.c": "cluster.cpus_per_task",
+    "cluster.n": "cluster.tasks_per_node (per node) and cluster.nodes",
+    "cluster.N": "cluster.nodes",
+    "cluster.p": "cluster.partition",
+    "cluster.A": "cluster.account",
+    "cluster.C": "cluster.constraint",
+    "cluster.q": "cluster.qos",
+}
+
+
 def _unknown_key_message(key: str, valid: list[str]) -> str:
+    ours = SBATCH_NAMES.get(key) or SBATCH_NAMES.get(key.replace("-", "_"))
+    if ours is not None:
+        name = key.partition(".")[2]
+        option = f"-{name}" if len(name) == 1 else f"--{name.replace('_', '-')}"
+        return f"{key}: unknown key; sbatch's {option} is set by {ours}"
     close = difflib.get_close_matches(key, valid, n=1)
     hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(valid)}"
     return f"{key}: unknown key; {hint}"

@@ -415,7 +415,7 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
             print(f"  {t.index}: {' '.join(t.overrides)}")
         if plan.trials[0].config.cluster.launcher != Launcher.slurm:
             return EXIT_OK
-        return dry_run_sweep(plan)
+        return dry_run_sweep(plan, args.no_preflight)
     return start_sweep(plan, args.no_preflight)[1]
 
 
@@ -571,8 +571,6 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     verdict: a request the cluster would refuse is refused here too, in one line after them
     (not checked where no Slurm answers, as on a laptop)."""
     from hpcdl.config.schema import Launcher
-    from hpcdl.launch import container
-    from hpcdl.launch.preflight import SlurmUnreachable, check_request
     from hpcdl.launch.slurm import rank_environment, sbatch_text
     from hpcdl.rundir import RunDir, default_run_dir, with_workdir
 
@@ -590,33 +588,55 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     print("# per-rank environment")
     for row in rank_environment(cfg):
         print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
-    refusal = None
-    if skip_preflight:
-        print("# preflight: skipped (--no-preflight)")
-    else:
-        try:
-            check_request(cfg.cluster)  # first: where no Slurm answers, nothing is checked
-            container.check(cfg.cluster)
-            print("# preflight: the cluster can run this request")
-        except SlurmUnreachable:
-            print("# preflight: not checked (no Slurm controller answers here)")
-        except ConfigError as err:
-            refusal = err
+    refusal = preflight_verdict(cfg, skip_preflight)
     print("# dry run: nothing submitted", flush=True)
     if refusal is not None:
         raise refusal
     return EXIT_OK
 
 
-def dry_run_sweep(plan: SweepPlan) -> int:
+def preflight_verdict(cfg: Config, skip_preflight: bool) -> Optional[ConfigError]:
+    """A dry run's preflight line; the refusal a submission would meet, to raise once the
+    script is printed (None: the cluster can run it, or no Slurm answers here)."""
+    from hpcdl.launch import container
+    from hpcdl.launch.preflight import SlurmUnreachable, check_request
+
+    if skip_preflight:
+        print("# preflight: skipped (--no-preflight)")
+        return None
+    try:
+        check_request(cfg.cluster)  # first: where no Slurm answers, nothing is checked
+        container.check(cfg.cluster)
+    except SlurmUnreachable:
+        print("# preflight: not checked (no Slurm controller answers here)")
+        return None
+    except ConfigError as err:
+        return err
+    print("# preflight: the cluster can run this request")
+    return None
+
+
+def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
     """`train -m --dry-run`: the job array's sbatch script, one per distinct cluster config
-    (trials that differ in `cluster.*` cannot share an array's header)."""
+    (trials that differ in `cluster.*` cannot share an array's header), then the
+    preflight's verdict on each, as the submission would meet it."""
     from hpcdl.sweep.launch import default_sweep_dir
 
     sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
     print(f"# sweep dir (not created): {sweep_dir}")
     print_array_scripts([trial.config for trial in plan.trials], sweep_dir)
-    print("# dry run: nothing submitted")
+    refusal, checked = None, set()
+    for trial in plan.trials:
+        if repr(trial.config.cluster) in checked:
+            continue
+        checked.add(repr(trial.config.cluster))
+        refusal = preflight_verdict(trial.config, skip_preflight)
+        if refusal is not None:  # named as start_sweep names it
+            refusal.args = (f"trial {trial.index} ({' '.join(trial.overrides)}): {refusal}",)
+            break
+    print("# dry run: nothing submitted", flush=True)
+    if refusal is not None:
+        raise refusal
     return EXIT_OK
 
 

@@ -366,6 +366,11 @@ def test_dry_run_script_is_accepted_by_sbatch(devcluster, tmp_path) -> None:
     )
     assert refused.returncode == 2 and "#SBATCH" in refused.stdout, refused.stdout
     assert "cluster.gpus_per_node=5 (--gres=gpu:a100:5): partition 'gpu'" in refused.stderr
+    # A sweep's dry run: its job array's script, then the same verdict, naming the trial.
+    sweep = ["train", "-m", "optim.lr=0.1,0.01", "cluster=devcluster", "cluster.nodes=5"]
+    refused = run_hpcdl(*sweep, "--dry-run", cwd=tmp_path)
+    assert refused.returncode == 2 and "#SBATCH --array" in refused.stdout, refused.stdout
+    assert refused.stderr.startswith("error: trial 0 (optim.lr=0.1): cluster.nodes=5")
 
 
 def test_plain_sbatch_template_runs_the_same_payload(devcluster, tmp_path) -> None:

@@ -36,6 +36,9 @@ def test_dry_run_prints_the_workshop_flags_and_submits_nothing(hpcdl, tmp_path) 
     assert text.count("RANK(SLURM_PROCID)=") == 4
     assert "nothing submitted" in text
     assert not (tmp_path / "r").exists()
+    # No workload key of submitit's: a site that enforces them would refuse or misbill it.
+    assert "--wckey" not in text
+    assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in text  # torch's current name
 
 
 def test_login_node_path_never_imports_torch(tmp_path) -> None:

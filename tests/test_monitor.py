@@ -362,9 +362,10 @@ def test_elapsed_is_shown_in_one_format_whoever_ran_the_job(tmp_path, monkeypatc
     from hpcdl.launch import foreground, monitor
 
     # squeue's %M and sacct's Elapsed, as hpcdl shows them: [D-]HH:MM:SS.
-    answers = {"squeue": "22|RUNNING|0:06|1:00:00|1|n1\n", "sacct": None}
+    answers = {"squeue": "22|RUNNING|0:06|10:00|1|n1\n", "sacct": None}
     monkeypatch.setattr(monitor, "query", lambda cmd: answers[cmd[0]])
     assert monitor.job_state("22")["elapsed"] == "00:00:06"  # squeue said 0:06
+    assert monitor.job_state("22")["time_limit"] == "00:10:00"  # and 10:00, ten minutes
     answers.update(squeue="", sacct="22|COMPLETED|00:01:05|0:0|n1\n")
     assert monitor.job_state("22")["elapsed"] == "00:01:05"
     for slurm, shown in [

@@ -220,7 +220,7 @@ def job_state(job_id: str) -> dict[str, str]:
             "job_id": jid,
             "state": state,
             "elapsed": normalized_elapsed(elapsed),
-            "time_limit": limit,
+            "time_limit": normalized_elapsed(limit),  # 10:00 is ten minutes: 00:10:00
             "nodes": nodes,
             "where": where,
             "source": "squeue",

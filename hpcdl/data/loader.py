@@ -9,7 +9,9 @@ starts with exactly the next batch without reading the consumed ones.
 
 from __future__ import annotations
 
+import atexit
 import itertools
+import multiprocessing.util  # noqa: F401  (its exit hook before kill_workers_at_exit's)
 import signal
 import weakref
 from collections.abc import Callable, Iterator
@@ -88,7 +90,7 @@ def _loader_batches(
     assert isinstance(sampler, EpochBatchSampler)
     sampler.epoch, sampler.start_step = epoch, start_step  # read when iteration starts
     steps = range(start_step, sharder.num_steps_per_epoch)
-    for step, (xb, yb) in zip(steps, loader, strict=True):
+    for step, (xb, yb) in zip(steps, start_iteration(loader), strict=True):
         count = sharder.global_batch_count(step)
         yield step, xb.to(device, non_blocking=True), yb.to(device, non_blocking=True), count
 
@@ -151,6 +153,48 @@ def worker_ignores_sigterm(_worker_id: int) -> None:
     the workers leave as they do at the end of any run; one that does not is SIGKILLed by
     Slurm at the end of the step)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+# The iterators of hpcdl's DataLoaders and their worker processes, for kill_workers_at_exit.
+# A process object outlives its iterator while the process runs (multiprocessing keeps it).
+_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
+_WORKERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def start_iteration(loader: DataLoader[Any]) -> Iterator[Any]:
+    """iter(loader), remembered so that its workers can be stopped at exit."""
+    iterator = iter(loader)
+    workers = getattr(iterator, "_workers", None)
+    if workers:
+        _ITERATORS.add(iterator)
+        _WORKERS.update(workers)
+    return iterator
+
+
+def kill_workers_at_exit() -> None:
+    """At interpreter exit, SIGKILL the workers of hpcdl's DataLoaders that are still alive.
+    A loader whose iteration ended in an error (an unreadable image, a sample that raises)
+    can leave its workers running: kept with its iterator by the error's traceback, or left
+    waiting by torch's shutdown of an iterator that ended so. multiprocessing's own exit
+    hook then stops daemonic children with SIGTERM, which these workers ignore
+    (worker_ignores_sigterm), and waits for them: the process hung there forever after
+    printing its error. Registered after multiprocessing's hook (imported above), so atexit
+    runs it first."""
+    from torch.utils.data._utils import signal_handling
+
+    for iterator in list(_ITERATORS):
+        if getattr(iterator, "_worker_pids_set", False):
+            # As torch's own shutdown does: else its SIGCHLD handler raises on these deaths.
+            signal_handling._remove_worker_pids(id(iterator))
+            iterator._worker_pids_set = False
+    workers = [worker for worker in list(_WORKERS) if worker.is_alive()]
+    for worker in workers:
+        worker.kill()
+    for worker in workers:
+        worker.join(timeout=5)
+
+
+atexit.register(kill_workers_at_exit)
 
 
 @dataclass
@@ -316,12 +360,12 @@ def dataset_batches(
     _WARM_LOADERS.add(loader)
     if not cold or len(steps) < 2:
         sampler.epoch, sampler.start_step = epoch, start_step  # read when iteration starts
-        return _on_device(iter(loader), sharder, steps, device, settings.check_batch)
+        return _on_device(start_iteration(loader), sharder, steps, device, settings.check_batch)
     # Workers that have yet to start (a new run, a resume) take ~10-50 ms per worker before
     # their first batch: they start on the second batch, and this process reads the first
     # meanwhile (the same samples and augmentation: SeededSamples seeds each one).
     sampler.epoch, sampler.start_step = epoch, start_step + 1
-    rest = iter(loader)
+    rest = start_iteration(loader)
     first = read_batch(loader, sharder.local_indices(epoch, start_step).tolist(), epoch)
     return _on_device(itertools.chain([first], rest), sharder, steps, device, settings.check_batch)
 
@@ -401,7 +445,7 @@ def dataset_eval_batches(
         generator=torch.Generator(),  # see QUIET_GENERATOR_NOTE
         worker_init_fn=worker_ignores_sigterm,
     )
-    for batch in loader:
+    for batch in start_iteration(loader):
         if settings.check_batch is not None:
             settings.check_batch(batch)
         yield move_to(batch, device)

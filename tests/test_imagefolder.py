@@ -114,6 +114,25 @@ def test_construction_opens_no_image_and_a_corrupt_one_fails_when_read(
         assert "\n" not in str(error.value)
 
 
+def test_a_corrupt_image_read_by_a_worker_is_one_line_naming_it(tmp_path: Path) -> None:
+    """torch re-raises a worker's DataError with the worker's traceback for its message: the
+    run's error line was "Caught DataError in DataLoader worker process 0." and 30 more."""
+    from hpcdl.config.schema import ImageFolderConfig
+    from hpcdl.data.feed import build_dataset_feed
+
+    class_tree(tmp_path, {"cat": 3, "dog": 3})
+    (tmp_path / "dog" / "2.png").write_bytes(b"this is not a png")
+    cfg = ImageFolderConfig(path=str(tmp_path), num_workers=1, val_fraction=0.0)
+    cfg.test_fraction = 0.0
+    feed = build_dataset_feed(cfg, seed=0)
+    with pytest.raises(DataError) as error:
+        list(feed.eval_batches("train", 0, 1, torch.device("cpu"), 2))
+    assert str(error.value) == (
+        f"{tmp_path / 'dog' / '2.png'}: cannot read the image (cannot identify image file "
+        f"'{tmp_path / 'dog' / '2.png'}'); replace or remove the file"
+    )
+
+
 def test_the_dataset_pickles_without_pixels(tmp_path: Path) -> None:
     for i in range(4):
         write_image(

@@ -174,9 +174,12 @@ class DatasetFeed(Feed):
 
 
 def _named_collate_errors(batches: Iterator[Any]) -> Iterator[Any]:
-    """torch's collate error for samples of different shapes, as one line naming the fix."""
+    """torch's collate error for samples of different shapes, as one line naming the fix;
+    a DataError raised in a DataLoader worker (an unreadable image), as its own line."""
     try:
         yield from batches
+    except DataError as exc:
+        raise DataError(worker_error_message(exc)) from None
     except RuntimeError as exc:
         text = str(exc)
         if "stack expects each tensor to be equal size" in text:
@@ -186,6 +189,23 @@ def _named_collate_errors(batches: Iterator[Any]) -> Iterator[Any]:
                 "every sample the same shape (resize/crop), or set data.collate_fn to pad them"
             ) from None
         raise
+
+
+def worker_error_message(exc: BaseException) -> str:
+    """The message an exception was raised with in a DataLoader worker: torch re-raises it in
+    this process as the same type with "Caught X in DataLoader worker process N." and the
+    worker's whole traceback for its message; the traceback's last line holds the original.
+    Other messages as they are."""
+    text = str(exc)
+    if not text.startswith("Caught ") or "Original Traceback" not in text:
+        return text
+    kind = type(exc)
+    prefixes = (f"{kind.__module__}.{kind.__qualname__}: ", f"{kind.__qualname__}: ")
+    for line in reversed(text.splitlines()):
+        for prefix in prefixes:
+            if line.startswith(prefix):
+                return line[len(prefix) :]
+    return text
 
 
 def build_feed(cfg: DataConfig, device: torch.device, seed: int, *, task: Any = None) -> Feed:

@@ -137,6 +137,15 @@ def test_mnist_label_count_mismatch(tmp_path):
         build_data(schema.MnistConfig(path=str(tmp_path)))
 
 
+def test_mnist_test_images_of_another_size_are_refused(tmp_path):
+    # 20 images of 6x5 are 600 bytes; 24 of 5x5 are too: before, they were read as 20 of 6x5.
+    write_mnist(tmp_path)
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", np.zeros((24, 5, 5), np.uint8))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.zeros(24, np.uint8))
+    with pytest.raises(DataError, match="t10k images are 5x5 pixels, train images 6x5"):
+        build_data(schema.MnistConfig(path=str(tmp_path)))
+
+
 def test_mnist_corrupt_gz(tmp_path):
     write_mnist(tmp_path, gz=True)
     path = tmp_path / "train-images-idx3-ubyte.gz"

@@ -37,6 +37,12 @@ def read_mnist(folder: str, *, as_images: bool) -> RawData:
                 f"data.path={folder!r}: {split} labels hold {int(labels.max())}, "
                 f"MNIST labels are 0..{NUM_MNIST_CLASSES - 1}; {FIX_HINT}"
             )
+    if x_test.shape[1:] != x_train.shape[1:]:
+        raise DataError(
+            f"data.path={folder!r}: t10k images are {x_test.shape[1]}x{x_test.shape[2]} pixels, "
+            f"train images {x_train.shape[1]}x{x_train.shape[2]}; {FIX_HINT} (from the same "
+            "download, or written with the same image size)"
+        )
     shape = (1, *x_train.shape[1:]) if as_images else (int(np.prod(x_train.shape[1:])),)
     return RawData(
         x=x_train.reshape(-1, *shape),

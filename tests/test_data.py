@@ -305,6 +305,7 @@ def write_bad_file(folder: Path, case: str) -> str:
         "fractional_labels": ["a,b,label", *(f"{i},{i * 2},{i % 2 + 0.5}" for i in range(40))],
         "missing_label_column": ["a,b,label", *body],
         "flat_rows_for_cnn": ["a,b,label", *body],
+        "stray_label_csv": ["a,b,label", *body[:17], "17,34,5", *body[18:]],
     }
     if case in csv_lines:
         (folder / "d.csv").write_text("\n".join(csv_lines[case]) + "\n")
@@ -336,6 +337,8 @@ def write_bad_file(folder: Path, case: str) -> str:
         ("labels_short", ["cluster=local"], "data.path='d.npz': 40 feature rows but 39 labels"),
         # A stray label would otherwise become a class of its own, and the split be blamed.
         ("stray_label", [], "data.path='d.npz': label 5 (row 17) occurs in one sample only"),
+        # In a CSV, by the line the file shows (the header is line 1): it said "(row 17)".
+        ("stray_label_csv", [], "d.csv': label 5 (line 19) occurs in one sample only"),
     ],
 )
 def test_bad_data_files_are_refused_before_the_run_dir_exists(

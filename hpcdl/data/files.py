@@ -64,7 +64,8 @@ def read_files(
     if regression:
         y = numeric_targets(labels, f"data.path={path!r}")
     else:
-        y, class_names = encode_labels(labels, f"data.path={path!r}")
+        first_line = 2 if suffix == ".csv" else None  # a CSV's header is line 1
+        y, class_names = encode_labels(labels, f"data.path={path!r}", first_line=first_line)
     label = label_column if columns is not None else None
     return RawData(x, y, class_names, feature_columns=columns, label_column=label)
 
@@ -138,8 +139,12 @@ def read_labelled_csv(
     return x, labels, names if len(set(header)) == len(header) else None
 
 
-def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]]:
-    """Labels of any type -> int64 indices into the sorted class names (numbers sort by value)."""
+def encode_labels(
+    labels: np.ndarray, where: str, first_line: Optional[int] = None
+) -> tuple[np.ndarray, list[str]]:
+    """Labels of any type -> int64 indices into the sorted class names (numbers sort by value).
+    first_line: the file line of labels[0] (a CSV's), so that a label is named by its line;
+    None: by its row index in the array."""
     labels = labels.reshape(-1)
     if labels.dtype.kind in "US":
         labels = labels.astype(str)
@@ -173,7 +178,10 @@ def encode_labels(labels: np.ndarray, where: str) -> tuple[np.ndarray, list[str]
         # and no split can keep it in both training and test: name it instead of failing
         # later in the split.
         rows = [int(np.flatnonzero(labels.reshape(-1) == c)[0]) for c in lone[:3]]
-        found = ", ".join(f"{c!r} (row {r})" for c, r in zip(lone[:3], rows, strict=True))
+        found = ", ".join(
+            f"{c!r} (row {r})" if first_line is None else f"{c!r} (line {first_line + r})"
+            for c, r in zip(lone[:3], rows, strict=True)
+        )
         raise DataError(
             f"{where}: label {found} occurs in one sample only, the other classes in "
             f"up to {int(counts.max())}; fix or drop that row (is it outside your classes?)"

@@ -146,11 +146,18 @@ def test_mnist_test_images_of_another_size_are_refused(tmp_path):
         build_data(schema.MnistConfig(path=str(tmp_path)))
 
 
-def test_mnist_corrupt_gz(tmp_path):
-    write_mnist(tmp_path, gz=True)
+@pytest.mark.parametrize("damage", ["cut", "damaged"])
+def test_mnist_corrupt_gz(tmp_path, damage):
+    write_mnist(tmp_path, gz=True, num_train=600)
     path = tmp_path / "train-images-idx3-ubyte.gz"
-    path.write_bytes(path.read_bytes()[:20])
-    with pytest.raises(DataError, match="cannot read"):
+    content = bytearray(path.read_bytes())
+    if damage == "cut":
+        content = content[:20]
+    else:  # a damaged deflate stream: zlib.error ("invalid stored block lengths"), not caught
+        content = bytearray(gzip.compress(gzip.decompress(content), mtime=0))
+        content[12:20] = b"\xff" * 8  # the deflate stream starts at byte 10
+    path.write_bytes(bytes(content))
+    with pytest.raises(DataError, match=r"cannot read.*; the file is truncated or corrupt"):
         build_data(schema.MnistConfig(path=str(tmp_path)))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -67,8 +68,11 @@ def read_idx(path: Path, num_dims: int) -> np.ndarray:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
             content = f.read()
-    except (OSError, EOFError) as exc:
-        raise DataError(f"data.path: cannot read {path}: {exc}; {FIX_HINT}") from exc
+    except (OSError, EOFError, zlib.error) as exc:
+        # A cut or damaged .gz (EOFError, BadGzipFile, zlib.error): the file, not the folder.
+        damaged = isinstance(exc, (EOFError, gzip.BadGzipFile, zlib.error))
+        fix = "the file is truncated or corrupt, download it again" if damaged else FIX_HINT
+        raise DataError(f"data.path: cannot read {path}: {exc}; {fix}") from exc
     if len(content) < 4:
         raise DataError(f"data.path: {path} is too short for an IDX header; {FIX_HINT}")
     zero0, zero1, type_code, file_dims = content[0], content[1], content[2], content[3]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import multiprocessing.util  # noqa: F401  (its exit hook before kill_workers_at_exit's)
 import signal
 import weakref
 from collections.abc import Callable, Iterator
@@ -166,6 +165,9 @@ def start_iteration(loader: DataLoader[Any]) -> Iterator[Any]:
     iterator = iter(loader)
     workers = getattr(iterator, "_workers", None)
     if workers:
+        if not _ITERATORS and not _WORKERS:  # the first: registered once, not at import
+            atexit.unregister(kill_workers_at_exit)
+            atexit.register(kill_workers_at_exit)
         _ITERATORS.add(iterator)
         _WORKERS.update(workers)
     return iterator
@@ -178,8 +180,8 @@ def kill_workers_at_exit() -> None:
     waiting by torch's shutdown of an iterator that ended so. multiprocessing's own exit
     hook then stops daemonic children with SIGTERM, which these workers ignore
     (worker_ignores_sigterm), and waits for them: the process hung there forever after
-    printing its error. Registered after multiprocessing's hook (imported above), so atexit
-    runs it first."""
+    printing its error. Registered as the first workers start, after multiprocessing's hook
+    (registered as it was imported, before any worker), so atexit runs it first."""
     from torch.utils.data._utils import signal_handling
 
     for iterator in list(_ITERATORS):
@@ -192,9 +194,6 @@ def kill_workers_at_exit() -> None:
         worker.kill()
     for worker in workers:
         worker.join(timeout=5)
-
-
-atexit.register(kill_workers_at_exit)
 
 
 @dataclass

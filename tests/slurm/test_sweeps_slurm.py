@@ -293,9 +293,18 @@ def test_status_and_rerun_work_on_a_cluster_without_accounting(
         "sweep", "rerun", str(sweep), "--failed", cwd=tmp_path, env=without_accounting
     )
     assert rerun.returncode == 0 and "rerunning trials [1]" in rerun.stdout, rerun.stdout
-    wait_until(lambda: all_completed(sweep), 180, "the rerun trial")
+    # summary.json comes before the job's end: a trial is RUNNING until it leaves the queue
+    wait_until(
+        lambda: all_completed(sweep) and not set(job_ids(sweep)) & set(squeue_task_ids()),
+        180,
+        "the rerun trial's job to end",
+    )
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path, env=without_accounting)
     assert "2 trials: 2 COMPLETED" in status.stdout, status.stdout
+
+
+def job_ids(sweep: Path) -> list[str]:
+    return [str(t["job_id"]) for t in ledger(sweep)["trials"]]
 
 
 def squeue_task_ids() -> list[str]:

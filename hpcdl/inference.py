@@ -330,7 +330,12 @@ def _inference_feed(cfg: Config, state: dict[str, Any], split: str) -> Feed:
     if isinstance(data_cfg, (CustomDataConfig, ImageFolderConfig)):
         # Their samples are prepared by the dataset's own code (or image_size/mean/std,
         # which evaluate refuses to change): nothing fitted to apply.
-        feed = build_feed(data_cfg, device, seed=cfg.trainer.seed, task=cfg.task)
+        trained = None
+        if isinstance(data_cfg, ImageFolderConfig) and not numeric_targets(cfg.task):
+            trained = [str(n) for n in info["class_names"]]
+        feed = build_feed(
+            data_cfg, device, seed=cfg.trainer.seed, task=cfg.task, class_names=trained
+        )
     else:
         fitted = state.get("preprocessing")  # {} in checkpoints of dataset runs
         regression = numeric_targets(cfg.task)

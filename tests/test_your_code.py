@@ -183,6 +183,22 @@ def test_imagefolder_trains_on_a_folder_of_pngs(hpcdl, tmp_path) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "dark" in shown.stdout and "light" in shown.stdout  # class names from the folders
 
+    # New images of one of the classes: their labels are that class, by its folder's name
+    # (numbered by the new folder alone, "light" would be class 0, the model's "dark").
+    new = tmp_path / "new" / "light"
+    new.mkdir(parents=True)
+    for i in range(3):
+        pixels = rng.integers(150, 255, size=(20, 16, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(new / f"{i}.png")
+    rows = hpcdl("predict", "run", "--split", "all", "data.path=new")
+    assert rows.returncode == 0, rows.stderr
+    header, *lines = [line.split(",") for line in rows.stdout.splitlines()]
+    assert len(lines) == 3 and {row[header.index("true")] for row in lines} == {"1"}
+    (tmp_path / "new" / "grey").mkdir()
+    Image.fromarray(pixels).save(tmp_path / "new" / "grey" / "0.png")
+    other = hpcdl("evaluate", "run", "data.path=new")
+    assert other.returncode == 2 and "grey" in other.stderr and "dark, light" in other.stderr
+
 
 # ----------------------------------------------------------------------------- predict
 def train_in_process(run_dir: Path, cells: Path, extra: list[str], capsys) -> None:

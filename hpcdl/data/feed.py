@@ -208,15 +208,25 @@ def worker_error_message(exc: BaseException) -> str:
     return text
 
 
-def build_feed(cfg: DataConfig, device: torch.device, seed: int, *, task: Any = None) -> Feed:
+def build_feed(
+    cfg: DataConfig,
+    device: torch.device,
+    seed: int,
+    *,
+    task: Any = None,
+    class_names: Optional[list[str]] = None,
+) -> Feed:
     """task: the run's task config. A regression target gives the model one output; the
     built-in classification's labels are checked batch by batch on the host, before they
     move to the device (on a GPU a label out of range is a device-side assert, which ends
-    the process without saying which label)."""
+    the process without saying which label). class_names: a trained model's classes, for
+    data=imagefolder's labels (its folders may then be any of them)."""
     regression = numeric_targets(task)
     if isinstance(cfg, (CustomDataConfig, ImageFolderConfig)):
         classes = isinstance(task, ClassificationTaskConfig)
-        return build_dataset_feed(cfg, seed, regression=regression, check_labels=classes)
+        return build_dataset_feed(
+            cfg, seed, regression=regression, check_labels=classes, class_names=class_names
+        )
     data = build_data(cfg, regression=regression)
     return TensorFeed(data, device, in_memory=cfg.in_memory, num_workers=cfg.num_workers)
 
@@ -227,6 +237,7 @@ def build_dataset_feed(
     *,
     regression: bool = False,
     check_labels: bool = False,
+    class_names: Optional[list[str]] = None,
 ) -> DatasetFeed:
     from hpcdl.config.validate import check_data
     from hpcdl.data.custom import build_custom_datasets, first_sample_info, num_classes_of
@@ -240,7 +251,7 @@ def build_dataset_feed(
         )
         num_classes, class_names = num_classes_of(datasets["train"], cfg)
     else:
-        datasets, class_names = build_imagefolder_datasets(cfg)
+        datasets, class_names = build_imagefolder_datasets(cfg, class_names)
         where = f"data.path={cfg.path!r}"
         collate = None
         num_classes = len(class_names)
@@ -303,9 +314,11 @@ class LabelCheck:
             raise _label_out_of_range(self.where, "a batch holds", bad, self.num_classes)
 
 
-def build_imagefolder_datasets(cfg: ImageFolderConfig) -> tuple[dict[str, Any], list[str]]:
+def build_imagefolder_datasets(
+    cfg: ImageFolderConfig, trained: Optional[list[str]] = None
+) -> tuple[dict[str, Any], list[str]]:
     """The splits (one folder split by val/test_fraction, or train/val/test folders) and
-    the class names."""
+    the class names (trained: a trained model's, which the folders' labels index)."""
     from hpcdl.data.custom import split_dataset
     from hpcdl.data.imagefolder import build_imagefolder
 
@@ -318,6 +331,7 @@ def build_imagefolder_datasets(cfg: ImageFolderConfig) -> tuple[dict[str, Any], 
         mean=cfg.mean,
         std=cfg.std,
         channels=cfg.channels,
+        classes=trained,
     )
     classes = list(next(iter(made.values())).classes)
     if "all" in made:

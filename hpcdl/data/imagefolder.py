@@ -37,19 +37,31 @@ MODES = {1: "L", 3: "RGB"}
 PILLOW_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
-def find_classes(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
+def find_classes(
+    root: Path, known: Optional[Sequence[str]] = None
+) -> tuple[list[str], list[tuple[str, int]]]:
     """Sorted class (sub-folder) names, and (path relative to root, class index) for every
-    image below them, in class then path order. Hidden files and folders are skipped."""
+    image below them, in class then path order. Hidden files and folders are skipped.
+    known: a trained model's class names (evaluate, predict): the folders may be any of
+    them, and a label is the index of its folder's name among them."""
     if not root.is_dir():
         raise DataError(f"data.path: no such folder '{root}'; point data.path at your images")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
+    found = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not found:
         raise DataError(
             f"data.path: '{root}' has no class folders; put each class's images in its own "
             "sub-folder (CLASS/IMAGE.png)"
         )
+    classes = found if known is None else list(known)
+    unknown = [name for name in found if name not in classes]
+    if unknown:
+        raise DataError(
+            f"data.path: class folder '{root / unknown[0]}' is not one of the model's classes "
+            f"({', '.join(classes)}); give folders of those classes only"
+        )
     samples: list[tuple[str, int]] = []
-    for index, name in enumerate(classes):
+    for name in found:
+        index = classes.index(name)
         files = image_files(root, name)
         if not files:
             raise DataError(
@@ -211,9 +223,11 @@ def build_imagefolder(
     mean: Optional[Sequence[float]] = None,
     std: Optional[Sequence[float]] = None,
     channels: int = 3,
+    classes: Optional[Sequence[str]] = None,
 ) -> dict[str, ImageFolderDataset]:
     """{"all": dataset} when path holds class folders; else one dataset per split folder
-    present (train/ required), each with the same class folders."""
+    present (train/ required), each with the same class folders. classes: a trained
+    model's class names (see find_classes); each split may then hold any of them."""
     root = Path(path).expanduser()
     if not root.is_dir():
         raise DataError(
@@ -222,11 +236,11 @@ def build_imagefolder(
         )
 
     def dataset(folder: Path, augment: bool) -> ImageFolderDataset:
-        classes, samples = find_classes(folder)
+        names, samples = find_classes(folder, classes)
         return ImageFolderDataset(
             folder,
             samples,
-            classes,
+            names,
             image_size=image_size,
             crop_size=crop_size,
             random_flip=random_flip and augment,
@@ -248,6 +262,8 @@ def build_imagefolder(
     made = {
         split: dataset(root / name, augment=split == "train") for split, name in present.items()
     }
+    if classes is not None:
+        return made  # a trained model's classes: any of them in each split
     train_classes = made["train"].classes
     for split, data in made.items():
         if data.classes != train_classes:

@@ -344,6 +344,7 @@ def _inference_feed(cfg: Config, state: dict[str, Any], split: str) -> Feed:
             data_cfg,
             regression=regression,
             preprocessing=Preprocessing.from_state_dict(fitted) if fitted else None,
+            feature_columns=info.get("feature_columns"),
         )
         _check_columns(data, info)
         if not regression:
@@ -395,8 +396,9 @@ def _them(names: list[str]) -> str:
 
 
 def _check_columns(data: DataSplits, info: dict[str, Any]) -> None:
-    """A CSV's feature columns, by name, are the training CSV's, in its order: the fitted
-    mean/std and the model's weights are per position."""
+    """A CSV's feature columns, by name, are the training CSV's, in its order (build_data
+    puts the same columns in that order): the fitted mean/std and the model's weights are
+    per position."""
     trained = info.get("feature_columns")
     if trained is None or data.feature_columns is None or data.feature_columns == trained:
         return

@@ -242,3 +242,24 @@ def test_other_csv_data_with_another_column_is_refused_naming_it(
         assert main([command, str(run), f"data.path={other}", "--split", "all"]) == 2
         assert capsys.readouterr().err == f"error: data.path={str(other)!r}: {says}\n"
     assert run_files(run) == before
+
+
+def test_other_csv_data_with_the_columns_in_another_order_is_read_by_name(
+    csv_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, the same columns in another order were refused ("give those columns, in that
+    # order"); positions would have fed column c's values to the weights of column a.
+    run, folder = csv_run
+    with (folder / "train.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    moved = folder / "moved.csv"
+    with moved.open("w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=["c", "kind", "a", "b"])
+        out.writeheader()
+        out.writerows(rows)
+    predictions = []
+    for path in (folder / "train.csv", moved):
+        capsys.readouterr()
+        assert main(["predict", str(run), "--split", "all", f"data.path={path}"]) == 0
+        predictions.append(capsys.readouterr().out)
+    assert predictions[0] == predictions[1] and predictions[0].count("\n") == 61

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -37,13 +37,18 @@ class DataSplits:
 
 
 def build_data(
-    cfg: Any, regression: bool = False, preprocessing: Optional[Preprocessing] = None
+    cfg: Any,
+    regression: bool = False,
+    preprocessing: Optional[Preprocessing] = None,
+    feature_columns: Optional[list[str]] = None,
 ) -> DataSplits:
     """cfg: one of schema.DATA_SCHEMAS' dataclasses; regression: numeric targets;
     preprocessing: one fitted before (a checkpoint's, for `hpcdl evaluate` and `predict`),
-    applied as it is; None fits one on this data's train split."""
+    applied as it is; None fits one on this data's train split. feature_columns: the
+    trained model's, by name: a CSV with the same columns in another order is read in
+    this one (the fitted mean/std and the weights are per position)."""
     check_data(cfg)  # the ranges and files, as on the login node
-    raw = read_source(cfg, regression=regression)
+    raw = in_column_order(read_source(cfg, regression=regression), feature_columns)
     split = split_indices(
         raw.y, cfg, has_official_test=raw.has_official_test, stratify=not raw.is_regression
     )
@@ -67,6 +72,18 @@ def build_data(
         feature_columns=raw.feature_columns,
         label_column=raw.label_column,
     )
+
+
+def in_column_order(raw: RawData, names: Optional[list[str]]) -> RawData:
+    """raw with its feature columns in the order of `names` when it has the same ones in
+    another order; else as it is (the caller refuses other columns by name)."""
+    have = raw.feature_columns
+    if names is None or have is None or have == names or sorted(have) != sorted(names):
+        return raw
+    if raw.x.ndim != 2 or len(set(names)) != len(names):
+        return raw
+    order = [have.index(name) for name in names]
+    return replace(raw, x=raw.x[:, order], feature_columns=list(names))
 
 
 def target_stats(y_train: np.ndarray) -> tuple[float, float]:

@@ -259,7 +259,8 @@ def test_csv_header_names_are_recorded_for_predict(tmp_path):
         ("npz_missing_y", "no array 'y'"),
         ("csv_missing_column", "data.label_column='label': no such column"),
         ("csv_non_numeric", "d.csv' line 3, column 'a': 'abc' is not a number"),
-        ("nan_features", "NaN or inf"),
+        ("nan_features", r"row 3, feature 1 holds nan \(1 NaN or inf value in the features\)"),
+        ("csv_inf", r"line 4, column 'b' holds inf \(2 NaN or inf values in the features\)"),
         ("one_class", "need at least two classes"),
         ("unknown_suffix", "unknown file type '.txt'"),
         ("missing_file", "no such file"),
@@ -281,6 +282,9 @@ def test_files_errors(tmp_path, setup, match):
         cell = "abc" if setup == "csv_non_numeric" else "1"
         header = "a,label" if setup == "csv_non_numeric" else "a,b"
         (tmp_path / "d.csv").write_text(f"{header}\n1,0\n{cell},1\n")
+        cfg = files_cfg(tmp_path / "d.csv")
+    elif setup == "csv_inf":  # float() reads "inf" and "nan" as numbers
+        (tmp_path / "d.csv").write_text("a,b,label\n1,2,0\n3,4,1\n5,inf,0\n7,-Infinity,1\n")
         cfg = files_cfg(tmp_path / "d.csv")
     elif setup == "nan_features":
         x[3, 1] = np.nan

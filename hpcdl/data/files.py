@@ -59,7 +59,8 @@ def read_files(
             f"data.path={path!r}: the rows hold no feature values (shape {x.shape}); add the "
             "feature columns (a CSV needs at least one besides data.label_column)"
         )
-    x = check_numeric(x, f"data.path={path!r}")
+    rows_from = 2 if suffix == ".csv" else 0  # a CSV's header is line 1
+    x = check_numeric(x, f"data.path={path!r}", columns, first_line=rows_from)
     class_names: list[str] = []  # regression
     if regression:
         y = numeric_targets(labels, f"data.path={path!r}")
@@ -189,14 +190,30 @@ def encode_labels(
     return y.astype(np.int64).reshape(-1), [str(c) for c in classes.tolist()]
 
 
-def check_numeric(x: np.ndarray, where: str) -> np.ndarray:
+def check_numeric(
+    x: np.ndarray, where: str, names: Optional[Sequence[str]] = None, first_line: int = 0
+) -> np.ndarray:
+    """x, numeric and finite; the first NaN or inf is named by its place: a CSV's line and
+    column (first_line: the file's line of row 0, 0 for arrays; names: the columns), else
+    its row and feature index."""
     if x.dtype.kind not in "iufb":
         raise DataError(
             f"{where}: features of dtype {x.dtype} are not numeric; convert them to numbers "
             "(one-hot encode categories) first"
         )
     if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
-        raise DataError(f"{where}: features hold NaN or inf; clean or impute them first")
+        rows = x.reshape(len(x), -1) if x.ndim else x.reshape(1, 1)
+        row, col = (int(i) for i in np.argwhere(~np.isfinite(rows))[0])
+        if first_line:
+            name = repr(names[col]) if names is not None and col < len(names) else col + 1
+            place = f"line {first_line + row}, column {name}"
+        else:
+            place = f"row {row}, feature {col}" if rows.shape[1] > 1 else f"row {row}"
+        bad = int(np.count_nonzero(~np.isfinite(rows)))
+        raise DataError(
+            f"{where}: {place} holds {rows[row, col]} ({plural(bad, 'NaN or inf value')} in "
+            "the features); clean or impute them first"
+        )
     return x
 
 

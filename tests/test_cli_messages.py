@@ -92,6 +92,39 @@ def test_an_unknown_option_is_one_line_naming_the_command(
     assert capsys.readouterr().err == f"error: {expected}\n"
 
 
+HYDRA_OWN = (
+    "a setting of Hydra's own, which hpcdl does not read; set the run's folder with "
+    "run_dir=... (a sweep's with -m hydra.sweep.dir=...)"
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["train", "hydra.run.dir=runs/x"], f"hydra.run.dir: {HYDRA_OWN}"),
+        (["run", "hydra.run.dir=runs/x", "--", "python", "-c", "1"], f"hydra.run.dir: {HYDRA_OWN}"),
+        (["train", "-m", "+hydra.job.chdir=true", "seed=1,2"], f"hydra.job.chdir: {HYDRA_OWN}"),
+        (
+            ["train", "hydra.sweep.dir=sw"],
+            "hydra.sweep.dir: the folder of a sweep's trials, and this is one run; add -m to "
+            "sweep, or set run_dir=... for this run's folder",
+        ),
+    ],
+)
+def test_hydras_own_settings_are_refused_not_ignored(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Before, each was composed into the config and read by nothing: the run went to the
+    default run dir, not the one typed."""
+    from hpcdl.cli.main import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: {expected}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_overrides_mix_with_options_in_any_order() -> None:
     from hpcdl.cli.main import build_parser, parse_anywhere
 

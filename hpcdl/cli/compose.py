@@ -256,8 +256,11 @@ def compose_config(
     overrides: list[str],
     config_dirs: Optional[list[str]] = None,
     script: Optional[schema.ScriptConfig] = None,
+    multirun: bool = False,
 ) -> schema.Config:
-    """The typed, validated config; ``script``: `hpcdl run`'s program, validated with it."""
+    """The typed, validated config; ``script``: `hpcdl run`'s program, validated with it;
+    ``multirun``: the overrides are a sweep's (-m), which may set hydra.sweep.dir."""
+    refuse_hydra_settings(overrides, multirun)
     try:
         composed = compose(overrides, config_dirs)
     except SweepValueError as err:
@@ -269,6 +272,24 @@ def compose_config(
         validate(config)  # errors name the paths as given
     # data.path=small.npz read from any folder later (resume, evaluate, a Slurm job).
     return with_absolute_paths(config, Path.cwd())
+
+
+def refuse_hydra_settings(overrides: list[str], multirun: bool) -> None:
+    """Hydra's own settings (hydra.run.dir, hydra.job.chdir, ...) would be composed and read
+    by nothing: hpcdl makes the run dir itself. hydra.sweep.dir names a sweep's folder."""
+    for text in overrides:
+        key = text.partition("=")[0].lstrip("+~")
+        if key.split(".", 1)[0] != "hydra" or (key == "hydra.sweep.dir" and multirun):
+            continue
+        if key == "hydra.sweep.dir":
+            raise ConfigError(
+                "hydra.sweep.dir: the folder of a sweep's trials, and this is one run; add -m "
+                "to sweep, or set run_dir=... for this run's folder"
+            )
+        raise ConfigError(
+            f"{key}: a setting of Hydra's own, which hpcdl does not read; set the run's folder "
+            "with run_dir=... (a sweep's with -m hydra.sweep.dir=...)"
+        )
 
 
 @contextlib.contextmanager

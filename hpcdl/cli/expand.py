@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from hpcdl.cli.compose import SweepComposer, conf_dir, hydra_message, user_conf_dirs
+from hpcdl.cli.compose import (
+    SweepComposer,
+    conf_dir,
+    hydra_message,
+    refuse_hydra_settings,
+    user_conf_dirs,
+)
 from hpcdl.config.convert import GROUPS, PRESET_GROUPS
 from hpcdl.errors import ConfigError
 from hpcdl.sweep.plan import SweepPlan, Trial
@@ -72,6 +78,7 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
             )
         else:
             rest.append(text)
+    refuse_hydra_settings(rest, multirun=True)  # once, not as trial 0's
     parser = OverridesParser.create()
     try:
         parsed = parser.parse_overrides(rest)

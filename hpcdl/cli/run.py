@@ -38,7 +38,7 @@ def run_program(args: argparse.Namespace) -> int:
     from hpcdl.runlock import hold
 
     script, overrides = script_from(args.overrides, list(args.program))
-    cfg = compose_config(overrides, args.config_dir, script=script)
+    cfg = compose_config(overrides, args.config_dir, script=script, multirun=args.multirun)
     check_script(script, cfg.cluster)
     if args.multirun:
         plan = plan_program_sweep(cfg, args, overrides)

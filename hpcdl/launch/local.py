@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,6 +43,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def exported(values: Mapping[str, str]) -> Iterator[None]:
+    """os.environ with `values` while submitit starts its controller (which copies it), and
+    as it was afterwards: a notebook's next runs, in-process ones too, must not inherit one
+    run's cluster.env, MASTER_PORT or GPUs (hpcdl.submit runs many in one interpreter)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def local_gpus(cfg: Config, environ: Mapping[str, str]) -> Optional[str]:
@@ -86,13 +103,15 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
         signal_delay_s=cfg.cluster.signal_delay_s,
         stderr_to_stdout=True,
     )
-    os.environ[FOREGROUND_VAR] = describe_foreground(run_dir.lock_file)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(free_port())
-    os.environ.update(cfg.cluster.env)
+    ranks_env = {
+        FOREGROUND_VAR: describe_foreground(run_dir.lock_file),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        **cfg.cluster.env,
+    }
     gpus = local_gpus(cfg, os.environ)
     if gpus is not None:
-        os.environ[LOCAL_GPUS_VAR] = gpus
+        ranks_env[LOCAL_GPUS_VAR] = gpus
     # The controller must not see the terminal's Ctrl-C: on SIGINT it kills ranks after 1 s,
     # which could cut a checkpoint save short. It inherits SIG_IGN; the ranks install their
     # own handlers, and we forward a SIGTERM to it ourselves, from the moment it exists.
@@ -100,7 +119,7 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         # The controller, and so every rank, starts in the run's folder (hpcdl.workdir).
-        with in_workdir(cfg.workdir):
+        with in_workdir(cfg.workdir), exported(ranks_env):
             job = executor.submit(run_job, str(run_dir.path))
         stopper = RankStopper(job, stopping_what(cfg), num_tasks)
     finally:

@@ -18,6 +18,7 @@ sets that attribute whenever one of its modules is first imported.)
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -67,6 +68,8 @@ def submit(
     from hpcdl.config.schema import Launcher
 
     cfg = compose_config(_overrides(overrides), _config_dirs(config_dir))
+    if cfg.cluster.launcher != Launcher.slurm:
+        _check_main_thread("submit", f"cluster={cfg.cluster.launcher.value}")
     cfg, run_dir = cli.start_run(cfg, skip_preflight=not preflight)
     code = cli.launch_new(cfg, run_dir)
     return Job(run_dir.path, None if cfg.cluster.launcher == Launcher.slurm else code)
@@ -83,10 +86,26 @@ def submit_sweep(
     parallel processes (debug, local: returns once they have ended)."""
     from hpcdl.cli import main as cli
     from hpcdl.cli.expand import plan_sweep
+    from hpcdl.config.schema import Launcher
 
     plan = plan_sweep(_overrides(overrides), _config_dirs(config_dir))
+    launchers = {t.config.cluster.launcher for t in plan.trials}
+    if launchers != {Launcher.slurm}:
+        _check_main_thread("submit_sweep", "a sweep on cluster=debug or cluster=local")
     sweep_dir, _ = cli.start_sweep(plan, skip_preflight=not preflight)
     return Sweep(sweep_dir)
+
+
+def _check_main_thread(call: str, what: str) -> None:
+    """A run in the foreground takes Ctrl-C and the stop signals, to save at a step boundary
+    first; Python lets only the main thread set signal handlers. Refused before anything is
+    created (it failed after the run dir was made, with a ValueError from `signal`)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise HpcdlError(
+            f"{call}() from a thread other than the main one: {what} trains in the "
+            "foreground and needs the main thread for Ctrl-C and the stop signals; call it "
+            "there, or submit to a Slurm profile, or run `hpcdl train` in a terminal"
+        )
 
 
 def _overrides(overrides: Sequence[str]) -> list[str]:
@@ -334,7 +353,10 @@ class Sweep:
         """`hpcdl sweep rerun --failed`: the failed, cancelled, timed-out and interrupted
         trials again, each from its newest checkpoint. The indices of the trials rerun."""
         from hpcdl.cli.main import rerun_failed
+        from hpcdl.sweep.ledger import load
 
+        if load(self.sweep_dir).launcher != "slurm":
+            _check_main_thread("Sweep.rerun_failed", "a sweep on cluster=debug or cluster=local")
         return rerun_failed(self.sweep_dir)[0]
 
     def trial(self, index: int) -> Job:

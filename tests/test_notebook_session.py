@@ -1,14 +1,18 @@
 """The Python API as a notebook uses it: many calls in one interpreter, each leaving the
-interpreter (its environment, its signal handlers) as it found it."""
+interpreter (its environment, its signal handlers) as it found it, and calls made from
+a thread refused in one line before anything is created."""
 
 from __future__ import annotations
 
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from hpcdl import submit
+from hpcdl import Sweep, submit, submit_sweep
+from hpcdl.errors import HpcdlError
 
 
 @pytest.mark.slow
@@ -32,3 +36,45 @@ def test_a_local_run_leaves_the_notebooks_environment_as_it_was(tmp_path, monkey
     # OMP_NUM_THREADS too): no cluster.env, MASTER_ADDR/PORT, HPCDL_FOREGROUND left.
     assert dict(os.environ) == before
     assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+def _in_a_thread(call, *args):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(call, *args).result()
+
+
+@pytest.mark.parametrize(
+    ("call", "overrides", "what"),
+    [
+        (submit, ["run_dir=run"], "cluster=debug"),
+        (submit, ["run_dir=run", "cluster=local"], "cluster=local"),
+        (submit_sweep, ["hydra.sweep.dir=sw", "optim.lr=0.1,0.01"], "a sweep on cluster=debug"),
+    ],
+)
+def test_a_foreground_run_from_a_thread_is_refused_in_one_line_creating_nothing(
+    tmp_path: Path, monkeypatch, call, overrides, what
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HpcdlError) as refused:
+        _in_a_thread(call, overrides)
+    message = str(refused.value)
+    assert "\n" not in message and what in message and "main thread" in message
+    assert list(tmp_path.iterdir()) == []  # was: a FAILED run dir and a ValueError
+
+
+def test_a_slurm_submission_from_a_thread_is_not_refused_for_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HpcdlError) as refused:  # refused by validation, as in the main thread
+        _in_a_thread(submit, ["cluster=rivanna_a100", "trainer.batch_size=-1"])
+    assert "main thread" not in str(refused.value)
+
+
+def test_rerunning_a_local_sweeps_trials_from_a_thread_is_refused(tmp_path, monkeypatch) -> None:
+    from hpcdl.cli.expand import plan_sweep
+    from hpcdl.sweep.launch import create_sweep
+
+    monkeypatch.chdir(tmp_path)
+    ledger = create_sweep(plan_sweep(["hydra.sweep.dir=sw", "optim.lr=0.1,0.01"]))
+    sweep = Sweep.from_sweep_dir(ledger.sweep_dir)
+    with pytest.raises(HpcdlError, match=r"^Sweep\.rerun_failed\(\) from a thread"):
+        _in_a_thread(sweep.rerun_failed)

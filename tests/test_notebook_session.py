@@ -78,3 +78,23 @@ def test_rerunning_a_local_sweeps_trials_from_a_thread_is_refused(tmp_path, monk
     sweep = Sweep.from_sweep_dir(ledger.sweep_dir)
     with pytest.raises(HpcdlError, match=r"^Sweep\.rerun_failed\(\) from a thread"):
         _in_a_thread(sweep.rerun_failed)
+
+
+def test_a_notebook_that_initialized_hydra_itself_can_submit_and_keeps_its_own(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.version import VersionBase
+
+    from hpcdl.cli.compose import compose_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text("a: 1\n")
+    with initialize_config_dir(str(tmp_path), version_base="1.2"):
+        before = VersionBase.instance().getbase()
+        assert compose_config(["trainer.max_epochs=3"]).trainer.max_epochs == 3
+        with pytest.raises(HpcdlError, match=r"^trainer\.max_epoch: unknown key; did you mean"):
+            submit(["trainer.max_epoch=5"])  # was: "GlobalHydra is already initialized"
+        assert compose("mine") == {"a": 1}  # the notebook's own Hydra, as it was
+        assert VersionBase.instance().getbase() == before
+    assert list(tmp_path.iterdir()) == [tmp_path / "mine.yaml"]

@@ -66,19 +66,40 @@ def user_conf_dirs(extra: Optional[list[str]] = None) -> list[Path]:
 
 def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> DictConfig:
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra.errors import HydraException
 
     extra = _searchpath(config_dirs)
 
     def attempt(overrides: list[str]) -> DictConfig:
-        with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
+        with _hydra_on_conf_dir():
             try:
                 return hydra_compose("config", overrides=[*extra, *overrides])
             except HydraException as err:
                 raise _in_file(err, overrides, config_dirs) or err from None
 
     return _with_additions(overrides, attempt)
+
+
+@contextlib.contextmanager
+def _hydra_on_conf_dir() -> Iterator[None]:
+    """Hydra initialized on conf/ for one composition, then its global state (an
+    initialization, the version base) as the caller had it: a notebook that initialized
+    Hydra for its own configs (hydra.initialize) can call hpcdl.submit, and keeps its own.
+    Hydra refuses a second initialization, so the caller's is set aside meanwhile."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+    from hydra.version import VersionBase
+
+    theirs = Singleton._instances.pop(GlobalHydra, None)
+    version_base = VersionBase.instance().getbase()
+    try:
+        with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
+            yield
+    finally:
+        VersionBase.instance().version_base = version_base
+        if theirs is not None:
+            Singleton._instances[GlobalHydra] = theirs
 
 
 def _in_file(
@@ -358,13 +379,12 @@ def file_setting(
 
 def _defaults_list(overrides: list[str], config_dirs: Optional[list[str]]) -> list[tuple[str, str]]:
     """(config path, package) of each file Hydra merges for these overrides, in merge order."""
-    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from hydra.types import RunMode
 
     try:
-        with initialize_config_dir(str(conf_dir()), version_base=None, job_name="hpcdl"):
+        with _hydra_on_conf_dir():
             loader = GlobalHydra.instance().config_loader()
             defaults = loader.compute_defaults_list(
                 "config", [*_searchpath(config_dirs), *overrides], RunMode.RUN

@@ -88,9 +88,32 @@ def load_model(cfg: Config, run_dir: RunDir, which: str, device: str | torch.dev
             f"{run_dir.path} is an `hpcdl run` run; its program keeps its own model and "
             "checkpoints, which hpcdl cannot rebuild: load them with your program"
         )
+    target = _usable_device(device)
     path = _checkpoint_for(run_dir, which)
     model = _model_from_checkpoint(read_checkpoint(path, mmap=True), str(path))
-    return model.to(device)
+    return model.to(target)
+
+
+def _usable_device(device: str | torch.device) -> torch.device:
+    """`device` as torch names it, checked before any work: a GPU this process cannot see
+    is one line naming it (torch said `AssertionError: Torch not compiled with CUDA
+    enabled`, or an index error, as a traceback)."""
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"device={device!r}: not a torch device; give 'cpu', 'cuda' or 'cuda:N'"
+        ) from None
+    if target.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (target.index or 0) >= count:
+            raise ConfigError(
+                f"device={device!r}: this process sees {count} CUDA GPU(s) (torch "
+                f"{torch.__version__}, CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); load on device='cpu'"
+                + (f" or 'cuda:0' to 'cuda:{count - 1}'" if count else "")
+            )
+    return target
 
 
 def evaluate_checkpoint(

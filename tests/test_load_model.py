@@ -52,3 +52,18 @@ def test_load_model_names_a_checkpoint_that_is_not_there(run: Path) -> None:
 
 def test_the_client_still_imports_without_torch(run: Path) -> None:
     run_without_torch(f"from hpcdl import Job\nJob.from_run_dir({str(run)!r}).result()", run)
+
+
+def test_a_device_this_process_cannot_use_is_one_line_naming_it(run: Path) -> None:
+    import torch
+
+    from hpcdl import Job
+    from hpcdl.errors import ConfigError
+
+    job = Job.from_run_dir(run)
+    beyond = f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+    # was: AssertionError "Torch not compiled with CUDA enabled" (or an index error)
+    with pytest.raises(ConfigError, match=rf"^device='{beyond}': this process sees \d+ CUDA"):
+        job.load_model(device=beyond)
+    with pytest.raises(ConfigError, match=r"^device='gpu0': not a torch device; give 'cpu'"):
+        job.load_model(device="gpu0")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
@@ -109,12 +109,16 @@ def _check_main_thread(call: str, what: str) -> None:
 
 
 def _overrides(overrides: Sequence[str]) -> list[str]:
-    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
-        raise ConfigError(
-            f"overrides={overrides!r}: give a list of strings, e.g. "
-            "['model=cnn', 'trainer.max_epochs=5']"
-        )
-    return list(overrides)
+    """The overrides as a list of strings; a string, None, a dict (whose keys alone would
+    be taken) or a number is refused in one line."""
+    given: Any = overrides
+    if isinstance(given, Iterable) and not isinstance(given, (str, bytes, Mapping)):
+        given = list(given)  # a generator is read once, here
+        if all(isinstance(o, str) for o in given):
+            return given
+    raise ConfigError(
+        f"overrides={given!r}: give a list of strings, e.g. ['model=cnn', 'trainer.max_epochs=5']"
+    )
 
 
 def _config_dirs(config_dir: Union[PathLike, Sequence[PathLike], None]) -> list[str]:
@@ -122,7 +126,14 @@ def _config_dirs(config_dir: Union[PathLike, Sequence[PathLike], None]) -> list[
         return []
     if isinstance(config_dir, (str, os.PathLike)):
         return [os.fspath(config_dir)]
-    return [os.fspath(d) for d in config_dir]
+    if isinstance(config_dir, Iterable) and not isinstance(config_dir, (bytes, Mapping)):
+        dirs = list(config_dir)
+        if all(isinstance(d, (str, os.PathLike)) for d in dirs):
+            return [os.fspath(d) for d in dirs]
+    raise ConfigError(
+        f"config_dir={config_dir!r}: give a folder (a str or Path) or a list of folders, "
+        "as repeated --config-dir options"
+    )
 
 
 def _poll(

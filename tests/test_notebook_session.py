@@ -98,3 +98,29 @@ def test_a_notebook_that_initialized_hydra_itself_can_submit_and_keeps_its_own(
         assert compose("mine") == {"a": 1}  # the notebook's own Hydra, as it was
         assert VersionBase.instance().getbase() == before
     assert list(tmp_path.iterdir()) == [tmp_path / "mine.yaml"]
+
+
+@pytest.mark.parametrize("odd", [None, {"trainer.max_epochs": 1}, 5, b"model=cnn"])
+def test_overrides_that_are_no_list_of_strings_are_one_line(odd, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    # was: TypeError "'NoneType' object is not iterable"; a dict's keys taken as overrides
+    with pytest.raises(HpcdlError, match=r"^overrides=.*: give a list of strings"):
+        submit(odd)
+    with pytest.raises(HpcdlError, match=r"^overrides=.*: give a list of strings"):
+        submit_sweep(odd)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overrides_may_come_as_a_tuple_or_a_generator() -> None:
+    from hpcdl.client import _overrides
+
+    assert _overrides(("model=cnn", "data=digits")) == ["model=cnn", "data=digits"]
+    assert _overrides(o for o in ["model=cnn"]) == ["model=cnn"]
+
+
+@pytest.mark.parametrize("odd", [5, [Path("conf"), 5]])
+def test_a_config_dir_that_is_no_folder_name_is_one_line(odd, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HpcdlError, match=r"^config_dir=.*: give a folder \(a str or Path\)"):
+        submit(["trainer.max_epochs=1"], config_dir=odd)
+    assert list(tmp_path.iterdir()) == []

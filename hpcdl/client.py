@@ -375,6 +375,12 @@ class Sweep:
         from hpcdl.sweep.ledger import load
 
         indices = [t.index for t in load(self.sweep_dir).trials]
+        if isinstance(index, bool) or not hasattr(index, "__index__"):  # "0", 1.0: never found
+            raise HpcdlError(
+                f"trial {index!r}: give the trial's index as an int, one of "
+                f"{min(indices, default=0)} to {max(indices, default=0)}"
+            )
+        index = int(index)  # numpy's integers too
         if index not in indices:
             raise HpcdlError(
                 f"trial {index}: {self.sweep_dir} has no such trial; give one of its "

@@ -193,3 +193,21 @@ def test_a_trial_the_sweep_does_not_have_is_refused_naming_its_trials(tmp_path: 
         assert str(refused.value) == (
             f"trial {index}: {tmp_path / 'sw'} has no such trial; give one of its 2 trials, 0 to 1"
         )
+
+
+def test_a_trial_index_that_is_no_int_is_refused_as_such(tmp_path: Path) -> None:
+    # Before, trial("0") said "trial 0: ... has no such trial; give one of its 2 trials, 0
+    # to 1", contradicting itself.
+    from hpcdl.cli.expand import plan_sweep
+    from hpcdl.sweep import launch
+
+    plan = plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={tmp_path / 'sw'}"])
+    sweep = Sweep.from_sweep_dir(launch.create_sweep(plan).sweep_dir)
+    assert sweep.trial(np.int64(1)).run_dir == tmp_path / "sw" / "1"
+    for index in ("0", 1.0, True):
+        with pytest.raises(HpcdlError) as refused:
+            sweep.trial(index)  # type: ignore[arg-type]
+        assert (
+            str(refused.value)
+            == f"trial {index!r}: give the trial's index as an int, one of 0 to 1"
+        )

@@ -452,3 +452,44 @@ def test_a_resume_killed_without_an_end_is_not_shown_as_the_earlier_completion(
     assert report["state"] == "FAILED" and report["attempts"] == "2"
     assert report["last_end"].startswith("none recorded: killed")
     assert "test_metrics" not in report and "weights_sha256" not in report
+
+
+def test_an_array_by_its_own_id_is_headlined_as_a_whole(monkeypatch, capsys) -> None:
+    """`hpcdl status 52`: the array's state, not that of whichever task Slurm listed first
+    (squeue) or last (sacct)."""
+    from hpcdl.launch import monitor
+
+    # Task 0 failed, task 1 completed: sacct lists 52_1 last.
+    answers = {
+        "squeue": "",
+        "sacct": "52_0|FAILED|00:00:05|1:0|n1\n52_1|COMPLETED|00:00:09|0:0|n2\n",
+    }
+    monkeypatch.setattr(monitor, "query", lambda cmd: answers[cmd[0]])
+    assert main(["status", "52"]) == 0
+    out = capsys.readouterr().out
+    assert "job_id: 52\n" in out and "state: FAILED\n" in out, out
+    assert "array_tasks: 52_0 FAILED, 52_1 COMPLETED" in out
+    assert "elapsed" not in out and "exit_code" not in out  # one task's, not the array's
+    # One task runs, the next waits (squeue lists the pending one first), task 0 is done.
+    answers.update(
+        squeue="52_[2-3%1]|PENDING|0:00|10:00|1|(JobArrayTaskLimit)\n"
+        "52_1|RUNNING|0:04|10:00|1|n1\n",
+        sacct="52_0|COMPLETED\n52_1|RUNNING\n52_[2-3%1]|PENDING\n",
+    )
+    state = monitor.job_state("52")
+    assert state["job_id"] == "52" and state["state"] == "RUNNING", state
+    assert state["array_tasks"] == "52_0 COMPLETED, 52_1 RUNNING, 52_[2-3%1] PENDING"
+    answers.update(squeue=answers["squeue"].replace("RUNNING", "COMPLETING"))
+    answers.update(sacct="52_0|COMPLETED\n")
+    assert monitor.job_state("52")["state"] == "COMPLETING"  # still active, not done
+    # A task alone is reported as before.
+    answers.update(squeue="52_1|RUNNING|0:04|10:00|1|n1\n")
+    assert monitor.job_state("52_1") == {
+        "job_id": "52_1",
+        "state": "RUNNING",
+        "elapsed": "00:00:04",
+        "time_limit": "00:10:00",
+        "nodes": "1",
+        "where": "n1",
+        "source": "squeue",
+    }

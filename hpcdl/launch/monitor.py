@@ -216,6 +216,15 @@ def job_state(job_id: str) -> dict[str, str]:
     if out is not None and out.strip():
         lines = out.strip().splitlines()
         jid, state, elapsed, limit, nodes, where = lines[0].split("|")
+        tasks = _array_tasks(job_id, _with_finished_tasks(job_id, lines))
+        if tasks:  # the array as a whole, not whichever task squeue listed first
+            return {
+                "job_id": job_id,
+                "state": array_state(tasks),
+                "time_limit": normalized_elapsed(limit),
+                "source": "squeue",
+                "array_tasks": shown_tasks(tasks),
+            }
         return {
             "job_id": jid,
             "state": state,
@@ -224,13 +233,20 @@ def job_state(job_id: str) -> dict[str, str]:
             "nodes": nodes,
             "where": where,
             "source": "squeue",
-            **_array_tasks(job_id, _with_finished_tasks(job_id, lines)),
         }
     out = query(
         ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Elapsed,ExitCode,NodeList"]
     )
     if out and out.strip():
         lines = out.strip().splitlines()
+        tasks = _array_tasks(job_id, lines)
+        if tasks:
+            return {
+                "job_id": job_id,
+                "state": array_state(tasks),
+                "source": "sacct",
+                "array_tasks": shown_tasks(tasks),
+            }
         jid, state, elapsed, code, nodes = lines[-1].split("|")
         return {
             "job_id": jid,
@@ -239,7 +255,6 @@ def job_state(job_id: str) -> dict[str, str]:
             "exit_code": code,
             "where": nodes,
             "source": "sacct",
-            **_array_tasks(job_id, lines),
         }
     if out is None and query(["squeue", "-h", "-o", "%i"]) is None:
         # The controller does not answer at all: say so, guess nothing.
@@ -269,15 +284,33 @@ def _task_order(line: str) -> tuple[int, str]:
     return (int(task), "") if task.isdigit() else (1 << 30, task)
 
 
-def _array_tasks(job_id: str, lines: list[str]) -> dict[str, str]:
-    """A job array asked for by its own id (`hpcdl status 52`): every task's line, not only
-    the first's (a sweep's trials: `hpcdl sweep status SWEEP_DIR`)."""
-    tasks = [line.split("|")[:2] for line in lines]
+def _array_tasks(job_id: str, lines: list[str]) -> list[tuple[str, str]]:
+    """A job array asked for by its own id (`hpcdl status 52`): every task's id and state
+    (a pending range as squeue or sacct writes it, `52_[3-5%1]`); [] for any other job."""
+    tasks = [(jid, state.split()[0]) for jid, state, *_ in (line.split("|") for line in lines)]
     if "_" in job_id or len(tasks) < 2 or not all(t[0].startswith(f"{job_id}_") for t in tasks):
-        return {}
-    shown = ", ".join(f"{jid} {state.split()[0]}" for jid, state in tasks[:8])
-    more = f", ... ({len(tasks)} lines)" if len(tasks) > 8 else ""
-    return {"array_tasks": shown + more}
+        return []
+    return tasks
+
+
+def shown_tasks(tasks: list[tuple[str, str]]) -> str:
+    """`52_0 COMPLETED, 52_1 FAILED, ...`: the first 8 lines (a sweep's every trial: `hpcdl
+    sweep status SWEEP_DIR`)."""
+    shown = ", ".join(f"{jid} {state}" for jid, state in tasks[:8])
+    return shown + (f", ... ({len(tasks)} lines)" if len(tasks) > 8 else "")
+
+
+def array_state(tasks: list[tuple[str, str]]) -> str:
+    """A job array's state from its tasks': while any is queued or running, RUNNING if one
+    runs, else the first such task's (PENDING); once all have ended, COMPLETED only if every
+    task completed, else the first other end (FAILED, CANCELLED, TIMEOUT, ...). Never one
+    task's state for the whole: an array whose task 0 failed is not COMPLETED because its
+    last task completed."""
+    states = [state for _, state in tasks]
+    active = [state for state in states if is_active(state)]
+    if active:
+        return "RUNNING" if "RUNNING" in active else active[0]
+    return next((state for state in states if state != "COMPLETED"), "COMPLETED")
 
 
 def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:

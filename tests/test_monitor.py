@@ -493,3 +493,68 @@ def test_an_array_by_its_own_id_is_headlined_as_a_whole(monkeypatch, capsys) -> 
         "where": "n1",
         "source": "squeue",
     }
+
+
+def test_a_requeued_job_waiting_to_start_again_counts_its_requeue(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """After `scontrol requeue` (or its own requeue on the warning signal) the job pends
+    under its id with no new start record yet: Slurm has counted the restart, so does
+    status (was `requeues: 0` until the next attempt started)."""
+    run = new_run(tmp_path)
+    run.record_submission("4", "devcluster", run.log_dir)
+    run.append_attempt({"event": "start", "job_id": "4", "restart_count": 0})
+    run.append_attempt(
+        {"event": "end", "job_id": "4", "reason": "requeued", "action": "requeued by Slurm"}
+    )
+    scheduler(monkeypatch, "PENDING")
+    report = status_lines(run, capsys)
+    assert report["state"] == "PENDING" and report["attempts"] == "1", report
+    assert report["requeues"] == "1", report
+    scheduler(monkeypatch, "CANCELLED")  # cancelled while it waited: it never came back
+    assert status_lines(run, capsys)["requeues"] == "0"
+    scheduler(monkeypatch, "RUNNING")  # started again: counted once, by its start record
+    run.append_attempt({"event": "start", "job_id": "4", "restart_count": 1})
+    report = status_lines(run, capsys)
+    assert report["attempts"] == "2" and report["requeues"] == "1", report
+    # A time limit it requeued itself after, then waiting again; a failed requeue is none.
+    run.append_attempt({"event": "end", "job_id": "4", "reason": "timeout", "action": "requeued"})
+    scheduler(monkeypatch, "PENDING")
+    assert status_lines(run, capsys)["requeues"] == "2"
+    run.append_attempt({"event": "start", "job_id": "4", "restart_count": 2})
+    run.append_attempt(
+        {"event": "end", "job_id": "4", "reason": "timeout", "action": "requeue failed: denied"}
+    )
+    assert status_lines(run, capsys)["requeues"] == "2"
+
+
+def test_sweep_status_counts_a_requeued_trial_waiting_to_start_again(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from hpcdl.sweep import states
+    from hpcdl.sweep.ledger import Ledger, TrialRecord, save
+
+    sweep = tmp_path / "sw"
+    trials = []
+    for i in range(2):
+        cfg = compose_config([f"run_dir={sweep / str(i)}"])
+        create_run_dir(cfg)
+        trials.append(TrialRecord(i, [f"optim.lr={i}"], str(sweep / str(i)), job_id=f"41_{i}"))
+    ledger = Ledger(str(sweep), "devcluster", "slurm", ["optim.lr"], [], trials=trials)
+    ledger.submissions.append({"array_job_id": "41", "trials": [0, 1]})
+    save(ledger)
+    requeued = RunDir(sweep / "1")
+    requeued.append_attempt({"event": "start", "job_id": "41_1", "restart_count": 0})
+    requeued.append_attempt(
+        {"event": "end", "job_id": "41_1", "reason": "preempted", "action": "requeued"}
+    )
+    RunDir(sweep / "0").append_attempt({"event": "start", "job_id": "41_0", "restart_count": 0})
+    answers = {"sacct": "41_0|RUNNING\n41_1|PENDING\n", "squeue": "41_0|RUNNING\n41_1|PENDING\n"}
+    monkeypatch.setattr(states, "query", lambda cmd: answers[cmd[0]])
+    main(["sweep", "status", str(sweep)])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if "41_" in line]
+    # trial, state, requeues
+    assert [(r[3].strip(), r[4].strip(), r[6].strip()) for r in rows] == [
+        ("41_0", "RUNNING", "0"),
+        ("41_1", "PENDING", "1"),
+    ], rows

@@ -317,6 +317,8 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
     """What `hpcdl status` prints (and Job.status() returns): the scheduler's view, the run
     dir's records, and the run dir's verdict once the scheduler has forgotten the job."""
     report = {**job_state(job_id), **run_status(run_dir)}
+    if run_dir is not None and is_active(report["state"]) and requeue_pending(run_dir):
+        report["requeues"] += 1  # requeued (or chained), not started again yet
     if run_dir is None and report["source"] in (SQUEUE_FAILED, NO_SLURM):
         raise no_scheduler_error(job_id, report["source"])
     if report["source"] not in (NO_ACCOUNTING, NOT_IN_ACCOUNTING):
@@ -490,6 +492,23 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
         }
         info["weights_sha256"] = summary.get("weights_sha256")
     return info
+
+
+def requeue_pending(run_dir: RunDir) -> bool:
+    """The newest attempt stopped and came back (an outside `scontrol requeue`, its own
+    requeue after a warning signal or a stall, the next job of a chain), but no attempt has
+    started since: while that job is queued, a requeue the run dir's start records do not
+    count yet (RunDir.requeues()). Slurm counts it at once (`Restarts=1` in `scontrol show
+    job`), and so does `hpcdl status`."""
+    attempts = run_dir.read_attempts()
+    if not any(a.get("event") == "start" for a in attempts):
+        return False
+    for record in attempts[_newest_start(attempts) :]:
+        action = str(record.get("action", ""))
+        came_back = record.get("reason") == "requeued" or action.startswith(("requeue", "chained:"))
+        if record.get("event") in ("end", "stall") and came_back:
+            return not action.startswith("requeue failed")
+    return False
 
 
 def _newest_start(attempts: list[dict[str, Any]]) -> int:

@@ -18,7 +18,7 @@ from hpcdl.atomic import write_atomic
 from hpcdl.config.convert import to_plain
 from hpcdl.errors import HpcdlError, plural
 from hpcdl.launch.diagnose import describe, root_cause
-from hpcdl.launch.monitor import FAILED_STATES
+from hpcdl.launch.monitor import FAILED_STATES, is_active, requeue_pending
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.direction import Direction
@@ -109,6 +109,8 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
             run_dir = RunDir(Path(t.run_dir))
             t.state = settled_state(t.state, run_dir)
             t.requeues = run_dir.requeues()
+            if is_active(t.state) and requeue_pending(run_dir):
+                t.requeues += 1  # requeued, not started again yet (hpcdl status)
             t.overrides = overrides_as_run(t.planned, run_dir)
         chosen, metric = metric, metric or default_metric(ledger)
         for t in ledger.trials:

@@ -15,6 +15,8 @@ process group the failing rank has not destroyed, the teardown could also wait o
 A stop signal that comes while the rank starts is recorded from the first moment
 (hpcdl.signals.record_early_stops), also over submitit's own handlers, which would only log
 a SIGTERM ("Bypassing signal SIGTERM"); the job's handlers take it over when they go in.
+SIGCONT, which Slurm sends before each of those SIGTERMs, gets its default action back
+instead of submitit's handler, which logged it as noise in every rank's log.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import logging
 import os
 import shlex
+import signal
 import sys
 import threading
 import traceback
@@ -112,6 +115,11 @@ def _keep_early_stops_over_submitits() -> None:
     def handle_signals(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         record_early_stops()
+        # Slurm sends SIGCONT before the SIGTERM of every scancel, requeue and preemption
+        # (in case the job was suspended); submitit's handler only logged it, once per
+        # signal ("Bypassing signal SIGCONT"). Its default action continues a stopped
+        # process and is otherwise nothing.
+        signal.signal(signal.SIGCONT, signal.SIG_DFL)
 
     JobEnvironment._handle_signals = handle_signals  # type: ignore[method-assign]
 

@@ -156,6 +156,10 @@ def test_outside_scontrol_requeue_mid_run_resumes_exactly(devcluster, tmp_path) 
     starts = [a for a in record if a["event"] == "start"]
     assert len(starts) >= 2 and starts[-1]["restart_count"] >= 1
     assert s["weights_sha256"] == reference_sha(tmp_path, *LONG)
+    # Slurm's SIGCONT before the requeue's SIGTERM is no line of the rank's log (submitit
+    # logged "Bypassing signal SIGCONT" for it).
+    log = (run_dir / "logs" / f"{job_id}_0_log.out").read_text()
+    assert "DUE TO JOB REQUEUE" in log and "SIGCONT" not in log.replace("srun: got SIGCONT", "")
 
 
 # A researcher's own package: a model class, a lazily computed dataset with random

@@ -526,6 +526,24 @@ def test_a_requeued_job_waiting_to_start_again_counts_its_requeue(
         {"event": "end", "job_id": "4", "reason": "timeout", "action": "requeue failed: denied"}
     )
     assert status_lines(run, capsys)["requeues"] == "2"
+    # Requeued, then cancelled while it waited; `hpcdl resume` submits job 5: no requeue.
+    run.append_attempt({"event": "start", "job_id": "4", "restart_count": 3})
+    run.append_attempt({"event": "end", "job_id": "4", "reason": "requeued", "action": "x"})
+    assert status_lines(run, capsys)["requeues"] == "4"
+    run.record_submission("5", "devcluster", run.log_dir)
+    assert status_lines(run, capsys)["requeues"] == "3"
+    # cluster.requeue=chain: the stop names the next job, which waits for it.
+    run.append_attempt({"event": "start", "job_id": "5", "restart_count": 0})
+    run.append_attempt(
+        {
+            "event": "end",
+            "job_id": "5",
+            "reason": "timeout",
+            "action": "chained: job 6 (afterany:5)",
+        }
+    )
+    run.record_submission("6", "devcluster", run.log_dir)
+    assert status_lines(run, capsys)["requeues"] == "4"
 
 
 def test_sweep_status_counts_a_requeued_trial_waiting_to_start_again(
@@ -544,11 +562,17 @@ def test_sweep_status_counts_a_requeued_trial_waiting_to_start_again(
     ledger.submissions.append({"array_job_id": "41", "trials": [0, 1]})
     save(ledger)
     requeued = RunDir(sweep / "1")
-    requeued.append_attempt({"event": "start", "job_id": "41_1", "restart_count": 0})
+    # Slurm's own id of an array task's job ("41" here: the task that started last keeps
+    # the array's), beside the array and the task.
     requeued.append_attempt(
-        {"event": "end", "job_id": "41_1", "reason": "preempted", "action": "requeued"}
+        {"event": "start", "job_id": "41", "array_job": "41", "array_task": "1", "restart_count": 0}
     )
-    RunDir(sweep / "0").append_attempt({"event": "start", "job_id": "41_0", "restart_count": 0})
+    requeued.append_attempt(
+        {"event": "end", "job_id": "41", "reason": "preempted", "action": "requeued"}
+    )
+    RunDir(sweep / "0").append_attempt(
+        {"event": "start", "job_id": "42", "array_job": "41", "array_task": "0", "restart_count": 0}
+    )
     answers = {"sacct": "41_0|RUNNING\n41_1|PENDING\n", "squeue": "41_0|RUNNING\n41_1|PENDING\n"}
     monkeypatch.setattr(states, "query", lambda cmd: answers[cmd[0]])
     main(["sweep", "status", str(sweep)])

@@ -317,7 +317,7 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
     """What `hpcdl status` prints (and Job.status() returns): the scheduler's view, the run
     dir's records, and the run dir's verdict once the scheduler has forgotten the job."""
     report = {**job_state(job_id), **run_status(run_dir)}
-    if run_dir is not None and is_active(report["state"]) and requeue_pending(run_dir):
+    if run_dir is not None and is_active(report["state"]) and requeue_pending(run_dir, job_id):
         report["requeues"] += 1  # requeued (or chained), not started again yet
     if run_dir is None and report["source"] in (SQUEUE_FAILED, NO_SLURM):
         raise no_scheduler_error(job_id, report["source"])
@@ -494,20 +494,29 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     return info
 
 
-def requeue_pending(run_dir: RunDir) -> bool:
-    """The newest attempt stopped and came back (an outside `scontrol requeue`, its own
-    requeue after a warning signal or a stall, the next job of a chain), but no attempt has
-    started since: while that job is queued, a requeue the run dir's start records do not
-    count yet (RunDir.requeues()). Slurm counts it at once (`Restarts=1` in `scontrol show
-    job`), and so does `hpcdl status`."""
+def requeue_pending(run_dir: RunDir, job_id: str) -> bool:
+    """Job `job_id` is the newest attempt's come back (an outside `scontrol requeue`, its
+    own requeue after a warning signal or a stall, under the same id; the next job of a
+    chain, which the stop record names), but has not started since: while it is queued,
+    a requeue the run dir's start records do not count yet (RunDir.requeues()). Slurm
+    counts it at once (`Restarts=1` in `scontrol show job`), and so does `hpcdl status`.
+    Another job (`sweep rerun`, `hpcdl resume` after the requeued job was cancelled) is
+    no requeue."""
     attempts = run_dir.read_attempts()
     if not any(a.get("event") == "start" for a in attempts):
         return False
+    start = attempts[_newest_start(attempts)]
+    # An array task's records carry Slurm's own id of the task's job beside ARRAY_TASK.
+    started_as = (str(start.get("job_id")), f"{start.get('array_job')}_{start.get('array_task')}")
     for record in attempts[_newest_start(attempts) :]:
         action = str(record.get("action", ""))
-        came_back = record.get("reason") == "requeued" or action.startswith(("requeue", "chained:"))
-        if record.get("event") in ("end", "stall") and came_back:
-            return not action.startswith("requeue failed")
+        if record.get("event") not in ("end", "stall"):
+            continue
+        if action.startswith("chained:"):
+            return action.startswith(f"chained: job {job_id} ")
+        requeued = record.get("reason") == "requeued" or action.startswith("requeue")
+        if requeued and not action.startswith("requeue failed"):
+            return job_id in started_as
     return False
 
 

@@ -109,7 +109,7 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
             run_dir = RunDir(Path(t.run_dir))
             t.state = settled_state(t.state, run_dir)
             t.requeues = run_dir.requeues()
-            if is_active(t.state) and requeue_pending(run_dir):
+            if t.job_id and is_active(t.state) and requeue_pending(run_dir, t.job_id):
                 t.requeues += 1  # requeued, not started again yet (hpcdl status)
             t.overrides = overrides_as_run(t.planned, run_dir)
         chosen, metric = metric, metric or default_metric(ledger)

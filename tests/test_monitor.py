@@ -582,3 +582,52 @@ def test_sweep_status_counts_a_requeued_trial_waiting_to_start_again(
         ("41_0", "RUNNING", "0"),
         ("41_1", "PENDING", "1"),
     ], rows
+
+
+def test_a_trial_that_stopped_itself_is_not_blamed_on_its_exit_status(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """An array task that saved and stopped at its time limit past cluster.max_requeues
+    exits 3, which Slurm calls FAILED: its last_end says why, and neither `hpcdl status
+    SWEEP_DIR/1` nor `sweep status` names srun's 'Exited with exit code 3' as the cause
+    (they did for array tasks: the end record has Slurm's own job id, not 41_1)."""
+    from hpcdl.launch import monitor
+    from hpcdl.sweep import states
+    from hpcdl.sweep.ledger import Ledger, TrialRecord, save
+
+    sweep = tmp_path / "sw"
+    trials = []
+    for i in range(2):
+        create_run_dir(compose_config([f"run_dir={sweep / str(i)}"]))
+        trials.append(TrialRecord(i, [f"optim.lr={i}"], str(sweep / str(i)), job_id=f"41_{i}"))
+    ledger = Ledger(str(sweep), "devcluster", "slurm", ["optim.lr"], [], trials=trials)
+    ledger.submissions.append({"array_job_id": "41", "trials": [0, 1]})
+    save(ledger)
+    (sweep / "logs").mkdir()
+    for i, job in enumerate(["42", "41"]):
+        run = RunDir(sweep / str(i))
+        start = {"event": "start", "job_id": job, "array_job": "41", "array_task": str(i)}
+        run.append_attempt({**start, "restart_count": 0})
+        (sweep / "logs" / f"41_{i}_0_log.out").write_text(
+            "srun: error: n1: task 0: Exited with exit code 3\n"
+            if i
+            else "Traceback (most recent call last):\nRuntimeError: boom\n"
+        )
+    action = "not requeued: cluster.max_requeues=0 timeouts reached"
+    RunDir(sweep / "1").append_attempt(
+        {"event": "end", "job_id": "41", "reason": "timeout", "action": action}
+    )
+    RunDir(sweep / "0").append_attempt(
+        {"event": "end", "job_id": "42", "reason": "failed", "error": "RuntimeError: boom"}
+    )
+    answers = {"sacct": "41_0|FAILED\n41_1|FAILED\n", "squeue": ""}
+    monkeypatch.setattr(states, "query", lambda cmd: answers[cmd[0]])
+    assert main(["sweep", "status", str(sweep)]) == 1
+    out = capsys.readouterr().out
+    assert "trial 0 failed: stopped" not in out, out  # an error is no stop of its own
+    assert f"trial 1 failed: stopped: timeout ({action})\n" in out, out
+    answers.update(sacct="41_1|FAILED|00:01:09|3:0|n1\n")
+    monkeypatch.setattr(monitor, "query", lambda cmd: answers[cmd[0]])
+    report = status_lines(RunDir(sweep / "1"), capsys)
+    assert report["state"] == "FAILED" and report["last_end"] == f"timeout ({action})"
+    assert "cause" not in report, report

@@ -466,12 +466,7 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     # resume that was killed since (no end of its own: SIGKILL, out of memory, a node lost)
     ends = [a for a in attempts[_newest_start(attempts) :] if a.get("event") == "end"]
     if ends:
-        action, error = ends[-1].get("action"), ends[-1].get("error")
-        info["last_end"] = (
-            f"{ends[-1].get('reason')}"
-            + (f" ({action})" if action else "")
-            + (f": {error}" if error else "")
-        )
+        info["last_end"] = end_text(ends[-1])
     last = run_dir.metrics.last_row()
     if last is not None:
         info["last_epoch"] = last.get("epoch")
@@ -505,9 +500,7 @@ def requeue_pending(run_dir: RunDir, job_id: str) -> bool:
     attempts = run_dir.read_attempts()
     if not any(a.get("event") == "start" for a in attempts):
         return False
-    start = attempts[_newest_start(attempts)]
-    # An array task's records carry Slurm's own id of the task's job beside ARRAY_TASK.
-    started_as = (str(start.get("job_id")), f"{start.get('array_job')}_{start.get('array_task')}")
+    started_as = job_refs(attempts[_newest_start(attempts)])
     for record in attempts[_newest_start(attempts) :]:
         action = str(record.get("action", ""))
         if record.get("event") not in ("end", "stall"):
@@ -518,6 +511,17 @@ def requeue_pending(run_dir: RunDir, job_id: str) -> bool:
         if requeued and not action.startswith("requeue failed"):
             return job_id in started_as
     return False
+
+
+def end_text(end: dict[str, Any]) -> str:
+    """An end record as `last_end` shows it: `timeout (not requeued: ...)`, `failed (exit):
+    DataError: ...`."""
+    action, error = end.get("action"), end.get("error")
+    return (
+        f"{end.get('reason')}"
+        + (f" ({action})" if action else "")
+        + (f": {error}" if error else "")
+    )
 
 
 def _newest_start(attempts: list[dict[str, Any]]) -> int:
@@ -597,9 +601,28 @@ def stopped_itself(run_dir: RunDir, job_id: str) -> bool:
     """The job's last attempt ended on a stop it recorded (a time limit past
     cluster.max_requeues, a preemption, a cancel): `last_end` says why; its logs hold no
     error to look for (Slurm's banner of an earlier requeue is none)."""
-    ends = [a for a in run_dir.read_attempts() if a.get("event") == "end"]
-    last = ends[-1] if ends else {}
-    return last.get("job_id") == job_id and last.get("reason") in STOPPED_ITSELF
+    return own_stop(run_dir, job_id) is not None
+
+
+def own_stop(run_dir: RunDir, job_id: str) -> Optional[str]:
+    """The last end record of job `job_id` (a job id, or an array task's ARRAYID_TASKID)
+    as `last_end` shows it, when it is a stop the job recorded (STOPPED_ITSELF); None
+    when its last attempt recorded none, or another job's attempt came after."""
+    attempts = run_dir.read_attempts()
+    ends = [i for i, a in enumerate(attempts) if a.get("event") == "end"]
+    if not ends:
+        return None
+    last = attempts[ends[-1]]
+    starts = [a for a in attempts[: ends[-1]] if a.get("event") == "start"]
+    if last.get("reason") not in STOPPED_ITSELF or not starts:
+        return None
+    return end_text(last) if job_id in job_refs(starts[-1]) else None
+
+
+def job_refs(start: dict[str, Any]) -> tuple[str, str]:
+    """The ids a start record's job goes by: Slurm's own id, and for an array task
+    ARRAYID_TASKID (its records carry the first beside the array and the task)."""
+    return str(start.get("job_id")), f"{start.get('array_job')}_{start.get('array_task')}"
 
 
 def log_file(run_dir: RunDir, launch: Launch, rank: int) -> Path:

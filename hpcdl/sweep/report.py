@@ -18,7 +18,7 @@ from hpcdl.atomic import write_atomic
 from hpcdl.config.convert import to_plain
 from hpcdl.errors import HpcdlError, plural
 from hpcdl.launch.diagnose import describe, root_cause
-from hpcdl.launch.monitor import FAILED_STATES, is_active, requeue_pending
+from hpcdl.launch.monitor import FAILED_STATES, is_active, own_stop, requeue_pending
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.direction import Direction
@@ -230,6 +230,10 @@ def failure_causes(ledger: Ledger) -> list[tuple[int, str]]:
         if t.state not in FAILED_STATES or not t.job_id:
             continue
         run_dir = RunDir(Path(t.run_dir))
+        stop = own_stop(run_dir, t.job_id) if ledger.launcher == "slurm" else None
+        if stop is not None:  # it saved and stopped (exit 3: FAILED to Slurm); no error
+            found.append((t.index, f"stopped: {stop}"))
+            continue
         log_dir = run_dir.rank_log(t.job_id, 0).parent
         cause = describe(root_cause(log_dir, t.job_id)) or last_error(run_dir.trial_log)
         if cause:

@@ -631,3 +631,16 @@ def test_a_trial_that_stopped_itself_is_not_blamed_on_its_exit_status(
     report = status_lines(RunDir(sweep / "1"), capsys)
     assert report["state"] == "FAILED" and report["last_end"] == f"timeout ({action})"
     assert "cause" not in report, report
+
+
+@pytest.mark.parametrize("ref", ["25_", "_25", "25__1", "25_1_2"])
+def test_a_malformed_job_id_is_refused_before_slurm_is_asked(monkeypatch, capsys, ref) -> None:
+    """`hpcdl status 25_` was asked of squeue and sacct, and the error blamed a cluster
+    without accounting."""
+    asked = scheduler(monkeypatch, "RUNNING")
+    assert main(["status", ref]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {ref}: neither a run dir nor a Slurm job id (JOBID, ARRAYID or ARRAYID_TASKID)\n"
+    )
+    assert asked == []
+    assert main(["status", "25_1"]) == 0 and asked == ["25_1"]

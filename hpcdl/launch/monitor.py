@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -116,9 +117,11 @@ def resolve(ref: str, command: str) -> tuple[Optional[RunDir], Launch]:
                 "Slurm job id"
             )
         return run_dir, newest_launch(run_dir)
-    if ref.replace("_", "").isdigit():
+    if re.fullmatch(r"\d+(_\d+)?", ref):  # a job, an array, or one of its tasks
         return None, Launch("slurm", ref)
-    raise HpcdlError(f"{ref}: neither a run dir nor a Slurm job id")
+    raise HpcdlError(
+        f"{ref}: neither a run dir nor a Slurm job id (JOBID, ARRAYID or ARRAYID_TASKID)"
+    )
 
 
 def sweep_dir_hint(sweep_dir: Path, command: str) -> str:

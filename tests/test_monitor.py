@@ -135,7 +135,9 @@ def test_a_slurm_run_resumed_locally_shows_the_local_attempt(tmp_path, monkeypat
     assert (report["job_id"], report["state"]) == ("23", "PENDING")
 
 
-def slurm_job_stops(run: RunDir, monkeypatch, signal_name: str | None, left_s: float) -> None:
+def slurm_job_stops(
+    run: RunDir, monkeypatch, signal_name: str | None, left_s: float | None
+) -> None:
     """One attempt of Slurm job 22 as its rank 0 records it (hpcdl.launch.slurm_job.main):
     training stopped on `signal_name` (None: `hpcdl run`'s program asked to stop) with
     `left_s` seconds to the time limit; no Slurm to requeue it."""
@@ -644,3 +646,22 @@ def test_a_malformed_job_id_is_refused_before_slurm_is_asked(monkeypatch, capsys
     )
     assert asked == []
     assert main(["status", "25_1"]) == 0 and asked == ["25_1"]
+
+
+def test_a_time_limit_where_squeue_cannot_say_is_a_time_limit(tmp_path, monkeypatch) -> None:
+    """Inside a container without Slurm's commands squeue cannot give the time left: the
+    warning was taken for a preemption, requeued past cluster.max_requeues for ever. The
+    job's own clock (its start plus cluster.timeout_min) decides there."""
+    from hpcdl.launch import slurm_job
+
+    overrides = ["cluster=devcluster", "cluster.max_requeues=0", "cluster.timeout_min=1"]
+    run = create_run_dir(compose_config([f"run_dir={tmp_path / 'run'}", *overrides]))[1]
+    slurm_job_stops(run, monkeypatch, "SIGUSR2", left_s=None)
+    end = run.read_attempts()[-1]
+    assert (end["reason"], end["action"]) == (
+        "timeout",
+        "not requeued: cluster.max_requeues=0 timeouts reached",
+    )
+    # With an hour to go by its clock, the same warning is a preemption.
+    assert slurm_job.classify("SIGUSR2", "SIGUSR2", "1", 30, limit_left_s=3600.0) == "preempted"
+    assert slurm_job.classify("SIGUSR2", "SIGUSR2", "1", 30, limit_left_s=100.0) == "timeout"

@@ -14,6 +14,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -115,8 +116,13 @@ def classify(
     job_id: str,
     signal_delay_s: int,
     started_restarts: int = 0,
+    limit_left_s: float | None = None,
 ) -> str:
-    """Why the job stopped. started_restarts: SLURM_RESTART_COUNT when the job started."""
+    """Why the job stopped. started_restarts: SLURM_RESTART_COUNT when the job started;
+    limit_left_s: the seconds to the time limit by the job's own clock (the attempt's start
+    plus cluster.timeout_min), for where squeue cannot say (a container without Slurm's
+    commands): without it every time-limit warning there was a preemption, requeued
+    whatever cluster.max_requeues said, for ever."""
     if signal_name is None:
         return "requested"  # `hpcdl run`: the program exited with EXIT_INTERRUPTED itself
     if signal_name != warning:
@@ -127,6 +133,8 @@ def classify(
             return "requeued"
         return "cancelled"
     left = seconds_left(job_id)
+    if left is None:
+        left = limit_left_s
     if left is not None and left <= signal_delay_s + TIMEOUT_SLACK_S:
         return "timeout"
     return "preempted"
@@ -153,7 +161,13 @@ def hold_or_exit(path: RunDir, env: RankEnv) -> Iterator[None]:
             yield
     except RunDirBusy as err:
         path.append_attempt(
-            {"event": "end", "job_id": env.job_id, "end": _now(), "reason": "busy", "action": "exit"}
+            {
+                "event": "end",
+                "job_id": env.job_id,
+                "end": _now(),
+                "reason": "busy",
+                "action": "exit",
+            }
         )
         print(f"hpcdl: error: {err}", flush=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -188,6 +202,7 @@ def main(run_dir: str) -> dict[str, Any]:
     from hpcdl.signals import stop_on_signals
     from hpcdl.workdir import in_workdir
 
+    started = time.monotonic()  # the attempt's start, within the seconds srun takes
     path = RunDir(Path(run_dir))
     cfg = path.load_config()
     # First thing, before torch is imported: the warning signal may already be on its way.
@@ -227,8 +242,14 @@ def main(run_dir: str) -> dict[str, Any]:
         sys.exit(outcome.failed_exit_code)
     warning = stop_signal_names(cfg.cluster.signal)[-1]
     started_restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    limit_left_s = cfg.cluster.timeout_min * 60 - (time.monotonic() - started)
     reason = classify(
-        outcome.signal_name, warning, env.job_id or "", cfg.cluster.signal_delay_s, started_restarts
+        outcome.signal_name,
+        warning,
+        env.job_id or "",
+        cfg.cluster.signal_delay_s,
+        started_restarts,
+        limit_left_s,
     )
     if env.is_main:
         num_timeouts = sum(1 for a in path.read_attempts() if a.get("reason") in LIMITED_REASONS)

@@ -665,3 +665,27 @@ def test_a_time_limit_where_squeue_cannot_say_is_a_time_limit(tmp_path, monkeypa
     # With an hour to go by its clock, the same warning is a preemption.
     assert slurm_job.classify("SIGUSR2", "SIGUSR2", "1", 30, limit_left_s=3600.0) == "preempted"
     assert slurm_job.classify("SIGUSR2", "SIGUSR2", "1", 30, limit_left_s=100.0) == "timeout"
+
+
+def test_an_array_task_cancelled_before_it_ran_is_cancelled_not_unknown(
+    monkeypatch, capsys
+) -> None:
+    """`scancel 38` while 38_1 and 38_2 waited: sacct keeps one record for them,
+    `38_[1-2%1]`, and none under their own ids. `hpcdl status 38_1` said 'neither squeue
+    nor sacct knows it; check the id' (and `hpcdl status SWEEP_DIR/1` UNKNOWN), while
+    `hpcdl sweep status` said CANCELLED."""
+    from hpcdl.launch import monitor
+
+    def query(cmd: list[str]) -> str:
+        if cmd[0] == "squeue":
+            return "" if "-j" in cmd else "1|RUNNING\n"
+        array = "38_0|CANCELLED by 0|00:00:08|0:0|n1\n38_[1-2%1]|CANCELLED by 0|00:00:00|0:0|None\n"
+        return array if cmd[cmd.index("-j") + 1] == "38" else ""
+
+    monkeypatch.setattr(monitor, "query", query)
+    assert main(["status", "38_1"]) == 0
+    out = capsys.readouterr().out
+    assert "job_id: 38_1\n" in out and "state: CANCELLED\n" in out, out
+    assert "source: sacct (the array's record 38_[1-2%1]: it never ran)" in out
+    assert main(["status", "38_5"]) == 2  # no such task: as before
+    assert "neither squeue nor sacct knows it" in capsys.readouterr().err

@@ -259,6 +259,10 @@ def job_state(job_id: str) -> dict[str, str]:
             "where": nodes,
             "source": "sacct",
         }
+    if out is not None and not out.strip() and "_" in job_id:
+        grouped = _in_array_record(job_id)
+        if grouped is not None:
+            return grouped
     if out is None and query(["squeue", "-h", "-o", "%i"]) is None:
         # The controller does not answer at all: say so, guess nothing.
         source = NO_SLURM if shutil.which("squeue") is None else SQUEUE_FAILED
@@ -267,6 +271,40 @@ def job_state(job_id: str) -> dict[str, str]:
     # there is no accounting (sacct failed) or accounting never had it (a wrong id).
     source = NO_ACCOUNTING if out is None else NOT_IN_ACCOUNTING
     return {"job_id": job_id, "state": "UNKNOWN", "source": source}
+
+
+def _in_array_record(job_id: str) -> Optional[dict[str, str]]:
+    """An array task that never ran as a job of its own (cancelled while it waited): sacct
+    has no record of it, only its array's for such tasks (`52_[1-2%1] CANCELLED`)."""
+    array = job_id.partition("_")[0]
+    out = query(["sacct", "-n", "-P", "-X", "-j", array, "-o", "JobID,State"]) or ""
+    for line in out.strip().splitlines():
+        record, _, state = line.partition("|")
+        if record != job_id and job_id in task_ids(record):
+            return {
+                "job_id": job_id,
+                "state": state.split()[0] if state.strip() else "UNKNOWN",
+                "source": f"sacct (the array's record {record}: it never ran)",
+            }
+    return None
+
+
+# sacct's one record for an array's tasks that have not run as their own job:
+# 52_[1-2%1], 52_[1,3,5-7]. Cancelling the array ends them all under that record.
+_ARRAY_TASKS = re.compile(r"^(\d+)_\[([\d,-]+)(?:%\d+)?\]$")
+
+
+def task_ids(record: str) -> list[str]:
+    """The tasks a sacct record stands for: 52_[1-2%1] -> 52_1, 52_2; 52_0 -> 52_0."""
+    match = _ARRAY_TASKS.match(record)
+    if match is None:
+        return [record]
+    array, spec = match.groups()
+    tasks: list[str] = []
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        tasks += [f"{array}_{k}" for k in range(int(first), int(last or first) + 1)]
+    return tasks
 
 
 def _with_finished_tasks(job_id: str, queued: list[str]) -> list[str]:

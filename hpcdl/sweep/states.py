@@ -5,7 +5,6 @@ tasks cancelled while queued. No torch (login node)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -16,26 +15,10 @@ from hpcdl.launch.monitor import (
     newest_launch,
     query,
     state_from_run_dir,
+    task_ids,
 )
 from hpcdl.rundir import RunDir
 from hpcdl.sweep.ledger import CANCELLED, COMPLETED, Ledger
-
-# sacct's one record for an array's tasks that have not run as their own job:
-# 52_[1-2%1], 52_[1,3,5-7]. Cancelling the array ends them all under that record.
-_ARRAY_TASKS = re.compile(r"^(\d+)_\[([\d,-]+)(?:%\d+)?\]$")
-
-
-def _task_ids(job: str) -> list[str]:
-    """The tasks a sacct record stands for: 52_[1-2%1] -> 52_1, 52_2; 52_0 -> 52_0."""
-    match = _ARRAY_TASKS.match(job)
-    if match is None:
-        return [job]
-    array, spec = match.groups()
-    tasks: list[str] = []
-    for part in spec.split(","):
-        first, _, last = part.partition("-")
-        tasks += [f"{array}_{k}" for k in range(int(first), int(last or first) + 1)]
-    return tasks
 
 
 def parse_states(out: str) -> dict[str, str]:
@@ -44,7 +27,7 @@ def parse_states(out: str) -> dict[str, str]:
     for line in out.splitlines():  # a requeued task has one sacct row per run: last wins
         job, _, state = line.partition("|")
         state = state.split()[0] if state.strip() else "UNKNOWN"
-        for task in _task_ids(job.strip()):
+        for task in task_ids(job.strip()):
             (states if task == job.strip() else grouped)[task] = state
     return {**grouped, **states}  # a task's own record wins over its array's
 

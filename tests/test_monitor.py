@@ -167,6 +167,10 @@ def slurm_job_stops(
         (None, 3000.0, "requested", "INTERRUPTED"),  # the program stopped itself: was FAILED
         ("SIGUSR2", 40.0, "timeout", "TIMEOUT"),
         ("SIGUSR2", 3000.0, "preempted", "PREEMPTED"),
+        # Slurm's SIGTERM at the time limit, its warning not acted on in time: was
+        # `cancelled` (CANCELLED without accounting; TIMEOUT beside `last_end: cancelled`
+        # with it).
+        ("SIGTERM", -24.0, "timeout", "TIMEOUT"),
     ],
 )
 def test_a_slurm_job_gone_from_the_queue_is_judged_by_its_end_record(
@@ -689,3 +693,35 @@ def test_an_array_task_cancelled_before_it_ran_is_cancelled_not_unknown(
     assert "source: sacct (the array's record 38_[1-2%1]: it never ran)" in out
     assert main(["status", "38_5"]) == 2  # no such task: as before
     assert "neither squeue nor sacct knows it" in capsys.readouterr().err
+
+
+def test_a_job_ended_at_its_time_limit_before_its_warning_requeues_as_a_time_limit(
+    tmp_path, monkeypatch
+) -> None:
+    """Slurm's SIGTERM at the time limit (the warning came too late): the job saved, so it
+    comes back as after the warning, counted against cluster.max_requeues (was recorded as
+    `cancelled` and never came back)."""
+    from hpcdl.launch import slurm_job
+
+    came_back: list[str] = []
+    monkeypatch.setattr(
+        slurm_job,
+        "come_back",
+        lambda cfg, path, env, job_id: came_back.append(job_id) or "requeued",
+    )
+    for limit in (1, 0):
+        name = f"run{limit}"
+        overrides = [
+            f"run_dir={tmp_path / name}",
+            "cluster=devcluster",
+            f"cluster.max_requeues={limit}",
+        ]
+        run = create_run_dir(compose_config(overrides))[1]
+        slurm_job_stops(run, monkeypatch, "SIGTERM", left_s=-24.0)
+        end = run.read_attempts()[-1]
+        assert (end["reason"], end["signal"]) == ("timeout", "SIGTERM")
+        if limit:
+            assert end["action"] == "requeued" and came_back == ["22"]
+        else:
+            assert end["action"] == "not requeued: cluster.max_requeues=0 timeouts reached"
+    assert came_back == ["22"]

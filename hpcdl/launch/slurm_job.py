@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 # limit is the time-limit warning; with more left it is a preemption. sbatch(1): "the
 # signal may be sent up to 60 seconds earlier than specified", hence the slack.
 TIMEOUT_SLACK_S = 90
+# A SIGTERM with at most this many seconds left is Slurm ending the job at its time limit
+# (it kills at the limit or, checking periodically, after it: the dev cluster's came 24 s
+# past a 1-minute limit); the slack is for the node's clock against the controller's.
+TERM_AT_LIMIT_S = 10
 
 
 def _now() -> str:
@@ -131,13 +135,24 @@ def classify(
         restarts = restarts_now(job_id) if job_id else None
         if restarts is not None and restarts > started_restarts:
             return "requeued"
+        # Slurm's own SIGTERM at the time limit, the warning not acted on before it (it
+        # came too late: cluster.signal_delay_s=0, or a step longer than the delay). Saved
+        # within KillWait, the job still requeues itself: Slurm 22.05 takes `scontrol
+        # requeue` from a job it is ending for its time limit (REQUEUED, then it runs again).
+        left = _time_left(job_id, limit_left_s)
+        if left is not None and left <= TERM_AT_LIMIT_S:
+            return "timeout"
         return "cancelled"
-    left = seconds_left(job_id)
-    if left is None:
-        left = limit_left_s
+    left = _time_left(job_id, limit_left_s)
     if left is not None and left <= signal_delay_s + TIMEOUT_SLACK_S:
         return "timeout"
     return "preempted"
+
+
+def _time_left(job_id: str, limit_left_s: float | None) -> float | None:
+    """Seconds to the time limit: squeue's, else the job's own clock's."""
+    left = seconds_left(job_id) if job_id else None
+    return limit_left_s if left is None else left
 
 
 def should_requeue(reason: str, num_timeouts_before: int, max_requeues: int) -> bool:

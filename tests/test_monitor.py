@@ -488,6 +488,11 @@ def test_an_array_by_its_own_id_is_headlined_as_a_whole(monkeypatch, capsys) -> 
     answers.update(squeue=answers["squeue"].replace("RUNNING", "COMPLETING"))
     answers.update(sacct="52_0|COMPLETED\n")
     assert monitor.job_state("52")["state"] == "COMPLETING"  # still active, not done
+    # Every task still waits: squeue's one line is the array's too.
+    answers.update(squeue="52_[0-3%1]|PENDING|0:00|10:00|1|(Priority)\n", sacct="")
+    state = monitor.job_state("52")
+    assert (state["job_id"], state["state"]) == ("52", "PENDING"), state
+    assert state["array_tasks"] == "52_[0-3%1] PENDING"
     # A task alone is reported as before.
     answers.update(squeue="52_1|RUNNING|0:04|10:00|1|n1\n")
     assert monitor.job_state("52_1") == {

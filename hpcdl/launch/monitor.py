@@ -329,7 +329,7 @@ def _array_tasks(job_id: str, lines: list[str]) -> list[tuple[str, str]]:
     """A job array asked for by its own id (`hpcdl status 52`): every task's id and state
     (a pending range as squeue or sacct writes it, `52_[3-5%1]`); [] for any other job."""
     tasks = [(jid, state.split()[0]) for jid, state, *_ in (line.split("|") for line in lines)]
-    if "_" in job_id or len(tasks) < 2 or not all(t[0].startswith(f"{job_id}_") for t in tasks):
+    if "_" in job_id or not tasks or not all(t[0].startswith(f"{job_id}_") for t in tasks):
         return []
     return tasks
 

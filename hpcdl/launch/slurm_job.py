@@ -271,7 +271,7 @@ def main(run_dir: str) -> dict[str, Any]:
         if should_requeue(reason, num_timeouts, cfg.cluster.max_requeues) and env.job_id:
             action = come_back(cfg, path, env, env.job_id)
         elif reason == "requeued":
-            action = "requeued by Slurm (an outside scontrol requeue)"
+            action = "requeued by Slurm (an outside scontrol requeue, or a failed node)"
         elif reason in LIMITED_REASONS:
             action = (
                 f"not requeued: cluster.max_requeues={cfg.cluster.max_requeues} timeouts reached"

@@ -590,9 +590,18 @@ def _command_line(verb: str) -> str:
 
 
 def _read_json(path: Path) -> Optional[dict[str, Any]]:
+    """A run dir's JSON record; None without one. hpcdl writes them atomically, so a file
+    that does not parse was changed by something else: named in one line, not a traceback."""
     if not path.is_file():
         return None
-    value = json.loads(path.read_text())
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        where = f"line {err.lineno}" if isinstance(err, json.JSONDecodeError) else "its bytes"
+        raise RunDirError(
+            f"{path}: not valid JSON ({where}); it was changed outside hpcdl: put back a "
+            "copy or move it aside"
+        ) from None
     return value if isinstance(value, dict) else None
 
 

@@ -177,3 +177,25 @@ def test_a_run_dir_from_before_rundir_still_evaluates_and_resumes(hpcdl, old_run
         "2",
         "3",
     ]
+
+
+def test_a_damaged_json_record_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
+    """Written atomically by hpcdl, so only an outside edit damages one: it was a
+    JSONDecodeError traceback from hpcdl status."""
+    from hpcdl.cli.main import main
+    from hpcdl.errors import RunDirError
+
+    run = tmp_path / "run"
+    assert main(["train", f"run_dir={run}", "trainer.max_epochs=1"]) == 0
+    (run / "slurm.json").write_text('{"job_id": "12", ')
+    with pytest.raises(RunDirError, match=r"slurm.json: not valid JSON \(line 1\)"):
+        RunDir(run).read_submission()
+    (run / "slurm.json").unlink()
+    (run / "summary.json").write_bytes(b"\xff\xfe")
+    capsys.readouterr()
+    assert main(["status", str(run)]) != 0
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {run / 'summary.json'}: not valid JSON (its bytes); it was changed outside "
+        "hpcdl: put back a copy or move it aside\n"
+    )

@@ -530,6 +530,8 @@ def test_a_key_set_on_the_command_line_is_named_as_the_override(
     for overrides, expected in [
         (["cluster.mem_gb=lots"], "cluster.mem_gb=lots: must be a whole number"),
         (["cluster.timeout_min=0"], "cluster.timeout_min=0: must be > 0"),
+        # sbatch takes --array=0-3%-1 and ignores the limit: every trial at once
+        (["cluster.array_parallelism=-1"], "cluster.array_parallelism=-1: must be >= 0"),
         (["++cluster.mem_gb=lots"], "cluster.mem_gb=lots: must be a whole number"),
     ]:
         with pytest.raises(ConfigError) as info:

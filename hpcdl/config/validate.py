@@ -416,6 +416,7 @@ def _check_cluster(c: schema.ClusterConfig) -> None:
     _non_negative("cluster.signal_delay_s", c.signal_delay_s)
     _non_negative("cluster.max_requeues", c.max_requeues)
     _positive("cluster.rendezvous_timeout_s", c.rendezvous_timeout_s)
+    _non_negative("cluster.array_parallelism", c.array_parallelism)  # sbatch ignores %-1
     if c.container.image is not None and c.launcher != schema.Launcher.slurm:
         raise ConfigError(
             f"cluster.container.image: cluster={c.name} runs on this machine, outside any "

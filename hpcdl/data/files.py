@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import itertools
 import warnings
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +21,9 @@ SUFFIXES = (".npz", ".npy", ".csv")
 # The column dropped from prediction rows with a header, for runs whose checkpoint recorded
 # no feature column names (the files source's default label column).
 LABEL_COLUMN = "label"
+# CSV rows parsed at a time. A cell held as a Python str costs about 60 bytes, so a 200k x 21
+# CSV read whole as text took ~850 MB for 32 MB of float64 features; a chunk takes ~5 MB.
+CSV_CHUNK_NUM_ROWS = 4096
 
 
 def read_files(
@@ -113,30 +118,35 @@ def read_labelled_csv(
 ) -> tuple[np.ndarray, np.ndarray, Optional[list[str]]]:
     """(features, labels, the feature columns' names: None when two header cells are the
     same, as then a name cannot pick one column)."""
-    header, rows = read_csv(file, "data.path")
-    if header is None:
-        raise DataError(
-            f"data.path='{file}': the CSV has no header row; add one naming the columns, with "
-            f"the labels' column named {label_column!r} (or set data.label_column to its name)"
-        )
-    if label_column not in header:
-        raise DataError(
-            f"data.label_column={label_column!r}: no such column in the header of '{file}' "
-            f"({header}); set data.label_column to the column holding the labels"
-        )
-    if not rows:
+
+    def columns(header: Optional[list[str]], width: int) -> CsvColumns:
+        if header is None:
+            raise DataError(
+                f"data.path='{file}': the CSV has no header row; add one naming the columns, "
+                f"with the labels' column named {label_column!r} (or set data.label_column to "
+                "its name)"
+            )
+        if label_column not in header:
+            raise DataError(
+                f"data.label_column={label_column!r}: no such column in the header of "
+                f"'{file}' ({header}); set data.label_column to the column holding the labels"
+            )
+        col = header.index(label_column)
+        picks = [i for i in range(width) if i != col]
+        return CsvColumns(picks, [header[i] for i in picks], label=col)
+
+    header, x, labels = read_csv(file, "data.path", columns)
+    assert header is not None and labels is not None  # columns() refuses a file without them
+    if len(x) == 0:
         raise DataError(f"data.path='{file}': the CSV has a header but no data rows")
-    col = header.index(label_column)
-    labels = np.array([row[col].strip() for row in rows], dtype=str)
     empty = np.flatnonzero(labels == "")
     if empty.size:
         raise DataError(
             f"data.path: '{file}' line {int(empty[0]) + 2} has an empty {label_column!r} cell "
             f"({plural(int(empty.size), 'row')} without a label); fill them in or drop those rows"
         )
-    features = [row[:col] + row[col + 1 :] for row in rows]
+    col = header.index(label_column)
     names = header[:col] + header[col + 1 :]
-    x = parse_numeric_rows(features, file, "data.path", first_line=2, names=names)
     return x, labels, names if len(set(header)) == len(header) else None
 
 
@@ -246,30 +256,67 @@ def has_text(cells: Sequence[str]) -> bool:
     return not all(is_number(cell) for cell in cells)
 
 
+@dataclass
+class CsvColumns:
+    """Which cells of each row to read: `picks` (in this order) as numbers, named `names` in
+    messages (None: by their number), and the text column `label` (None: none)."""
+
+    picks: list[int]
+    names: Optional[list[str]] = None
+    label: Optional[int] = None
+
+
 def read_csv(
-    file: Path, key: str, is_header: Callable[[list[str]], bool] = has_text
-) -> tuple[Optional[list[str]], list[list[str]]]:
-    """(header or None, rows). is_header(first row, its cells stripped) decides whether the
-    first row is a header (training's rule: it is when a cell is not a number); it may raise
-    a DataError for a first row that is neither."""
+    file: Path,
+    key: str,
+    columns: Callable[[Optional[list[str]], int], CsvColumns],
+    is_header: Callable[[list[str]], bool] = has_text,
+) -> tuple[Optional[list[str]], np.ndarray, Optional[np.ndarray]]:
+    """(header or None, the picked cells as float64 [N, len(picks)], the label cells stripped
+    as str [N] or None). is_header(first row, its cells stripped) decides whether the first
+    row is a header (training's rule: it is when a cell is not a number); it may raise a
+    DataError for a first row that is neither. columns(header, width) says which cells to
+    read, and may refuse the header. Rows are parsed CSV_CHUNK_NUM_ROWS at a time, so the
+    file is never held as Python strings whole; the first ragged row or non-number is named
+    by its line."""
     try:
         with file.open(newline="") as f:
-            rows = [row for row in csv.reader(f) if row]
+            rows: Iterator[list[str]] = (row for row in csv.reader(f) if row)
+            first = next(rows, None)
+            if first is None:
+                raise DataError(f"{key}: '{file}' is empty")
+            header = None
+            if is_header([cell.strip() for cell in first]):
+                header = [cell.strip() for cell in first]
+            else:
+                rows = itertools.chain([first], rows)
+            width = len(header) if header is not None else len(first)
+            wanted = columns(header, width)
+            line = 2 if header is not None else 1
+            parts: list[np.ndarray] = []
+            labels: list[np.ndarray] = []
+            while chunk := list(itertools.islice(rows, CSV_CHUNK_NUM_ROWS)):
+                _check_widths(chunk, width, file, key, line)
+                cells = [[row[i] for i in wanted.picks] for row in chunk]
+                parts.append(parse_numeric_rows(cells, file, key, line, wanted.names))
+                if wanted.label is not None:
+                    labels.append(np.array([row[wanted.label].strip() for row in chunk], str))
+                line += len(chunk)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{key}: cannot read '{file}' as CSV: {exc}") from exc
-    if not rows:
-        raise DataError(f"{key}: '{file}' is empty")
-    header = None
-    if is_header([cell.strip() for cell in rows[0]]):
-        header, rows = [cell.strip() for cell in rows[0]], rows[1:]
-    width = len(header) if header is not None else len(rows[0]) if rows else 0
-    for line, row in enumerate(rows, start=2 if header is not None else 1):
+    x = np.concatenate(parts) if parts else np.zeros((0, len(wanted.picks)))
+    if wanted.label is None:
+        return header, x, None
+    return header, x, np.concatenate(labels) if labels else np.zeros(0, str)
+
+
+def _check_widths(rows: list[list[str]], width: int, file: Path, key: str, first_line: int) -> None:
+    for line, row in enumerate(rows, start=first_line):
         if len(row) != width:
             raise DataError(
                 f"{key}: '{file}' line {line} has {len(row)} columns, expected {width}; give "
                 "every row the same number of cells"
             )
-    return header, rows
 
 
 def csv_header(file: Path) -> Optional[list[str]]:
@@ -371,26 +418,34 @@ def read_feature_csv(
     order, its label column dropped, any other column dropped with a warning; a headerless
     file's columns are taken in training order. For a run without names: training's rule (a
     first row with text is a header) and the columns as they are, less a column `label`."""
-    if feature_columns is None:
-        header, rows = read_csv(file, "--input")
-        if header is not None and LABEL_COLUMN in header:
-            col = header.index(LABEL_COLUMN)
-            rows = [row[:col] + row[col + 1 :] for row in rows]
-            header = header[:col] + header[col + 1 :]
+    names = list(feature_columns) if feature_columns is not None else None
+
+    def columns(header: Optional[list[str]], width: int) -> CsvColumns:
+        if header is None:
+            return CsvColumns(list(range(width)))
+        if names is None:
+            keep = [i for i in range(width) if i != _index(header, LABEL_COLUMN)]
+            return CsvColumns(keep, [header[i] for i in keep])
+        picks = _column_indices(file, header, names)
+        _warn_unused_columns(file, header, names, label_column)
+        return CsvColumns(picks, names)
+
+    if names is None:
+        _, x, _ = read_csv(file, "--input", columns)
     else:
-        names = list(feature_columns)
-        header, rows = read_csv(
-            file, "--input", lambda cells: _is_named_header(file, cells, names, label_column)
+        _, x, _ = read_csv(
+            file,
+            "--input",
+            columns,
+            lambda cells: _is_named_header(file, cells, names, label_column),
         )
-        if header is not None:
-            picks = _column_indices(file, header, names)
-            _warn_unused_columns(file, header, names, label_column)
-            rows = [[row[i] for i in picks] for row in rows]
-            header = names
-    if not rows:  # a header alone (read_csv refuses an empty file)
+    if len(x) == 0:  # a header alone (read_csv refuses an empty file)
         raise DataError(f"--input '{file}': a header but no rows; add the rows to predict")
-    first_line = 1 if header is None else 2
-    return parse_numeric_rows(rows, file, "--input", first_line=first_line, names=header)
+    return x
+
+
+def _index(header: list[str], name: str) -> Optional[int]:
+    return header.index(name) if name in header else None
 
 
 def _is_named_header(

@@ -595,10 +595,14 @@ def _write_csv(table: Predictions, target: Optional[Path]) -> None:
 
 def _class_rows(outputs: torch.Tensor, names: list[str]) -> Predictions:
     probs = torch.softmax(outputs, dim=1)
-    rows = []
-    for i, p in enumerate(probs):
-        k = int(p.argmax())
-        rows.append([i, k, names[k] if k < len(names) else str(k), float(p[k])])
+    # One tensor op for all rows: per-row argmax and indexing took ~2.5 s for 200k rows.
+    classes = probs.argmax(dim=1)
+    best = probs.gather(1, classes[:, None]).squeeze(1)
+    labels = [*names, *map(str, range(len(names), probs.shape[1]))]
+    rows = [
+        [i, k, labels[k], p]
+        for i, (k, p) in enumerate(zip(classes.tolist(), best.tolist(), strict=True))
+    ]
     columns = ["row", "predicted", "class_name", "probability"]
     return Predictions(columns, rows, {"probability": _as_text_of(_numpy_dtype(probs))})
 

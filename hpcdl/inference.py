@@ -327,8 +327,13 @@ def _row_batches(state: dict[str, Any], input_path: str) -> Iterator[tuple[torch
     )
     if len(rows) == 0:
         raise DataError(f"--input {input_path!r}: no rows to predict")
-    x = Preprocessing.from_state_dict(state["preprocessing"]).apply(rows)
-    return ((part, None) for part in x.split(EVAL_BATCH_SIZE))
+    prepare = Preprocessing.from_state_dict(state["preprocessing"])
+    # A batch at a time: the prepared copy of all rows (and of a memory-mapped .npy, all its
+    # pages at once) is never made.
+    return (
+        (prepare.apply(rows[start : start + EVAL_BATCH_SIZE]), None)
+        for start in range(0, len(rows), EVAL_BATCH_SIZE)
+    )
 
 
 def _predict_split_batches(cfg: Config, state: dict[str, Any], split: str) -> Iterator[Any]:

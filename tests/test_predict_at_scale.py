@@ -1,12 +1,15 @@
-"""hpcdl predict on many rows: the class table is made by a few tensor operations over all
-rows, not several per row."""
+"""hpcdl predict on many rows: --input read a batch at a time, and the class table made by
+a few tensor operations over all rows, not several per row."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from hpcdl.inference import _class_rows
+from hpcdl.data import Preprocessing
+from hpcdl.data.feed import EVAL_BATCH_SIZE
+from hpcdl.inference import _class_rows, _row_batches
 
 
 class CountTensorOps(TorchFunctionMode):
@@ -39,3 +42,27 @@ def test_class_rows_take_no_tensor_work_per_row():
         table = _class_rows(logits, ["a", "b", "c"])
     assert len(table.rows) == 5_000
     assert ops.count < 50, f"{ops.count} tensor operations for 5000 rows"
+
+
+def test_npy_input_is_read_and_prepared_a_batch_at_a_time(tmp_path):
+    """A float32 .npy given to --input is memory-mapped and prepared batch by batch, with
+    the training preprocessing: it was read whole, copied to float32 and prepared whole
+    (three copies of the file in the process's own memory)."""
+    import tracemalloc
+
+    rows = np.random.default_rng(0).normal(3.0, 2.0, size=(20_000, 100)).astype(np.float32)
+    np.save(tmp_path / "rows.npy", rows)
+    prepare = Preprocessing.fit(rows[:1000], scale=1.0, standardize=True)
+    state = {"data_info": {"input_shape": [100]}, "preprocessing": prepare.state_dict()}
+    total = torch.zeros(100, dtype=torch.float64)
+    tracemalloc.start()
+    try:
+        for x, y in _row_batches(state, str(tmp_path / "rows.npy")):
+            assert y is None and len(x) <= EVAL_BATCH_SIZE
+            total += x.sum(dim=0, dtype=torch.float64)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    expected = prepare.apply(rows).sum(dim=0, dtype=torch.float64)
+    torch.testing.assert_close(total, expected)
+    assert peak < rows.nbytes / 4, f"peak {peak / 2**20:.1f} MiB for {rows.nbytes / 2**20:.0f} MiB"

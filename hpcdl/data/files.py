@@ -21,9 +21,10 @@ SUFFIXES = (".npz", ".npy", ".csv")
 # The column dropped from prediction rows with a header, for runs whose checkpoint recorded
 # no feature column names (the files source's default label column).
 LABEL_COLUMN = "label"
-# CSV rows parsed at a time. A cell held as a Python str costs about 60 bytes, so a 200k x 21
-# CSV read whole as text took ~850 MB for 32 MB of float64 features; a chunk takes ~5 MB.
-CSV_CHUNK_NUM_ROWS = 4096
+# Rows parsed (CSV) or checked for NaN/inf (arrays) at a time. A CSV cell held as a Python str
+# costs about 60 bytes, so a 200k x 21 CSV read whole as text took ~850 MB for 32 MB of
+# float64 features; a chunk takes ~5 MB.
+CHUNK_NUM_ROWS = 4096
 
 
 def read_files(
@@ -211,7 +212,7 @@ def check_numeric(
             f"{where}: features of dtype {x.dtype} are not numeric; convert them to numbers "
             "(one-hot encode categories) first"
         )
-    if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+    if x.dtype.kind == "f" and not _all_finite(x):
         rows = x.reshape(len(x), -1) if x.ndim else x.reshape(1, 1)
         row, col = (int(i) for i in np.argwhere(~np.isfinite(rows))[0])
         if first_line:
@@ -227,6 +228,17 @@ def check_numeric(
     return x
 
 
+def _all_finite(x: np.ndarray) -> bool:
+    """np.isfinite over CHUNK_NUM_ROWS rows at a time: a mask of the whole array would be
+    a quarter of a float32 array's size (of a memory-mapped .npy, in the process's memory)."""
+    if x.ndim == 0:
+        return bool(np.isfinite(x))
+    return all(
+        np.isfinite(x[start : start + CHUNK_NUM_ROWS]).all()
+        for start in range(0, len(x), CHUNK_NUM_ROWS)
+    )
+
+
 # ----------------------------------------------------------------------------- readers
 def load_npz(file: Path, key: str) -> dict[str, np.ndarray]:
     try:
@@ -236,9 +248,11 @@ def load_npz(file: Path, key: str) -> dict[str, np.ndarray]:
         raise DataError(f"{key}: cannot read '{file}' as .npz: {_numpy_reason(exc)}") from exc
 
 
-def load_npy(file: Path, key: str) -> np.ndarray:
+def load_npy(file: Path, key: str, mapped: bool = False) -> np.ndarray:
+    """mapped: a read-only memory map (pages read as they are touched, and reclaimable
+    file cache rather than the process's own memory), else the array read whole."""
     try:
-        return np.asarray(np.load(file, allow_pickle=False))
+        return np.asarray(np.load(file, mmap_mode="r" if mapped else None, allow_pickle=False))
     except (OSError, ValueError, EOFError) as exc:
         raise DataError(f"{key}: cannot read '{file}' as .npy: {_numpy_reason(exc)}") from exc
 
@@ -276,7 +290,7 @@ def read_csv(
     as str [N] or None). is_header(first row, its cells stripped) decides whether the first
     row is a header (training's rule: it is when a cell is not a number); it may raise a
     DataError for a first row that is neither. columns(header, width) says which cells to
-    read, and may refuse the header. Rows are parsed CSV_CHUNK_NUM_ROWS at a time, so the
+    read, and may refuse the header. Rows are parsed CHUNK_NUM_ROWS at a time, so the
     file is never held as Python strings whole; the first ragged row or non-number is named
     by its line."""
     try:
@@ -295,7 +309,7 @@ def read_csv(
             line = 2 if header is not None else 1
             parts: list[np.ndarray] = []
             labels: list[np.ndarray] = []
-            while chunk := list(itertools.islice(rows, CSV_CHUNK_NUM_ROWS)):
+            while chunk := list(itertools.islice(rows, CHUNK_NUM_ROWS)):
                 _check_widths(chunk, width, file, key, line)
                 cells = [[row[i] for i in wanted.picks] for row in chunk]
                 parts.append(parse_numeric_rows(cells, file, key, line, wanted.names))
@@ -372,7 +386,8 @@ def load_feature_rows(
     feature_columns: Optional[Sequence[str]] = None,
     label_column: Optional[str] = None,
 ) -> np.ndarray:
-    """Raw feature rows from .csv/.npy/.npz as float32 [N, *input_shape], for `hpcdl predict`.
+    """Raw feature rows from .csv/.npy/.npz as float32 [N, *input_shape], for `hpcdl predict`
+    (a .npy's memory-mapped, read-only when it holds float32).
     feature_columns, label_column: the training CSV's names (None for a run trained without
     them); a CSV with a header then gives its columns by name, others in training order."""
     file = Path(path).expanduser()
@@ -387,7 +402,7 @@ def load_feature_rows(
             raise DataError(f"--input '{file}': no array 'x' (has {sorted(arrays)})")
         x = arrays["x"] if "x" in arrays else next(iter(arrays.values()))
     elif suffix == ".npy":
-        x = load_npy(file, "--input")
+        x = load_npy(file, "--input", mapped=True)  # predict reads it a batch at a time
     else:
         x = read_feature_csv(file, feature_columns, label_column)
     x = check_numeric(np.asarray(x), f"--input '{file}'")
@@ -407,7 +422,8 @@ def load_feature_rows(
             f"--input '{file}': rows have {per_row} values, the model expects {num_features} "
             f"features (input_shape {tuple(input_shape)}){trained_on}"
         )
-    return x.reshape(-1, *input_shape).astype(np.float32)
+    # A float32 .npy stays its memory map: no copy of the whole file is made.
+    return x.reshape(-1, *input_shape).astype(np.float32, copy=False)
 
 
 def read_feature_csv(

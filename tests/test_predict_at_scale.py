@@ -4,11 +4,13 @@ a few tensor operations over all rows, not several per row."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from hpcdl.data import Preprocessing
+from hpcdl.data import Preprocessing, load_feature_rows
 from hpcdl.data.feed import EVAL_BATCH_SIZE
+from hpcdl.errors import DataError
 from hpcdl.inference import _class_rows, _row_batches
 
 
@@ -66,3 +68,11 @@ def test_npy_input_is_read_and_prepared_a_batch_at_a_time(tmp_path):
     expected = prepare.apply(rows).sum(dim=0, dtype=torch.float64)
     torch.testing.assert_close(total, expected)
     assert peak < rows.nbytes / 4, f"peak {peak / 2**20:.1f} MiB for {rows.nbytes / 2**20:.0f} MiB"
+
+
+def test_a_cut_npy_input_is_named_as_cut(tmp_path):
+    """Memory-mapped, a cut .npy made NumPy say only 'mmap length is greater than file size'."""
+    np.save(tmp_path / "whole.npy", np.zeros((100, 30), dtype=np.float32))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "whole.npy").read_bytes()[:5000])
+    with pytest.raises(DataError, match=r"--input: cannot read '.*cut.npy' as .npy: it holds "):
+        load_feature_rows(str(tmp_path / "cut.npy"), (30,))

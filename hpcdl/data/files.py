@@ -262,6 +262,8 @@ def _numpy_reason(exc: BaseException) -> str:
     a pickle and suggests allow_pickle, which hpcdl never uses on data (it runs code)."""
     if "pickled" in str(exc):
         return "not a NumPy file (neither .npy nor a zip of arrays); save it with np.savez"
+    if "mmap length is greater than file size" in str(exc):  # a memory-mapped cut file
+        return "it holds less data than its header says (file seems not fully written?)"
     return str(exc)
 
 

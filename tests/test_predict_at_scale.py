@@ -76,3 +76,14 @@ def test_a_cut_npy_input_is_named_as_cut(tmp_path):
     (tmp_path / "cut.npy").write_bytes((tmp_path / "whole.npy").read_bytes()[:5000])
     with pytest.raises(DataError, match=r"--input: cannot read '.*cut.npy' as .npy: it holds "):
         load_feature_rows(str(tmp_path / "cut.npy"), (30,))
+
+
+@pytest.mark.parametrize(
+    ("text", "place"),
+    [("a,b\n1,2\n3,nan\n", "line 3, column 'b'"), ("1,2\ninf,4\n", "line 2, column 1")],
+)
+def test_a_nan_in_an_input_csv_is_named_by_line_and_column(tmp_path, text, place):
+    """As in a training CSV; it said 'row 1, feature 1' (row counted from 0, header aside)."""
+    (tmp_path / "rows.csv").write_text(text)
+    with pytest.raises(DataError, match=rf"rows.csv': {place} holds (nan|inf) \(1 NaN or inf"):
+        load_feature_rows(str(tmp_path / "rows.csv"), (2,), ["a", "b"])

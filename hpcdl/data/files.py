@@ -437,21 +437,24 @@ def read_feature_csv(
     file's columns are taken in training order. For a run without names: training's rule (a
     first row with text is a header) and the columns as they are, less a column `label`."""
     names = list(feature_columns) if feature_columns is not None else None
+    chosen: list[CsvColumns] = []  # the columns read, to name a NaN's place
 
     def columns(header: Optional[list[str]], width: int) -> CsvColumns:
         if header is None:
-            return CsvColumns(list(range(width)))
-        if names is None:
+            chosen.append(CsvColumns(list(range(width))))
+        elif names is None:
             keep = [i for i in range(width) if i != _index(header, LABEL_COLUMN)]
-            return CsvColumns(keep, [header[i] for i in keep])
-        picks = _column_indices(file, header, names)
-        _warn_unused_columns(file, header, names, label_column)
-        return CsvColumns(picks, names)
+            chosen.append(CsvColumns(keep, [header[i] for i in keep]))
+        else:
+            picks = _column_indices(file, header, names)
+            _warn_unused_columns(file, header, names, label_column)
+            chosen.append(CsvColumns(picks, names))
+        return chosen[0]
 
     if names is None:
-        _, x, _ = read_csv(file, "--input", columns)
+        header, x, _ = read_csv(file, "--input", columns)
     else:
-        _, x, _ = read_csv(
+        header, x, _ = read_csv(
             file,
             "--input",
             columns,
@@ -459,7 +462,9 @@ def read_feature_csv(
         )
     if len(x) == 0:  # a header alone (read_csv refuses an empty file)
         raise DataError(f"--input '{file}': a header but no rows; add the rows to predict")
-    return x
+    # A NaN or inf is named by its line and column, as in training's CSV.
+    first_line = 1 if header is None else 2
+    return check_numeric(x, f"--input '{file}'", chosen[0].names, first_line=first_line)
 
 
 def _index(header: list[str], name: str) -> Optional[int]:

@@ -111,7 +111,9 @@ def read_npy_pair(file: Path, labels_path: Optional[str]) -> tuple[np.ndarray, n
     labels_file = Path(labels_path).expanduser()
     if not labels_file.is_file():
         raise DataError(f"data.labels_path={labels_path!r}: no such file")
-    return load_npy(file, "data.path"), load_npy(labels_file, "data.labels_path")
+    # Memory-mapped: build_data copies each split out of it, prepared, a chunk at a time.
+    features = load_npy(file, "data.path", mapped=True)
+    return features, load_npy(labels_file, "data.labels_path")
 
 
 def read_labelled_csv(

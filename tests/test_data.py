@@ -311,6 +311,18 @@ def test_npy_splits_are_prepared_a_chunk_at_a_time(tmp_path):
         assert torch.equal(got, prepare.apply(x[idx]))
 
 
+def test_other_data_of_another_width_is_refused_naming_the_file(tmp_path):
+    """evaluate/predict on other data: it said only 'features of shape (40, 3) do not fit
+    the model's input_shape (2,)', naming neither the key nor the file."""
+    np.save(tmp_path / "x.npy", np.zeros((40, 3), dtype=np.float32))
+    np.save(tmp_path / "y.npy", np.arange(40) % 2)
+    trained = Preprocessing.fit(np.ones((10, 2)), scale=1.0, standardize=True)
+    cfg = files_cfg(tmp_path / "x.npy", labels_path=str(tmp_path / "y.npy"))
+    match = r"data.path='.*x.npy': samples of shape \(3,\), the model was trained on .* \(2,\)"
+    with pytest.raises(DataError, match=match):
+        build_data(cfg, preprocessing=trained)
+
+
 def test_csv_header_names_are_recorded_for_predict(tmp_path):
     """The checkpoint's data_info names a CSV's feature columns and label column, so that
     `hpcdl predict` can pick an input CSV's columns by name; not for a header whose names

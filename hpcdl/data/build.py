@@ -8,11 +8,13 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from hpcdl.config.schema import FilesConfig
 from hpcdl.config.validate import check_data
 from hpcdl.data.preprocessing import Preprocessing
 from hpcdl.data.raw import RawData
 from hpcdl.data.sources import read_source
 from hpcdl.data.splits import split_indices
+from hpcdl.errors import DataError
 
 # Samples prepared at a time: a split was copied raw, then prepared whole (with the data read
 # whole, about 3.5x the prepared tensors' size at the peak).
@@ -57,6 +59,8 @@ def build_data(
         raw.y, cfg, has_official_test=raw.has_official_test, stratify=not raw.is_regression
     )
     x_test, test_idx, y_test = test_arrays(raw, split.test)
+    if preprocessing is not None:
+        check_fits(raw, preprocessing, cfg)
     if preprocessing is None:
         preprocessing = Preprocessing.fit(
             raw.x[split.train], scale=raw.pixel_scale, standardize=cfg.standardize
@@ -88,6 +92,19 @@ def in_column_order(raw: RawData, names: Optional[list[str]]) -> RawData:
         return raw
     order = [have.index(name) for name in names]
     return replace(raw, x=raw.x[:, order], feature_columns=list(names))
+
+
+def check_fits(raw: RawData, preprocessing: Preprocessing, cfg: Any) -> None:
+    """Other data for a trained model (evaluate, predict --split): samples with as many
+    values as the training samples, refused naming the file before anything is prepared."""
+    trained = preprocessing.input_shape
+    if int(np.prod(raw.input_shape)) == int(np.prod(trained)):
+        return
+    where = f"data.path={cfg.path!r}" if isinstance(cfg, FilesConfig) else f"data={cfg.name}"
+    raise DataError(
+        f"{where}: samples of shape {raw.input_shape}, the model was trained on samples of "
+        f"shape {trained}; give data with the training data's features"
+    )
 
 
 def target_stats(y_train: np.ndarray) -> tuple[float, float]:

@@ -318,7 +318,8 @@ def test_other_data_of_another_width_is_refused_naming_the_file(tmp_path):
     np.save(tmp_path / "y.npy", np.arange(40) % 2)
     trained = Preprocessing.fit(np.ones((10, 2)), scale=1.0, standardize=True)
     cfg = files_cfg(tmp_path / "x.npy", labels_path=str(tmp_path / "y.npy"))
-    match = r"data.path='.*x.npy': samples of shape \(3,\), the model was trained on .* \(2,\)"
+    match = r"data.path='.*x.npy': samples of shape \(3,\), the checkpoint's model was trained"
+    match += r" on .* \(2,\)"
     with pytest.raises(DataError, match=match):
         build_data(cfg, preprocessing=trained)
 

@@ -102,8 +102,9 @@ def check_fits(raw: RawData, preprocessing: Preprocessing, cfg: Any) -> None:
         return
     where = f"data.path={cfg.path!r}" if isinstance(cfg, FilesConfig) else f"data={cfg.name}"
     raise DataError(
-        f"{where}: samples of shape {raw.input_shape}, the model was trained on samples of "
-        f"shape {trained}; give data with the training data's features"
+        f"{where}: samples of shape {raw.input_shape}, the checkpoint's model was trained on "
+        f"samples of shape {trained}; give data with those features, or a checkpoint "
+        "trained on this data"
     )
 
 

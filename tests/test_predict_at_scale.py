@@ -78,6 +78,13 @@ def test_a_cut_npy_input_is_named_as_cut(tmp_path):
         load_feature_rows(str(tmp_path / "cut.npy"), (30,))
 
 
+def test_an_object_npy_input_says_what_to_save(tmp_path):
+    """Memory-mapped, NumPy said 'Array can't be memory-mapped: Python objects in dtype.'"""
+    np.save(tmp_path / "objects.npy", np.array([[1.0, "a"]], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError, match=r"objects.npy' as .npy: it holds Python objects .*"):
+        load_feature_rows(str(tmp_path / "objects.npy"), (2,))
+
+
 @pytest.mark.parametrize(
     ("text", "place"),
     [("a,b\n1,2\n3,nan\n", "line 3, column 'b'"), ("1,2\ninf,4\n", "line 2, column 1")],

@@ -264,6 +264,11 @@ def _numpy_reason(exc: BaseException) -> str:
     a pickle and suggests allow_pickle, which hpcdl never uses on data (it runs code)."""
     if "pickled" in str(exc):
         return "not a NumPy file (neither .npy nor a zip of arrays); save it with np.savez"
+    if "Python objects in dtype" in str(exc) or "Object arrays cannot" in str(exc):
+        return (
+            "it holds Python objects (dtype object), which hpcdl does not unpickle; save a "
+            "numeric array, e.g. np.save(path, x.astype(np.float32))"
+        )
     if "mmap length is greater than file size" in str(exc):  # a memory-mapped cut file
         return "it holds less data than its header says (file seems not fully written?)"
     return str(exc)

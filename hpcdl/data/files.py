@@ -266,8 +266,8 @@ def _numpy_reason(exc: BaseException) -> str:
         return "not a NumPy file (neither .npy nor a zip of arrays); save it with np.savez"
     if "Python objects in dtype" in str(exc) or "Object arrays cannot" in str(exc):
         return (
-            "it holds Python objects (dtype object), which hpcdl does not unpickle; save a "
-            "numeric array, e.g. np.save(path, x.astype(np.float32))"
+            "it holds Python objects (dtype object), which hpcdl does not unpickle; save "
+            "numbers (features: x.astype(np.float32)) or, for labels, strings (y.astype(str))"
         )
     if "mmap length is greater than file size" in str(exc):  # a memory-mapped cut file
         return "it holds less data than its header says (file seems not fully written?)"

@@ -524,8 +524,11 @@ def _builtin_rows(
         table = _class_rows(logits, list(info["class_names"]))
     if truth:
         table.columns.append("true")
-        values = torch.cat(truth).tolist()
+        labels = torch.cat(truth)
+        values = labels.tolist()
         table.rows = [[*row, value] for row, value in zip(table.rows, values, strict=True)]
+        if labels.is_floating_point():  # regression targets, stored as float32
+            table.text["true"] = _as_text_of(_numpy_dtype(labels))
     return table
 
 

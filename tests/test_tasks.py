@@ -288,6 +288,11 @@ def test_regression_end_to_end(hpcdl, tmp_path: Path) -> None:
     rows = list(csv.reader(predicted.stdout.splitlines()))
     assert rows[0] == ["row", "predicted", "true"] and len(rows) == 1 + 45
     errors = [abs(float(p) - float(t)) for _, p, t in rows[1:]]
+    # The targets as the shortest text of their float32, like the predictions (they were
+    # written as the float32's exact value: 234567.89 as 234567.890625).
+    targets = [t for *_, t in rows[1:]]
+    shortest = [np.format_float_positional(np.float32(t), unique=True, trim="0") for t in targets]
+    assert targets == shortest
     assert sum(errors) / len(errors) < 20_000  # in dollars: the target's own units
 
 

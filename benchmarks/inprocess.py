@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from hpcdl.job import JobOutcome
@@ -44,17 +44,11 @@ def run_in_process(run_dir: RunDir, log: TextIO, env: Mapping[str, str]) -> JobO
 @contextmanager
 def environ(values: Mapping[str, str]) -> Iterator[None]:
     """os.environ with `values` set and the rank variables removed, restored on exit."""
-    saved: dict[str, Optional[str]] = {
-        key: os.environ.get(key) for key in (*values, *RANK_VARIABLES)
-    }
-    for key in RANK_VARIABLES:
-        os.environ.pop(key, None)
-    os.environ.update(values)
+    from hpcdl.launch.local import exported
+
+    removed = {key: os.environ.pop(key) for key in RANK_VARIABLES if key in os.environ}
     try:
-        yield
+        with exported(values):
+            yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.update(removed)

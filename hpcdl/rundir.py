@@ -429,7 +429,7 @@ class RunDir(JobDir):
         newest = self.newest_checkpoint()
         try:
             record = _read_json(self.checkpoint_record_file)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RunDirError):  # cut short or damaged: not known
             return None
         if newest is None or record is None or record.get("checkpoint") != newest.name:
             return None

@@ -654,10 +654,13 @@ def own_stop(run_dir: RunDir, job_id: str) -> Optional[str]:
     if not ends:
         return None
     last = attempts[ends[-1]]
-    starts = [a for a in attempts[: ends[-1]] if a.get("event") == "start"]
-    if last.get("reason") not in STOPPED_ITSELF or not starts:
+    if last.get("reason") not in STOPPED_ITSELF:
         return None
-    return end_text(last) if job_id in job_refs(starts[-1]) else None
+    refs = {str(last.get("job_id"))}  # Slurm's own id; an array task's from its start
+    starts = [a for a in attempts[: ends[-1]] if a.get("event") == "start"]
+    if starts:
+        refs.update(job_refs(starts[-1]))
+    return end_text(last) if job_id in refs else None
 
 
 def job_refs(start: dict[str, Any]) -> tuple[str, str]:

@@ -132,7 +132,7 @@ def _share_cpus(cfg: Config, env: RankEnv) -> None:
 
 
 def requeue_after_stall(job_id: str, path: RunDir, max_requeues: int) -> str:
-    """cluster.requeue_on_stall, at most cluster.max_requeues times in a run: a stall that
+    """cluster.requeue_on_stall, at most cluster.max_requeues times a submission: a stall that
     comes back at the same place (a peer's repeatable error, with NCCL a waiting rank's
     stall) would otherwise requeue, and idle the job's GPUs, without end."""
     from hpcdl.requeue import requeue
@@ -143,7 +143,9 @@ def requeue_after_stall(job_id: str, path: RunDir, max_requeues: int) -> str:
 
     done = 0
     with contextlib.suppress(OSError):
-        done = sum(1 for a in path.read_attempts() if a.get("event") == "stall" and requeued(a))
+        done = sum(
+            1 for a in path.attempts_of_submission() if a.get("event") == "stall" and requeued(a)
+        )
     if done >= max_requeues:
         return f"not requeued: cluster.max_requeues={max_requeues} stall requeues reached"
     return requeue(job_id, path)

@@ -445,6 +445,20 @@ class RunDir(JobDir):
             if e.get("event") == "start" and (e.get("restart_count") or 0) > 0
         )
 
+    def attempts_of_submission(self) -> list[dict[str, Any]]:
+        """The attempt records since the newest submission: from the last start record with
+        no restart count (a job sbatch started: `hpcdl train`, `hpcdl resume`, a sweep's
+        task), so that cluster.max_requeues is counted per submission: `hpcdl resume` of a
+        run that used up its requeues gets as many again. A chain's next job counts as a
+        restart of the same submission."""
+        events = self.read_attempts()
+        fresh = [
+            i
+            for i, e in enumerate(events)
+            if e.get("event") == "start" and not (e.get("restart_count") or 0)
+        ]
+        return events[fresh[-1] :] if fresh else events
+
     def has_started(self) -> bool:
         """Some attempt has run: an attempt record, a checkpoint or a metrics row."""
         checkpoints = self.checkpoint_dir

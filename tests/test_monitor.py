@@ -136,11 +136,16 @@ def test_a_slurm_run_resumed_locally_shows_the_local_attempt(tmp_path, monkeypat
 
 
 def slurm_job_stops(
-    run: RunDir, monkeypatch, signal_name: str | None, left_s: float | None
+    run: RunDir,
+    monkeypatch,
+    signal_name: str | None,
+    left_s: float | None,
+    restart_count: int = 0,
 ) -> None:
     """One attempt of Slurm job 22 as its rank 0 records it (hpcdl.launch.slurm_job.main):
     training stopped on `signal_name` (None: `hpcdl run`'s program asked to stop) with
-    `left_s` seconds to the time limit; no Slurm to requeue it."""
+    `left_s` seconds to the time limit; no Slurm to requeue it. restart_count: 0 for a
+    submitted job, more for a requeued one."""
     from hpcdl.job import JobOutcome
     from hpcdl.launch import slurm_job
 
@@ -151,7 +156,9 @@ def slurm_job_stops(
     monkeypatch.setattr(slurm_job, "seconds_left", lambda job_id: left_s)
     monkeypatch.setattr(slurm_job, "restarts_now", lambda job_id: None)  # scontrol: none
     monkeypatch.setattr(
-        slurm_job, "start_record", lambda env, n: {"event": "start", "job_id": "22"}
+        slurm_job,
+        "start_record",
+        lambda env, n: {"event": "start", "job_id": "22", "restart_count": restart_count},
     )
     stopped = JobOutcome(0, completed=False, signal_name=signal_name, summary={}, global_step=5)
     monkeypatch.setattr("hpcdl.job.run_job", lambda run_dir, stop: stopped)
@@ -730,3 +737,31 @@ def test_a_job_ended_at_its_time_limit_before_its_warning_requeues_as_a_time_lim
         else:
             assert end["action"] == "not requeued: cluster.max_requeues=0 timeouts reached"
     assert came_back == ["22"]
+
+
+def test_max_requeues_counts_per_submission(tmp_path, monkeypatch) -> None:
+    """A run out of time-limit requeues, continued with `hpcdl resume` (a new job: its start
+    has no restart count), requeues again at its next limit, up to cluster.max_requeues
+    (it was refused every time: the count spanned every submission the run ever had, so
+    each `hpcdl resume` bought one allocation). Requeued attempts of the same job count."""
+    from hpcdl.launch import slurm_job
+
+    came_back: list[str] = []
+    monkeypatch.setattr(
+        slurm_job,
+        "come_back",
+        lambda cfg, path, env, job_id: came_back.append(job_id) or "requeued",
+    )
+    overrides = [f"run_dir={tmp_path / 'run'}", "cluster=devcluster", "cluster.max_requeues=1"]
+    run = create_run_dir(compose_config(overrides))[1]
+    out_of_requeues = "not requeued: cluster.max_requeues=1 timeouts reached"
+    for restart_count, action in [
+        (0, "requeued"),  # the first submission: its one requeue
+        (1, out_of_requeues),
+        (0, "requeued"),  # `hpcdl resume`: a new submission, its own requeue
+        (1, out_of_requeues),
+    ]:
+        slurm_job_stops(run, monkeypatch, "SIGUSR2", 40.0, restart_count)
+        end = run.read_attempts()[-1]
+        assert (end["reason"], end["action"]) == ("timeout", action)
+    assert came_back == ["22", "22"]

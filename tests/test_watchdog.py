@@ -140,6 +140,10 @@ def test_requeue_on_stall_stops_after_max_requeues(tmp_path, monkeypatch) -> Non
         "not requeued: cluster.max_requeues=2 stall requeues reached"
     )
     assert asked == ["7", "7"]
+    # `hpcdl resume` submits a new job (a start with no restart count): its own two.
+    run.append_attempt({"event": "start", "job_id": "8", "restart_count": 0})
+    assert requeue_after_stall("8", run, max_requeues=2) == "requeued"
+    assert asked == ["7", "7", "8"]
 
 
 # A model whose first forward on rank 1 takes longer than trainer.stall_timeout_s (as a

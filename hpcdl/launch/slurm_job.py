@@ -267,7 +267,9 @@ def main(run_dir: str) -> dict[str, Any]:
         limit_left_s,
     )
     if env.is_main:
-        num_timeouts = sum(1 for a in path.read_attempts() if a.get("reason") in LIMITED_REASONS)
+        num_timeouts = sum(
+            1 for a in path.attempts_of_submission() if a.get("reason") in LIMITED_REASONS
+        )
         if should_requeue(reason, num_timeouts, cfg.cluster.max_requeues) and env.job_id:
             action = come_back(cfg, path, env, env.job_id)
         elif reason == "requeued":

@@ -191,6 +191,21 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
             "model.hidden_sizes='abc' is not a list; give one in brackets, "
             "e.g. model.hidden_sizes=[30,60]",
         ),
+        # Were "Error merging override cluster.env=[a,b]" and "cluster.env: Cannot assign
+        # int to Dict[str, str]", neither saying what to write.
+        (
+            ["cluster=devcluster", "cluster.env=[a,b]"],
+            "cluster.env=[a,b]: must be a mapping; give one in braces, "
+            "e.g. cluster.env={NAME:value}",
+        ),
+        (
+            ["cluster=devcluster", "cluster.env=5"],
+            "cluster.env=5: must be a mapping; give one in braces, e.g. cluster.env={NAME:value}",
+        ),
+        (
+            ["cluster=devcluster", "cluster.setup={a:1}"],
+            "cluster.setup={a:1}: must be a list; give one in brackets, e.g. cluster.setup=[...]",
+        ),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(overrides: list[str], expected: str) -> None:
@@ -230,6 +245,23 @@ def test_resume_overrides_change_values_and_groups() -> None:
     assert cfg.model == base.model
     with pytest.raises(ConfigError, match=r"trainer\.max_epoc"):
         apply_overrides(base, ["trainer.max_epoc=5"])
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        # Was "cluster: Cannot merge DictConfig with ListConfig": no key, no fix.
+        ("cluster.env=[a,b]", "cluster.env=[a,b]: must be a mapping; give one in braces"),
+        ("cluster.setup={a:1}", "cluster.setup={a:1}: must be a list; give one in brackets"),
+    ],
+)
+def test_resume_override_of_the_wrong_shape_names_key_and_shape(
+    override: str, expected: str
+) -> None:
+    base = compose_config(["cluster=devcluster"])
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(base, [override])
+    assert str(info.value).startswith(expected)
 
 
 # ------------------------------------------------- fast paths equal OmegaConf's own way

@@ -27,6 +27,7 @@ from hpcdl.config.convert import (
     TOP_LEVEL_KEYS,
     from_dict,
     known_keys,
+    shape_message,
     to_config,
     to_plain,
     unknown_key_message,
@@ -75,7 +76,10 @@ def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> Di
             try:
                 return hydra_compose("config", overrides=[*extra, *overrides])
             except HydraException as err:
-                raise _in_file(err, overrides, config_dirs) or err from None
+                located = _in_file(err, overrides, config_dirs)
+                if located is not None:
+                    raise located from None
+                raise  # its cause (OmegaConf's error) says what a failed merge was
 
     return _with_additions(overrides, attempt)
 
@@ -257,6 +261,11 @@ def hydra_message(err: Exception) -> str:
         options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
         valid = f"; choose one of {', '.join(options)}" if options else ""
         return f"{group}={option}: unknown option{valid}"
+    merging = re.match(r"Error merging override (([^=]+)=.*)", text)
+    kind = re.search(r"object_type=(dict|list)", str(err.__cause__ or ""))
+    if merging and kind:  # a list given for a mapping (cluster.env), or the other way round
+        line, key = merging.groups()
+        return shape_message(line, key, mapping=kind.group(1) == "dict")
     match = re.search(r"LexerNoViableAltException: (\S+?)=(\S+)", text)
     if match:  # a value with characters the override grammar keeps for itself (# : , ...)
         key, value = match.groups()

@@ -216,6 +216,15 @@ def _omegaconf_message(
     converted = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", text)
     if converted and converted.group(2) in _KINDS:
         return f"{key}={converted.group(1)}: must be {_KINDS[converted.group(2)]}"
+    if "Cannot merge DictConfig with ListConfig" in text:  # OmegaConf names no key here
+        shaped = _misshaped(cls, node)
+        if shaped is not None:
+            name, mapping = shaped
+            line = f"{group}.{name}={_shown(node[name])}"
+            return shape_message(line, f"{group}.{name}", mapping)
+    if re.match(r"Cannot assign \w+ to Dict\[", text):  # cluster.env=5
+        value = node.get(full_key, "") if isinstance(node, dict) else ""
+        return shape_message(f"{key}={value!r}", key, mapping=True)
     if "is not a ListConfig, list or tuple" in text:  # OmegaConf names its node classes
         value = node.get(full_key, "") if isinstance(node, dict) else ""
         example = ",".join(str(v) for v in _default_of(cls, full_key) or []) or "..."
@@ -223,6 +232,35 @@ def _omegaconf_message(
     if key == "trainer.early_stopping.mode":
         text += ", or auto (null): the monitored metric's own direction"
     return f"{key}: {text}"
+
+
+def shape_message(line: str, key: str, mapping: bool) -> str:
+    """A list given where a mapping goes (cluster.env), or a mapping for a list."""
+    if mapping:
+        return f"{line}: must be a mapping; give one in braces, e.g. {key}={{NAME:value}}"
+    return f"{line}: must be a list; give one in brackets, e.g. {key}=[...]"
+
+
+def _misshaped(cls: type, node: dict[str, Any]) -> Optional[tuple[str, bool]]:
+    """The first key of `node` holding a list where `cls` has a mapping, or a mapping where it
+    has a list, and whether a mapping is wanted; None when none does."""
+    for f in fields(cls):
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        value = node.get(f.name) if isinstance(node, dict) else None
+        if isinstance(default, dict) and isinstance(value, list):
+            return f.name, True
+        if isinstance(default, list) and isinstance(value, dict):
+            return f.name, False
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A list or mapping as an override writes it: [a,b], {a:1}."""
+    if isinstance(value, list):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_shown(v)}" for k, v in value.items()) + "}"
+    return str(value)
 
 
 def _default_of(cls: type, dotted: str) -> Any:

@@ -352,3 +352,33 @@ def test_a_sweep_trial_is_named_and_grouped_by_its_sweep(tmp_path) -> None:
     sweep.ledger_file.write_text("{}")
     assert run_name(sweep.trial(3)) == ("sweep1/3", "sweep1")
     assert run_name(RunDir(tmp_path / "exp1")) == ("exp1", None)
+
+
+def test_mlflow_file_store_leaves_the_callers_environment_as_it_was(tmp_path, monkeypatch):
+    """An in-process run (a notebook's) with logger=mlflow used to leave
+    MLFLOW_ALLOW_FILE_STORE=true in the caller's os.environ; the run still logs into its
+    run dir's file store, which MLflow refuses without that variable."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from hpcdl.config.schema import MlflowConfig
+    from hpcdl.trackers.base import TrackerStart
+    from hpcdl.trackers.mlflow import MlflowTracker
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    run_dir = RunDir(tmp_path)
+    tracker = MlflowTracker(MlflowConfig())
+    identity = tracker.open(TrackerStart(run_dir, None, 0, "run", None))
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ
+    tracker.log(1, {"step/train_loss": 0.5})  # the store MLflow made while it was set
+    tracker.finish(1, {"test_accuracy": 0.9})
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=run_dir.mlflow_store.resolve().as_uri())
+    run = client.get_run(identity["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics == {"step/train_loss": 0.5, "summary/test_accuracy": 0.9}
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "false")  # the caller's own value: kept
+    MlflowTracker(MlflowConfig()).open(TrackerStart(RunDir(tmp_path / "b"), None, 0, "b", None))
+    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "false"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, ClassVar, Optional
 
 from hpcdl.config.schema import MlflowConfig
@@ -34,10 +35,12 @@ class MlflowTracker:
     def open(self, start: TrackerStart) -> dict[str, Any]:
         s = self.settings
         self._uri = s.tracking_uri or start.run_dir.mlflow_store.resolve().as_uri()
-        if s.tracking_uri is None:
-            # Recent MLflow refuses its file store unless asked for it: it prefers a
-            # database, which a run dir on a cluster file system would lock badly.
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        with _file_store_allowed(s.tracking_uri is None):
+            self._open(start)
+        return {"run_id": self._run_id, "tracking_uri": s.tracking_uri}
+
+    def _open(self, start: TrackerStart) -> None:
+        s = self.settings
         from mlflow.tracking import MlflowClient
 
         self._client = MlflowClient(tracking_uri=self._uri)
@@ -50,7 +53,6 @@ class MlflowTracker:
         else:
             self._run_id = known["run_id"]
             self._client.update_run(self._run_id, status="RUNNING")
-        return {"run_id": self._run_id, "tracking_uri": s.tracking_uri}
 
     def _experiment_id(self, name: str) -> str:
         found = self._client.get_experiment_by_name(name)
@@ -98,6 +100,25 @@ class MlflowTracker:
         if self.settings.tracking_uri is not None:
             return f"mlflow: run {self._run_id} at {self._uri}"
         return f"mlflow: run {self._run_id}; browse with: MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {self._uri}"
+
+
+@contextmanager
+def _file_store_allowed(allowed: bool) -> Iterator[None]:
+    """Recent MLflow refuses its file store unless MLFLOW_ALLOW_FILE_STORE says yes: it
+    prefers a database, which a run dir on a cluster file system would lock badly. Set
+    while the client makes its store (then kept by MLflow for the process), and put back
+    as it was: a notebook's own MLflow calls are not changed by a run's."""
+    name = "MLFLOW_ALLOW_FILE_STORE"
+    before = os.environ.get(name)
+    if allowed:
+        os.environ[name] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _flat(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

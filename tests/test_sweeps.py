@@ -879,3 +879,5 @@ def test_a_one_trial_sweeps_status_says_1_trial(tmp_path: Path) -> None:
     )
     table = status_table(ledger, "val_accuracy")
     assert "\n1 trial: 1 NOT_STARTED\n" in table, table
+    # A local sweep (cluster=debug here) runs its trials as processes: the column says pid.
+    assert table.split("\n")[0].split("|")[3].strip() == "pid", table

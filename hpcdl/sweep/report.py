@@ -209,7 +209,9 @@ def no_metric_hint(ledger: Ledger, metric: str) -> Optional[str]:
 
 
 def status_table(ledger: Ledger, metric: str) -> str:
-    rows = [["trial", "overrides", "job id", "state", "attempts", "requeues", metric]]
+    # A local sweep's trials are processes of this machine: their ids are pids.
+    ident = "job id" if ledger.launcher == "slurm" else "pid"
+    rows = [["trial", "overrides", ident, "state", "attempts", "requeues", metric]]
     for t in ledger.trials:
         value = f"{t.metric:.4f}" if t.metric is not None else "-"
         cells = [str(t.index), " ".join(t.overrides), t.job_id or "-", t.state]

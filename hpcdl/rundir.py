@@ -335,9 +335,13 @@ class RunDir(JobDir):
         return self.path / self.PORTS
 
     def eval_dir(self, checkpoint_name: str) -> Path:
-        """Where `hpcdl evaluate` of one checkpoint writes (created)."""
+        """Where `hpcdl evaluate` of one checkpoint writes (created). A folder that cannot
+        be made (a read-only or full file system) is a one-line WriteError."""
         out = self.path / self.EVAL / checkpoint_name
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise WriteError(out, os_error_reason(err)) from err
         return out
 
     def eval_metrics_file(self, checkpoint_name: str) -> Path:

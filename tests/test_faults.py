@@ -215,6 +215,17 @@ def test_run_dir_on_a_read_only_file_system(hpcdl, mount_tmpfs) -> None:
     assert tree(fs) == []
 
 
+def test_evaluate_of_a_run_on_a_read_only_file_system(hpcdl, mount_tmpfs) -> None:
+    """It was a traceback (eval/ made with a bare mkdir) once the checkpoint was evaluated."""
+    fs = mount_tmpfs(1024)
+    run = shutil.copytree(REPO / "tests" / "data" / "run_v0", fs / "run")
+    subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+    before = tree(fs)
+    out = hpcdl("evaluate", str(run))
+    one_line_error(out, f"{run}/eval/best", "Read-only file system (EROFS)")
+    assert tree(fs) == before
+
+
 def test_run_dir_under_a_regular_file(hpcdl, tmp_path: Path) -> None:
     (tmp_path / "somefile").write_text("keep me\n")
     out = hpcdl("train", "run_dir=somefile/x", *FAST)

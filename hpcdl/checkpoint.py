@@ -125,9 +125,11 @@ class CheckpointStore:
             self.directory.mkdir(parents=True, exist_ok=True)
             with atomic_file(path) as f:
                 _write_payload(f, state)
-            if is_best:
-                target = self.directory / BEST_NAME
-                copy_atomic(path, target)
+                if is_best:  # before the step file has its name: both are saved, or neither
+                    f.flush()
+                    os.fsync(f.fileno())  # the step file's data is on disk before best.pt
+                    target = self.directory / BEST_NAME
+                    copy_atomic(f.name, target)
         except OSError as err:
             raise self._save_failed(target, os_error_reason(err)) from err
         except WriteError as err:

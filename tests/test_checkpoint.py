@@ -585,8 +585,28 @@ def test_a_failed_background_write_surfaces_at_wait(tmp_path: Path, monkeypatch)
     store.save_async(make_state(1), 1, is_best=True)
     with pytest.raises(CheckpointError, match=r"best\.pt: checkpoint not saved: .*\(EIO\)"):
         store.wait()
-    assert [step for step, _ in store.list_steps()] == [1]
-    assert store.best_path() is None
+    assert store.list_steps() == [] and store.best_path() is None  # neither: see below
+    assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+@pytest.mark.parametrize("resaved", [False, True])
+def test_a_best_save_that_fails_saves_neither_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, resaved: bool
+) -> None:
+    """A full disk at best.pt's copy once left the new step file without its best.pt: the
+    resumed run's progress named that epoch as its best while best.pt held an older one
+    (`hpcdl evaluate` and the end of an early-stopped run used those weights). Now the save
+    is all or nothing, as the error says; an earlier save of the same step (the epoch's
+    last step saved before the epoch ended) is kept as it was."""
+    store = CheckpointStore(tmp_path, keep_last=5)
+    store.save(make_state(1), 1, is_best=True)
+    if resaved:
+        store.save(make_state(20), 2)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    fail_fsync_of(monkeypatch, "best.pt")
+    with pytest.raises(CheckpointError, match=r"best\.pt: checkpoint not saved: .*\(EIO\)"):
+        store.save(make_state(2), 2, is_best=True)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_unsafe_state_is_refused_by_save_async_before_anything_starts(tmp_path: Path) -> None:

@@ -103,11 +103,16 @@ def _json_default(value: Any) -> Any:
 def append_line_durably(path: PathLike, line: str) -> None:
     """Append one line to a log that is only ever appended to (fsync: it survives a kill).
 
-    A reader may see a last line cut short by a kill mid-write, so readers skip lines that
-    do not parse."""
+    A reader may see a last line cut short by a kill mid-write or a full disk, so readers
+    skip lines that do not parse; the next line starts on a line of its own, so that it is
+    not lost with the cut one."""
+    data = (line.rstrip("\n") + "\n").encode()
     try:
-        with open(path, "a") as f:
-            f.write(line.rstrip("\n") + "\n")
+        with open(path, "a+b") as f:  # a+: its last byte is read too
+            end = f.seek(0, os.SEEK_END)
+            if end and os.pread(f.fileno(), 1, end - 1) != b"\n":
+                data = b"\n" + data
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
     except OSError as err:

@@ -69,6 +69,24 @@ def test_submission_history_and_attempts(tmp_path: Path) -> None:
     assert run.read_attempts() == [{"event": "start"}]
 
 
+def test_a_record_appended_after_a_cut_line_is_not_lost_with_it(tmp_path: Path) -> None:
+    """A line cut short (a kill mid-write, a full disk) once swallowed the next record,
+    appended onto it: the next attempt's start was lost from attempts.jsonl."""
+    run = RunDir(tmp_path)
+    run.append_attempt({"event": "start", "attempt": 1})
+    with open(tmp_path / RunDir.ATTEMPTS, "a") as f:
+        f.write('{"event": "en')  # the end record, cut short
+    run.append_attempt({"event": "start", "attempt": 2})
+    assert run.read_attempts() == [
+        {"event": "start", "attempt": 1},
+        {"event": "start", "attempt": 2},
+    ]
+    (tmp_path / RunDir.COMMANDS).write_text("2026-11-26T10:00:00 train: hpcdl tr")
+    run.record_command("resume")
+    run.withdraw_command("resume")  # takes back its own line only
+    assert (tmp_path / RunDir.COMMANDS).read_text() == "2026-11-26T10:00:00 train: hpcdl tr\n"
+
+
 def test_atomic_file_leaves_the_old_file_when_the_writer_fails(tmp_path: Path) -> None:
     path = tmp_path / "summary.json"
     write_atomic(path, "old")

@@ -115,6 +115,20 @@ class ChosenCheckpoint:
         print(f"--new-run-dir {target}: from {source.path}'s {self.where}", flush=True)
         return RunDir(target)
 
+    def discard_branch(self) -> None:
+        """A branch whose launch was refused (its job found the checkpoint does not fit the
+        overrides, or the submission failed): NEW_DIR holds only copies of what branch()
+        took from the run and the refused attempt's records. It is removed, so that the
+        same command with the value fixed makes it again (it would say "already exists",
+        and NEW_DIR would keep the run's config without the overrides)."""
+        assert self.new_run_dir is not None
+        shutil.rmtree(self.new_run_dir, ignore_errors=True)
+        print(
+            f"--new-run-dir {self.new_run_dir}: removed, as nothing was trained in it; "
+            "run the command again with the value fixed",
+            flush=True,
+        )
+
     def _fill(self, new: RunDir, cfg: Config) -> None:
         source = self.run_dir
         commands = source.path / RunDir.COMMANDS

@@ -137,6 +137,23 @@ def test_a_branch_leaves_the_run_as_it_was(run: Path, reference: Path) -> None:
     assert (snapshot(run), snapshot(branch)) == both
 
 
+def test_a_branch_its_job_refuses_is_removed_so_the_command_can_be_fixed(run: Path) -> None:
+    """The job refuses a checkpoint that does not fit the overrides (another model here):
+    NEW_DIR was left behind with the run's config, without the overrides, and the same
+    command with the value fixed said "already exists"."""
+    before = snapshot(run)
+    branch = ["resume", "run", "--from", EPOCH_2, "--new-run-dir", "b"]
+    out = run_hpcdl(*branch, "model.hidden_sizes=[16]", "trainer.max_epochs=3", cwd=run.parent)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("error:") == 1 and "model.hidden_sizes" in out.stderr, out.stderr
+    assert f"--new-run-dir {run.parent / 'b'}: removed" in out.stdout
+    assert not (run.parent / "b").exists()
+    assert snapshot(run) == before
+    out = run_hpcdl(*branch, "trainer.max_epochs=3", cwd=run.parent)
+    assert out.returncode == 0, out.stderr
+    assert "epoch 3/3" in out.stdout and snapshot(run) == before
+
+
 def test_from_best_continues_from_the_step_it_was_saved_at(run: Path) -> None:
     """best.pt holds the whole training state (a copy of its step file): with its step
     file purged, the job gets it back under that name and finds it as the newest."""

@@ -734,10 +734,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         try:
             code = launch(cfg, run_dir)
         except HpcdlError:  # refused at submission (sbatch, the cluster)
-            keep_config(run_dir, stored_config, args.overrides)
+            keep_config(run_dir, stored_config, args.overrides, chosen)
             raise
         if code == EXIT_BAD_INPUT:  # refused by the job that ran here (its checkpoint
-            keep_config(run_dir, stored_config, args.overrides)  # does not fit, say)
+            keep_config(run_dir, stored_config, args.overrides, chosen)  # does not fit)
         return code
 
 
@@ -760,11 +760,17 @@ def choose_checkpoint(
     )
 
 
-def keep_config(run_dir: RunDir, stored: bytes, overrides: list[str]) -> None:
+def keep_config(
+    run_dir: RunDir, stored: bytes, overrides: list[str], chosen: Optional[ChosenCheckpoint]
+) -> None:
     """A resume refused once launched leaves config.yaml as it was, so that a plain
-    `hpcdl resume` still works, and commands.log without the resume's line."""
+    `hpcdl resume` still works, and commands.log without the resume's line; a refused
+    --new-run-dir branch is removed."""
     from hpcdl.atomic import write_atomic
 
+    if chosen is not None and chosen.new_run_dir is not None:
+        chosen.discard_branch()
+        return
     run_dir.withdraw_command("resume")
     if overrides:
         write_atomic(run_dir.config_file, stored)

@@ -12,6 +12,7 @@ verifies it (frame and checksum), and its progress is read from it (hpcdl.checkp
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ from hpcdl.config.convert import save_config
 from hpcdl.config.schema import Config
 from hpcdl.errors import CheckpointError, HpcdlError, RunDirError, os_error_reason
 from hpcdl.nothing_to_train import line_for
-from hpcdl.rundir import STEP_FILE, RunDir
+from hpcdl.rundir import FROM_CHECKPOINT, STEP_FILE, RunDir
 from hpcdl.state import Progress
 
 BEST = "best.pt"
@@ -80,6 +81,7 @@ class ChosenCheckpoint:
             print(f"--from {self.where}: the newest checkpoint; nothing set aside", flush=True)
             return
         progress, keys = self.progress, _record_keys(run_dir)
+        aside = None
         if later:
             aside = run_dir.set_aside_after(later, progress.epoch if progress else None, records)
             print(
@@ -90,6 +92,8 @@ class ChosenCheckpoint:
         if restore:  # the job loads the newest step file: best.pt's copy under its name
             copy_atomic(self.path, step_file)
         self._write_record(run_dir, step_file, keys)
+        aside_name = aside.name if aside is not None else None
+        run_dir.append_attempt(self.lineage(run_dir.path, set_aside=aside_name))
 
     def branch(self, cfg: Config) -> RunDir:
         """A new run dir (--new-run-dir) holding the run's config, the chosen checkpoint and
@@ -143,7 +147,26 @@ class ChosenCheckpoint:
         step_file = new.checkpoint_dir / step_file_name(self.step)
         copy_atomic(self.path, step_file)
         self._write_record(new, step_file, _record_keys(source))
+        new.append_attempt(self.lineage(source.path.resolve()))
         save_config(cfg, new.config_file)  # last: what makes the folder a run dir
+
+    def lineage(self, run_dir: Path, **extra: Optional[str]) -> dict[str, Any]:
+        """attempts.jsonl's from_checkpoint record: the run dir and checkpoint the run goes
+        on from, where in training it was, and its checksum (the same bytes, wherever they
+        are copied), so that the origin of a branch or a rewound run stays on record."""
+        digest, _ = stored_checksum(self.path)
+        progress = self.progress
+        return {
+            "event": FROM_CHECKPOINT,
+            "run_dir": str(run_dir),
+            "checkpoint": self.path.name,
+            "global_step": progress.global_step if progress else self.step,
+            "epoch": progress.epoch if progress else None,  # as in progress: epochs done
+            "step_in_epoch": progress.step_in_epoch if progress else None,
+            "checksum": digest.hex(),
+            "time": dt.datetime.now().isoformat(timespec="seconds"),
+            **extra,
+        }
 
     def _write_record(self, run_dir: RunDir, step_file: Path, keys: list[str]) -> None:
         """checkpoint.json for the chosen checkpoint, with the keys the trainer records

@@ -76,7 +76,7 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("mlruns/", "logger=mlflow without a tracking_uri: the MLflow file store"),
     (
         "attempts.jsonl",
-        "a start and an end record per attempt (each run of a Slurm job, each cluster=local or debug run), and stall, program_end (`hpcdl run`) and from_scratch records",
+        "a start and an end record per attempt (each run of a Slurm job, each cluster=local or debug run), and stall, program_end (`hpcdl run`), from_scratch and from_checkpoint (`resume --from`: the checkpoint continued from, and for a `--new-run-dir` branch the run it came from) records",
     ),
     ("slurm.json", "Slurm: the submitted job id, log folder and submission history"),
     ("code/", "Slurm: the frozen copy of hpcdl and the user's modules the job runs"),
@@ -93,9 +93,12 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
 
 
 # attempts.jsonl's events besides an attempt's start and end (and a stall's): an `hpcdl
-# run` program's exit (RunDir.record_program_end), `hpcdl resume --from-scratch`.
+# run` program's exit (RunDir.record_program_end), `hpcdl resume --from-scratch`, and
+# `hpcdl resume --from` (hpcdl.resume_from: which checkpoint, of which run, the run goes
+# on from: its lineage, once the later checkpoints are set aside or another run copied).
 PROGRAM_END = "program_end"
 STARTED_OVER = "from_scratch"
+FROM_CHECKPOINT = "from_checkpoint"
 
 # Set by a local sweep's pool (hpcdl.sweep.launch) in the `hpcdl resume` of each trial it
 # starts, to `trial N of SWEEP_DIR`: commands.log records that attempt as the sweep's, not

@@ -115,6 +115,39 @@ chosen.continue_in_place()
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*"))[-1] == EPOCH_2
 
 
+def test_the_checkpoint_a_run_goes_on_from_stays_on_record(run: Path, tmp_path: Path) -> None:
+    """A branch's only trace of its origin was the command line in commands.log (paths as
+    typed, relative to some folder); a run continued in place had none beside the
+    set-aside folder. Now attempts.jsonl says which run dir and checkpoint (its checksum)."""
+    from hpcdl.checkpoint_file import stored_checksum
+
+    checksum = stored_checksum(run / "checkpoints" / EPOCH_2)[0].hex()
+    code = f"""
+from hpcdl.resume_from import choose
+from hpcdl.rundir import open_run_dir
+cfg, run_dir = open_run_dir({str(run)!r})
+choose(cfg, run_dir, "12", from_scratch=False, new_run_dir={str(tmp_path / "b")!r}).branch(cfg)
+choose(cfg, run_dir, "12", from_scratch=False, new_run_dir=None).continue_in_place()
+"""
+    run_without_torch(code, cwd=tmp_path)
+    expected = {
+        "event": "from_checkpoint",
+        "checkpoint": EPOCH_2,
+        "global_step": 12,
+        "epoch": 2,
+        "step_in_epoch": 0,
+        "checksum": checksum,
+    }
+    branched = json.loads((tmp_path / "b" / "attempts.jsonl").read_text().splitlines()[-1])
+    assert branched.items() >= {**expected, "run_dir": str(run.resolve())}.items()
+    in_place = json.loads((run / "attempts.jsonl").read_text().splitlines()[-1])
+    assert in_place.items() >= {
+        **expected,
+        "run_dir": str(run),
+        "set_aside": "checkpoints.set-aside-1",
+    }.items()
+
+
 def test_a_branch_leaves_the_run_as_it_was(run: Path, reference: Path) -> None:
     before = snapshot(run)
     out = run_hpcdl(

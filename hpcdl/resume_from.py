@@ -111,8 +111,10 @@ class ChosenCheckpoint:
             self._fill(RunDir(staging), replace(cfg, run_dir=str(target)))
             os.rename(staging, target)  # refuses a folder made meanwhile that holds files
             fsync_directory(target.parent)
-        except OSError as err:
+        except BaseException as err:  # Ctrl-C in a long copy too: no hidden copy left
             shutil.rmtree(staging, ignore_errors=True)
+            if not isinstance(err, OSError):
+                raise
             raise RunDirError(
                 f"--new-run-dir {target}: cannot create it: {os_error_reason(err)}"
             ) from err

@@ -148,6 +148,25 @@ choose(cfg, run_dir, "12", from_scratch=False, new_run_dir=None).continue_in_pla
     }.items()
 
 
+def test_ctrl_c_while_a_branch_is_copied_leaves_no_hidden_copy(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staging folder (.NEW_DIR.tmp-PID, holding a copy of the checkpoint: gigabytes
+    for a large model) was removed on an OSError only, and stayed after a Ctrl-C."""
+    import hpcdl.resume_from as resume_from
+
+    def interrupted(source: Path, path: Path) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(resume_from, "copy_atomic", interrupted)
+    cfg, run_dir = open_run_dir(run)
+    before = sorted(p.name for p in run.parent.iterdir())
+    chosen = choose(cfg, run_dir, EPOCH_2, from_scratch=False, new_run_dir=str(tmp_path / "b"))
+    with pytest.raises(KeyboardInterrupt):
+        chosen.branch(cfg)
+    assert sorted(p.name for p in run.parent.iterdir()) == before
+
+
 def test_a_branch_leaves_the_run_as_it_was(run: Path, reference: Path) -> None:
     before = snapshot(run)
     out = run_hpcdl(

@@ -1,7 +1,8 @@
 """probe_user_code: run the user's model, data and task once before the run dir exists.
 
 A broken model.target, data.target, collate_fn, task.target or task.predict (one that cannot
-be imported, raises, returns the wrong thing, or gives samples the task cannot use) is then
+be imported, raises, returns the wrong thing, or gives samples the task cannot use), or a
+trainer.step_hooks entry that cannot be imported, is then
 refused as one line, with nothing written, instead of inside the job. The same goes for the
 content of the user's data files (data=files, mnist, cifar10): rows of different widths,
 labels that are not class labels, a missing label column; and an init_from checkpoint
@@ -46,7 +47,13 @@ def probe_user_code(cfg: Config) -> None:
     """Build the data and the model, and run the task's step on the first training batch
     (no optimizer step, nothing written), and task.predict on it when set; raises the
     one-line errors the job (or `hpcdl predict`) would."""
-    if cfg.cluster.launcher == Launcher.slurm or not uses_user_code(cfg):
+    if cfg.cluster.launcher == Launcher.slurm:
+        return
+    if cfg.trainer.step_hooks:  # imported only: a hook runs on steps, not in a probe
+        from hpcdl.hooks import load_step_hooks
+
+        load_step_hooks(cfg.trainer.step_hooks)
+    if not uses_user_code(cfg):
         return
     import torch
 

@@ -524,6 +524,17 @@ def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, cha
     assert_refused(hpcdl("train", "run_dir=run", *overrides, env=user_env(tmp_path)), tmp_path, key)
 
 
+@pytest.mark.parametrize("hook", ["nosuch.mod:hook", "badcode:no_such_name"])
+def test_a_step_hook_that_cannot_be_imported_is_one_line_and_no_run_dir(
+    hpcdl, tmp_path, hook
+) -> None:
+    # It was found by the job, after the run dir was made: the same command, fixed, then
+    # said 'already exists'.
+    (tmp_path / "badcode.py").write_text(BAD_CODE)
+    out = hpcdl("train", "run_dir=run", f"trainer.step_hooks=[{hook}]", env=user_env(tmp_path))
+    assert_refused(out, tmp_path, f"trainer.step_hooks[0]={hook!r}")
+
+
 def test_a_class_label_out_of_range_is_one_line_and_no_run_dir(hpcdl, tmp_path) -> None:
     (tmp_path / "badcode.py").write_text(BAD_CODE)
     out = hpcdl(

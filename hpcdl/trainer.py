@@ -833,11 +833,19 @@ class Trainer:
         threads = torch.get_num_threads()
         if saved is None or saved == threads or self.p.device.type != "cpu":
             return
+        from hpcdl.threads import usable_cpus
+
+        ranks_here, cpus = max(1, self.env.world_size // self.env.num_nodes), usable_cpus()
+        cost = (
+            f", which puts {saved * ranks_here} threads on {cpus} CPUs: slower"
+            if saved * ranks_here > cpus
+            else ""
+        )
         self.p.reporter.message(
             f"{path}: saved with {saved} CPU thread{'s' * (saved != 1)} per rank, resumed "
             f"with {threads}: sums "
             "run in another order, so results will differ from an uninterrupted run (set "
-            f"OMP_NUM_THREADS={saved} to match)"
+            f"OMP_NUM_THREADS={saved} to match{cost})"
         )
 
     def _report_early_stop(self, path: Path, state: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -656,6 +657,21 @@ def test_resume_with_another_cpu_thread_count_warns_that_results_differ(
     out = hpcdl("resume", "run", "trainer.max_epochs=3", env={"OMP_NUM_THREADS": "2"})
     assert out.returncode == 0, out.stderr
     assert "CPU threads" not in out.stdout
+
+    # Matching it with more ranks than CPUs / threads oversubscribes the CPUs: said so.
+    cpus = len(os.sched_getaffinity(0))
+    out = hpcdl(
+        "train", "run_dir=wide", "trainer.max_epochs=1", env={"OMP_NUM_THREADS": str(cpus)}
+    )
+    assert out.returncode == 0, out.stderr
+    out = hpcdl("resume", "wide", *FAST, "cluster=local", "cluster.tasks_per_node=2")
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"step_000000013.pt: saved with {cpus} CPU thread{'s' * (cpus != 1)} per rank, "
+        f"resumed with {max(1, cpus // 2)}: sums run in another order, so results will "
+        f"differ from an uninterrupted run (set OMP_NUM_THREADS={cpus} to match, which puts "
+        f"{2 * cpus} threads on {cpus} CPUs: slower)\n" in out.stdout
+    ), out.stdout
 
 
 def test_a_typo_in_a_profile_of_ones_own_names_the_file(hpcdl, tmp_path: Path) -> None:

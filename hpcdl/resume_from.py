@@ -52,7 +52,7 @@ class ChosenCheckpoint:
     @property
     def where(self) -> str:
         pr = self.progress
-        at = f"epoch {pr.epoch}, global step {pr.global_step}" if pr else f"step {self.step}"
+        at = pr.position() if pr else f"step {self.step}"
         return f"{self.path.name} ({at})"
 
     def nothing_to_train(self, cfg: Config) -> Optional[str]:

@@ -28,6 +28,13 @@ class Progress:
     epoch_count: float = 0.0
     epoch_s: float = 0.0
 
+    def position(self) -> str:
+        """Where training stands, as every message says it: the epoch counted from 1."""
+        return (
+            f"epoch {self.epoch + 1}, step {self.step_in_epoch} of the epoch, "
+            f"global step {self.global_step}"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

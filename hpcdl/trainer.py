@@ -811,10 +811,7 @@ class Trainer:
         self._last_saved_step = self.progress.global_step
         if self.env.is_main:
             p.metrics.truncate_after_epoch(self.progress.epoch)
-        p.reporter.message(
-            f"resumed from {path} (epoch {self.progress.epoch + 1}, "
-            f"step {self.progress.step_in_epoch} of the epoch, global step {self.progress.global_step})"
-        )
+        p.reporter.message(f"resumed from {path} ({self.progress.position()})")
         self._report_early_stop(path, state)
         self._report_nothing_left(path)
 

@@ -79,7 +79,11 @@ def test_from_an_older_checkpoint_ends_as_a_run_that_stopped_there(
     history = (run / "metrics.csv").read_text()
     out = run_hpcdl("resume", "run", "--from", EPOCH_2, NEW_LR, cwd=run.parent)
     assert out.returncode == 0, out.stderr
-    assert f"resumed from {run}/checkpoints/{EPOCH_2} (epoch 3," in out.stdout
+    # The chosen checkpoint's place, said as the job says it (it was 'epoch 2, global
+    # step 12' beside the job's 'epoch 3, step 0 of the epoch').
+    where = "(epoch 3, step 0 of the epoch, global step 12)"
+    assert f"--from {EPOCH_2} {where}: " in out.stdout, out.stdout
+    assert f"resumed from {run}/checkpoints/{EPOCH_2} {where}" in out.stdout
     assert weights(run) == weights(reference)
     assert metric_rows(run) == metric_rows(reference)
     # Nothing deleted: the later checkpoints and the records of their epochs are aside.

@@ -113,7 +113,11 @@ def test_impossible_requests_are_refused_at_submit(
 
 
 # Rank 0 serves on its node, rank 1 connects to it by name (the nodes' private hosts file)
-# and they swap hostnames. Each rank also reports whether its node has a default route.
+# and they swap hostnames. Rank 0 listens on :: (dual stack, as torch's c10d TCPStore does),
+# so it sees rank 1 as ::ffff:ADDR, and names it from that address as c10d does (without the
+# hosts file's ::ffff: lines, the lookup falls through to DNS, which is not reachable: "The
+# hostname of the client socket cannot be retrieved. err=-3" in every multi-node job's log).
+# Each rank also reports whether its node has a default route.
 PING_PONG = """
 import json, os, socket, subprocess, time
 rank = int(os.environ["SLURM_PROCID"])
@@ -122,12 +126,17 @@ first = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_STEP_
                        capture_output=True, text=True, check=True).stdout.split()[0]
 port = 29000 + int(os.environ["SLURM_JOB_ID"]) % 1000
 if rank == 0:
-    server = socket.create_server(("0.0.0.0", port))
+    server = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
     server.settimeout(30)
-    conn, _ = server.accept()
+    conn, address = server.accept()
     peer = conn.recv(100).decode()
+    try:
+        named = socket.getnameinfo(address, socket.NI_NAMEREQD)[0]
+    except OSError as e:
+        named = f"{address[0]}: {e}"
     conn.sendall(me.encode())
 else:
+    named = ""
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -141,7 +150,8 @@ else:
     peer = conn.recv(100).decode()
 with open("/proc/net/route") as routes:
     default_route = any(line.split()[1] == "00000000" for line in list(routes)[1:])
-print(json.dumps({"rank": rank, "host": me, "peer": peer, "default_route": default_route}))
+print(json.dumps({"rank": rank, "host": me, "peer": peer, "named": named,
+                  "default_route": default_route}))
 """
 
 
@@ -160,6 +170,7 @@ def test_two_node_step_has_two_hosts_that_talk_over_tcp(
     ranks = sorted((json.loads(line) for line in out.stdout.splitlines()), key=lambda r: r["rank"])
     assert [r["host"] for r in ranks] == ["n1", "n2"]
     assert [r["peer"] for r in ranks] == ["n2", "n1"]
+    assert ranks[0]["named"] == "n2"  # by its ::ffff: address, from the hosts file
     assert not any(r["default_route"] for r in ranks)  # nothing leaves the machine
 
 

@@ -492,8 +492,20 @@ def test_an_array_by_its_own_id_is_headlined_as_a_whole(monkeypatch, capsys) -> 
     state = monitor.job_state("52")
     assert state["job_id"] == "52" and state["state"] == "RUNNING", state
     assert state["array_tasks"] == "52_0 COMPLETED, 52_1 RUNNING, 52_[2-3%1] PENDING"
-    answers.update(squeue=answers["squeue"].replace("RUNNING", "COMPLETING"))
-    answers.update(sacct="52_0|COMPLETED\n")
+    # Both tasks just started (as on the dev cluster, 2 s after the sweep was queued): squeue
+    # lists them, sacct still the array's one record, not yet its tasks'.
+    answers.update(
+        squeue="52_1|RUNNING|0:02|10:00|2|n[1-2]\n52_0|RUNNING|0:02|10:00|2|n[1-2]\n",
+        sacct="52|PENDING\n",
+    )
+    state = monitor.job_state("52")
+    assert state["job_id"] == "52" and state["state"] == "RUNNING", state
+    assert state["array_tasks"] == "52_0 RUNNING, 52_1 RUNNING"
+    answers.update(
+        squeue="52_[2-3%1]|PENDING|0:00|10:00|1|(JobArrayTaskLimit)\n"
+        "52_1|COMPLETING|0:04|10:00|1|n1\n",
+        sacct="52_0|COMPLETED\n",
+    )
     assert monitor.job_state("52")["state"] == "COMPLETING"  # still active, not done
     # Every task still waits: squeue's one line is the array's too.
     answers.update(squeue="52_[0-3%1]|PENDING|0:00|10:00|1|(Priority)\n", sacct="")

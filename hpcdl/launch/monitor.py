@@ -315,7 +315,13 @@ def _with_finished_tasks(job_id: str, queued: list[str]) -> list[str]:
         return queued
     done = query(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State"]) or ""
     in_queue = {line.split("|")[0] for line in queued}
-    finished = [line for line in done.strip().splitlines() if line.split("|")[0] not in in_queue]
+    # Only task records: for its first seconds of running, sacct still lists the array as
+    # `52|PENDING` (accounting not yet told that its tasks started), which is no task.
+    finished = [
+        line
+        for line in done.strip().splitlines()
+        if line.startswith(f"{job_id}_") and line.split("|")[0] not in in_queue
+    ]
     return sorted(finished + queued, key=_task_order)
 
 

@@ -74,17 +74,19 @@ def _fill_sweep(plan: SweepPlan, sweep_dir: Path) -> Ledger:
         swept_keys=plan.swept_keys,
         common_overrides=plan.common,
     )
+    created = []  # as written to each trial's config.yaml: with its workdir
     for trial in plan.trials:
         cfg = replace(trial.config, run_dir=str(SweepDir(sweep_dir).trial(trial.index).path))
-        _, run_dir = create_run_dir(cfg)
+        cfg, run_dir = create_run_dir(cfg)
+        created.append(cfg)
         ledger.trials.append(TrialRecord(trial.index, trial.overrides, str(run_dir.path)))
     if first.cluster.launcher == Launcher.slurm:
         from hpcdl.launch.slurm import freeze_code, with_frozen_script
 
         freeze_code(SweepDir(sweep_dir), *(t.config for t in plan.trials))
-        for record, trial in zip(ledger.trials, plan.trials, strict=True):
-            frozen = with_frozen_script(trial.config, SweepDir(sweep_dir))
-            if frozen != trial.config:
+        for record, cfg in zip(ledger.trials, created, strict=True):
+            frozen = with_frozen_script(cfg, SweepDir(sweep_dir))
+            if frozen != cfg:
                 RunDir(Path(record.run_dir)).save_config(frozen)
     ledger_mod.save(ledger)
     return ledger

@@ -248,9 +248,11 @@ def test_script_sweep_is_one_array_and_rerun_failed_reruns_only_the_failed(
         "seed, lr = sys.argv[2], sys.argv[4]\n"
         "if seed == '3' and lr == '0.2' and not os.path.exists(sys.argv[5]):\n"
         "    raise SystemExit('diverged')\n"
+        "scale = float(open('scale.txt').read())  # relative: the folder of `hpcdl run`\n"
         "with open(os.path.join(os.environ['HPCDL_RUN_DIR'], 'm.json'), 'w') as f:\n"
-        "    json.dump({'val_accuracy': float(lr) * int(seed)}, f)\n",
+        "    json.dump({'val_accuracy': float(lr) * int(seed) * scale}, f)\n",
     )
+    write(tmp_path, "scale.txt", "1")
     fixed = tmp_path / "FIXED"
     sweep = tmp_path / "sw"
     out = run_hpcdl(
@@ -272,6 +274,10 @@ def test_script_sweep_is_one_array_and_rerun_failed_reruns_only_the_failed(
     assert out.returncode == 0, out.stderr + out.stdout
     trials = json.loads((sweep / "sweep.json").read_text())["trials"]
     assert len(trials) == 6 and len({t["job_id"].split("_")[0] for t in trials}) == 1
+    # Each trial's program starts where `hpcdl run -m` ran, also when rerun from elsewhere
+    # (below, from tmp_path): the folder is recorded, as for a single run.
+    config = (sweep / "5" / "config.yaml").read_text()
+    assert f"workdir: {tmp_path / 'src'}\n" in config, config
 
     def settled() -> bool:
         status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)

@@ -402,6 +402,13 @@ def test_script_sweep_shows_and_ranks_by_the_programs_own_metric(hpcdl, tmp_path
     ranked = [ln for ln in summary.stdout.splitlines() if ln.startswith("| 1 ")]
     assert ranked and "--lr=0.3" in ranked[0]  # the highest val_score first
     assert (tmp_path / "sw" / "summary_val_score.png").exists()
+    # Trial 2 resumed with another value: its row and rank follow the command it ran.
+    resumed = hpcdl("resume", "sw/2", "--", "python", "fit.py", "--lr=0.35")
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    summary = hpcdl("sweep", "summary", "sw")
+    ranked = [ln for ln in summary.stdout.splitlines() if ln.startswith("| 2 ")]
+    assert ranked and "--lr=0.35" in ranked[0], summary.stdout  # 0.95, second to 0.3's 1.0
+    assert "trial 2: its config.yaml has --lr=0.35 (the sweep planned --lr=0.9)" in summary.stdout
 
 
 def test_a_metrics_file_written_outside_the_run_dir_is_named_with_the_fix(

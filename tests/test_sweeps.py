@@ -422,6 +422,22 @@ def test_overrides_as_run_take_values_from_the_config() -> None:
     assert as_run(["model.hidden_sizes=[64, 32]"], config) == ["model.hidden_sizes=[64, 32]"]
 
 
+def test_a_program_trials_swept_arguments_come_from_the_command_in_its_config() -> None:
+    """`hpcdl run -m` trials: `hpcdl resume SWEEP_DIR/N -- COMMAND...` replaces the command
+    in config.yaml; status and summary show what it now runs with, in each form a list can
+    take (`--lr=`, `--lr VALUE`, a bare token argN, a Hydra app's `seed=`)."""
+    from hpcdl.sweep.overrides import as_run
+
+    resumed = ["python", "/sw/code/script/fit.py", "--lr=0.05", "--seed", "7", "run2", "bs=64"]
+    config = {"script": {"command": resumed}, "optim": {"lr": 0.1}}
+    planned = ["--lr=-1", "--seed=1", "arg5=run1", "bs=32"]
+    assert as_run(planned, config) == ["--lr=0.05", "--seed=7", "arg5=run2", "bs=64"]
+    as_planned = ["python", "fit.py", "--lr=-1", "--seed", "1", "run1", "bs=32"]
+    assert as_run(planned, {"script": {"command": as_planned}}) == planned
+    # An argument the new command no longer has: as planned (the program's default is unknown).
+    assert as_run(["--hidden=8", "arg9=x"], config) == ["--hidden=8", "arg9=x"]
+
+
 def test_a_metric_no_trial_reports_is_refused_and_nothing_is_written(
     tmp_path: Path, capsys
 ) -> None:

@@ -1,6 +1,7 @@
 """A trial's swept overrides as its config.yaml has them. The documented fix of a failed
-trial is an edit of its config.yaml before `sweep rerun --failed`: status, summary, CSV and
-plot then show the value the trial runs with, not the one the sweep planned.
+trial is an edit of its config.yaml before `sweep rerun --failed` (or, for a program, a
+resume with another command): status, summary, CSV and plot then show the value the trial
+runs with, not the one the sweep planned.
 Login path: no torch."""
 
 from __future__ import annotations
@@ -17,8 +18,31 @@ _MISSING = object()
 def as_run(planned: list[str], config: Mapping[str, Any]) -> list[str]:
     """`planned` ("optim.lr=1e-3") with each key's value from `config` (the plain config)
     where the two differ; the planned text where they agree. A config group's choice
-    (model=cnn) is no value in config.yaml: it stays as planned."""
+    (model=cnn) is no value in config.yaml: it stays as planned. An `hpcdl run` trial's
+    ("--lr=0.1") come from the command in its config.yaml, which `hpcdl resume SWEEP_DIR/N
+    -- COMMAND...` replaces."""
+    script = config.get("script")
+    command = script.get("command") if isinstance(script, Mapping) else None
+    if command:
+        return [_in_command(override, [str(t) for t in command]) for override in planned]
     return [_as_run(override, config) for override in planned]
+
+
+def _in_command(override: str, command: list[str]) -> str:
+    """A program sweep's swept argument as `command` has it, shown as the sweep shows it
+    (hpcdl.cli.run): `KEY=VALUE` for a token `KEY=VALUE`, for `KEY VALUE` (an option and
+    its value) and for `argN=VALUE` (the token at position N); as planned when `command`
+    has no such argument."""
+    key, _, _ = override.partition("=")
+    if key.startswith("arg") and key[3:].isdigit():
+        position = int(key[3:])
+        return f"{key}={command[position]}" if position < len(command) else override
+    for i, token in enumerate(command):
+        if token.startswith(key + "="):
+            return token
+        if token == key and i + 1 < len(command):
+            return f"{key}={command[i + 1]}"
+    return override
 
 
 def _as_run(override: str, config: Mapping[str, Any]) -> str:

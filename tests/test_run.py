@@ -411,6 +411,23 @@ def test_script_sweep_shows_and_ranks_by_the_programs_own_metric(hpcdl, tmp_path
     assert "trial 2: its config.yaml has --lr=0.35 (the sweep planned --lr=0.9)" in summary.stdout
 
 
+def test_a_list_in_the_scripts_name_sweeps_scripts_each_checked(hpcdl, tmp_path: Path) -> None:
+    """`python 'p{a,b}.py'` (a list anywhere in any argument) is checked as each trial runs
+    it, not as the unexpanded `p{a,b}.py`, which no folder has."""
+    for name in "ab":
+        (tmp_path / f"p{name}.py").write_text(f"print('script {name}')\n")
+    missing = hpcdl("run", "-m", "hydra.sweep.dir=bad", "--", "python", "p{a,c}.py")
+    assert missing.returncode == 2 and not (tmp_path / "bad").exists(), missing.stdout
+    assert missing.stderr.strip() == (
+        f"error: pc.py: no such script (from {tmp_path}); give its path relative to here"
+    )
+    out = hpcdl("run", "-m", "hydra.sweep.dir=sw", "--", "python", "p{a,b}.py")
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "script b" in (tmp_path / "sw" / "1" / "trial.log").read_text()
+    status = hpcdl("sweep", "status", "sw")
+    assert "| arg1=pa.py " in status.stdout and "2 COMPLETED" in status.stdout, status.stdout
+
+
 def test_a_metrics_file_written_outside_the_run_dir_is_named_with_the_fix(
     hpcdl, tmp_path: Path
 ) -> None:

@@ -434,6 +434,10 @@ def test_a_program_trials_swept_arguments_come_from_the_command_in_its_config() 
     assert as_run(planned, config) == ["--lr=0.05", "--seed=7", "arg5=run2", "bs=64"]
     as_planned = ["python", "fit.py", "--lr=-1", "--seed", "1", "run1", "bs=32"]
     assert as_run(planned, {"script": {"command": as_planned}}) == planned
+    # The swept script itself (python 'fit_{a,b}.py'): its path is the frozen copy's.
+    frozen = {"script": {"command": ["python", "/sw/code/script/fit_b.py", "--lr=0.1"]}}
+    assert as_run(["arg1=fit_b.py"], frozen) == ["arg1=fit_b.py"]
+    assert as_run(["arg1=fit_a.py"], frozen) == ["arg1=/sw/code/script/fit_b.py"]
     # An argument the new command no longer has: as planned (the program's default is unknown).
     assert as_run(["--hidden=8", "arg9=x"], config) == ["--hidden=8", "arg9=x"]
 

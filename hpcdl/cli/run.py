@@ -39,12 +39,14 @@ def run_program(args: argparse.Namespace) -> int:
 
     script, overrides = script_from(args.overrides, list(args.program))
     cfg = compose_config(overrides, args.config_dir, script=script, multirun=args.multirun)
-    check_script(script, cfg.cluster)
     if args.multirun:
         plan = plan_program_sweep(cfg, args, overrides)
+        for trial in plan.trials:  # as each trial runs it: a list may name the script
+            check_script(trial.config.script, cfg.cluster)
         if not mentions_run_dir(script.command):
             warnings.warn(HpcdlWarning(shared_workdir_note(len(plan.trials))), stacklevel=1)
         return launch_sweep(plan, args)
+    check_script(script, cfg.cluster)
     if args.dry_run:
         return dry_run(cfg, args.no_preflight)
     preflight(cfg, args.no_preflight)

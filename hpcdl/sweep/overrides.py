@@ -33,10 +33,12 @@ def _in_command(override: str, command: list[str]) -> str:
     (hpcdl.cli.run): `KEY=VALUE` for a token `KEY=VALUE`, for `KEY VALUE` (an option and
     its value) and for `argN=VALUE` (the token at position N); as planned when `command`
     has no such argument."""
-    key, _, _ = override.partition("=")
+    key, _, planned = override.partition("=")
     if key.startswith("arg") and key[3:].isdigit():
         position = int(key[3:])
-        return f"{key}={command[position]}" if position < len(command) else override
+        if position >= len(command) or "/" + planned == command[position][-len(planned) - 1 :]:
+            return override  # gone, or the script itself (its path now the frozen copy's)
+        return f"{key}={command[position]}"
     for i, token in enumerate(command):
         if token.startswith(key + "="):
             return token

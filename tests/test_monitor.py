@@ -84,13 +84,13 @@ def test_a_local_run_is_running_while_its_lock_holder_lives(tmp_path, capsys) ->
     from hpcdl.runlock import hold
 
     run = new_run(tmp_path)
+    run.write_summary({"test_accuracy": 0.9})  # of an earlier attempt, resumed for more epochs
     with hold(run):  # this process trains it
         local_run(run, "99", exit_code=None)
         report = status_lines(run, capsys)
         assert report["state"] == "RUNNING" and report["where"].startswith("pid ")
         assert main(["cancel", str(run.path)]) == 2
         assert "stop it with Ctrl-C in its terminal" in capsys.readouterr().err
-    run.write_summary({"test_accuracy": 0.9})  # of an earlier attempt, resumed for more epochs
     report = status_lines(run, capsys)  # gone without an end record: killed
     assert report["state"] == "FAILED" and "where" not in report
 

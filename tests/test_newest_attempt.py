@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,29 @@ def test_a_foreground_resume_of_a_completed_run_is_judged_by_its_own_end(tmp_pat
         record_start(run, launcher, job_id, 1)
         record_end(run, launcher, job_id, code)
         assert status_lines(str(run.path), capsys)["state"] == state
+
+
+def test_a_foreground_run_killed_after_its_summary_is_completed(tmp_path, capsys) -> None:
+    """Killed after it trained to the end and wrote summary.json, before its end record
+    (while it plotted, or closed its trackers): COMPLETED, with its test metrics, and a
+    last_end that says so (was FAILED). A summary from before the attempt started is an
+    earlier attempt's: the run stays FAILED."""
+    run = create_run_dir(compose_config([f"run_dir={tmp_path / 'run'}"]))[1]
+    record_start(run, "local", "4711", 1)
+    run.write_summary({"test_accuracy": 0.9, "weights_sha256": "ab"})  # then SIGKILL
+    report = status_lines(str(run.path), capsys)
+    assert report["state"] == "COMPLETED"
+    assert report["last_end"] == (
+        "none recorded: killed after it completed (its summary.json is there)"
+    )
+    assert (report["test_metrics"], report["weights_sha256"]) == ("test_accuracy 0.9", "ab")
+
+    old = time.time() - 3600  # resumed for more epochs, killed: the summary is older
+    os.utime(run.summary_file, (old, old))
+    report = status_lines(str(run.path), capsys)
+    assert report["state"] == "FAILED"
+    assert report["last_end"].startswith("none recorded: killed (SIGKILL")
+    assert "test_metrics" not in report
 
 
 def _slurm_sweep(tmp_path: Path) -> Path:

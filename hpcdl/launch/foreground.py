@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+import time
 from typing import Any, Optional
 
 from hpcdl.exit_codes import EXIT_INTERRUPTED, EXIT_OK
@@ -40,6 +41,7 @@ def record_start(run_dir: RunDir, launcher: str, job_id: Optional[str], world_si
             "nodes": socket.gethostname(),
             "world_size": world_size,
             "start": _now(),
+            "start_time_s": time.time(),  # fractions too: monitor.summary_written_since
             **({"sweep": True} if os.environ.get(SWEEP_VAR) else {}),
         }
     )

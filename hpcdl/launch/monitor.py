@@ -432,9 +432,9 @@ def foreground_report(run_dir: RunDir, launch: Launch) -> dict[str, Any]:
         holder = last_holder(run_dir)
         if holder:
             report["where"] = describe_holder(holder)
-    report.update(run_status(run_dir))
-    killed = state == "FAILED" and launch.start is not None and launch.end is None
-    return with_killed_line(report) if killed else report
+    killed = launch.start is not None and launch.end is None and state != "RUNNING"
+    report.update(run_status(run_dir, completed_unrecorded=killed and state == "COMPLETED"))
+    return with_killed_line(report) if killed and state == "FAILED" else report
 
 
 # An attempt's state by its end record's reason: every reason hpcdl.launch.foreground (a
@@ -464,10 +464,25 @@ def foreground_state(run_dir: RunDir, launch: Launch) -> str:
         return END_STATES.get(str(launch.end.get("reason")), "FAILED")
     if is_held(run_dir):
         return "RUNNING"
-    if launch.start is not None:
-        return "FAILED"  # killed: a summary.json there is an earlier attempt's
+    if launch.start is not None:  # killed
+        return "COMPLETED" if summary_written_since(run_dir, launch.start) else "FAILED"
     # Trained before hpcdl recorded foreground attempts: only a summary tells.
     return "COMPLETED" if run_dir.is_complete() else "UNKNOWN"
+
+
+def summary_written_since(run_dir: RunDir, start: dict[str, Any]) -> bool:
+    """Whether the attempt that `start` began wrote summary.json: it trained to the end and
+    was killed after (while it plotted, or closed its trackers), before its end record.
+    An older summary.json is an earlier attempt's (a completed run resumed for more
+    epochs). For runs in the foreground: the start time and the file's are this machine's
+    clock. Start records written before they held start_time_s: not known, False."""
+    started = start.get("start_time_s")
+    if not isinstance(started, (int, float)):
+        return False
+    try:
+        return run_dir.summary_file.stat().st_mtime >= started
+    except OSError:
+        return False
 
 
 def state_from_run_dir(run_dir: RunDir) -> str:
@@ -501,7 +516,9 @@ def with_killed_line(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
+def run_status(run_dir: Optional[RunDir], completed_unrecorded: bool = False) -> dict[str, Any]:
+    """completed_unrecorded: the newest attempt wrote its summary, then was killed before
+    its end record (summary_written_since)."""
     if run_dir is None:
         return {}
     info: dict[str, Any] = {}
@@ -514,6 +531,8 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     ends = [a for a in attempts[_newest_start(attempts) :] if a.get("event") == "end"]
     if ends:
         info["last_end"] = end_text(ends[-1])
+    elif completed_unrecorded:
+        info["last_end"] = "none recorded: killed after it completed (its summary.json is there)"
     last = run_dir.metrics.last_row()
     if last is not None:
         info["last_epoch"] = last.get("epoch")
@@ -525,7 +544,8 @@ def run_status(run_dir: Optional[RunDir]) -> dict[str, Any]:
     for rank, record in sorted(run_dir.last_telemetry().items()):
         info[f"rank {rank}"] = describe_sample(record)
     summary = run_dir.read_summary()
-    if summary is not None and (not starts or (ends and ends[-1].get("reason") == "completed")):
+    completed = bool(ends) and ends[-1].get("reason") == "completed"
+    if summary is not None and (not starts or completed or completed_unrecorded):
         # an earlier attempt's summary.json describes weights a resume has trained on since
         info["test_metrics"] = {
             k: v

@@ -482,6 +482,26 @@ def wrong_key(model, batch):
 
 def nan_loss(model, batch):
     return (model(batch["image"]) * float("nan")).mean(), {}
+
+
+def broken_collate(samples):
+    raise ValueError("cannot pad")
+
+
+def no_batch(samples):
+    return None
+
+
+class Nones(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return None
+
+
+def nones(root):
+    return Nones(), Nones()
 """
 
 
@@ -504,6 +524,9 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         (["task.target=badcode:wrong_key"], "task.target='badcode:wrong_key': the first "),
         (["task.kwargs.pos_wieght=3"], "segmentation_step takes no task.kwargs.pos_wieght"),
         (["task.target=badcode:nan_loss"], "task.target='badcode:nan_loss': the loss of the"),
+        (["data.collate_fn=badcode:broken_collate"], "data.collate_fn='badcode:broken_collate'"),
+        (["data.collate_fn=badcode:no_batch"], "data.collate_fn='badcode:no_batch': returned None"),
+        (["data.target=badcode:nones"], "data.target='badcode:nones': torch's default_collate"),
     ],
     ids=[
         "ragged-samples",
@@ -516,6 +539,9 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         "step-raises",
         "task-kwargs-typo",
         "nan-loss",
+        "collate-raises",
+        "collate-returns-none",
+        "sample-default-collate-cannot-batch",
     ],
 )
 def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, changes, key) -> None:

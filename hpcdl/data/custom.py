@@ -6,12 +6,12 @@ Nothing here reads the data: a dataset is checked by its length and its first sa
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import Subset
+from torch.utils.data import Subset, default_collate
 
 from hpcdl.config.schema import CustomDataConfig, DataCommon
 from hpcdl.errors import DataError
@@ -97,19 +97,52 @@ def split_dataset(dataset: Any, cfg: DataCommon) -> dict[str, Any]:
     }
 
 
-def first_sample_info(dataset: Any, where: str) -> tuple[tuple[int, ...], Optional[Any]]:
-    """(input shape, label) of the first training sample when samples are (x, y) pairs or
-    {"x"/"input", "y"/"target"} dicts; ((), None) for any other sample form."""
+def first_sample(dataset: Any, where: str) -> Any:
+    """The first training sample, read once; a failure as one line naming `where`."""
     try:
-        sample = dataset[0]
+        return dataset[0]
     except Exception as exc:
         raise DataError(
             f"{where}: reading the first training sample failed: {type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
+
+
+def first_sample_info(sample: Any) -> tuple[tuple[int, ...], Optional[Any]]:
+    """(input shape, label) of a sample when samples are (x, y) pairs or
+    {"x"/"input", "y"/"target"} dicts; ((), None) for any other sample form."""
     x, y = input_target_pair(sample) or (None, None)
     shape = tuple(int(s) for s in np.shape(x)) if x is not None else ()
     return shape, y
+
+
+def check_collate(
+    sample: Any, collate: Optional[Callable[[list[Any]], Any]], collate_key: str, where: str
+) -> None:
+    """Batch the first training sample alone with data.collate_fn (`collate`, named by
+    `collate_key`), else torch's default_collate (the sample is named by `where`): a collate
+    function that raises or returns None, or a sample that default_collate cannot batch,
+    is one line here instead of a traceback from the first batch."""
+    try:
+        batch = (collate or default_collate)([sample])
+    except Exception as exc:
+        detail = str(exc).strip().splitlines()
+        message = f"{type(exc).__name__}" + (f": {detail[0]}" if detail else "")
+        if collate is not None:
+            raise DataError(
+                f"{collate_key}: failed on a list holding the first training sample: raised "
+                f"{message}"
+            ) from exc
+        raise DataError(
+            f"{where}: torch's default_collate cannot batch the first training sample "
+            f"({message}); return tensors, numbers, or tuples, lists or dicts of them from "
+            "__getitem__, or set data.collate_fn to batch them"
+        ) from exc
+    if batch is None:
+        raise DataError(
+            f"{collate_key}: returned None for a list holding the first training sample; "
+            "return the batch"
+        )
 
 
 def num_classes_of(dataset: Any, cfg: CustomDataConfig) -> tuple[int, list[str]]:

@@ -240,7 +240,13 @@ def build_dataset_feed(
     class_names: Optional[list[str]] = None,
 ) -> DatasetFeed:
     from hpcdl.config.validate import check_data
-    from hpcdl.data.custom import build_custom_datasets, first_sample_info, num_classes_of
+    from hpcdl.data.custom import (
+        build_custom_datasets,
+        check_collate,
+        first_sample,
+        first_sample_info,
+        num_classes_of,
+    )
 
     check_data(cfg)
     if isinstance(cfg, CustomDataConfig):
@@ -249,13 +255,16 @@ def build_dataset_feed(
         collate: Optional[Any] = (
             resolve_callable("data.collate_fn", cfg.collate_fn) if cfg.collate_fn else None
         )
+        collate_key = f"data.collate_fn={cfg.collate_fn!r}"
         num_classes, class_names = num_classes_of(datasets["train"], cfg)
     else:
         datasets, class_names = build_imagefolder_datasets(cfg, class_names)
         where = f"data.path={cfg.path!r}"
-        collate = None
+        collate, collate_key = None, "data.collate_fn"
         num_classes = len(class_names)
-    input_shape, label = first_sample_info(datasets["train"], where)
+    sample = first_sample(datasets["train"], where)
+    check_collate(sample, collate, collate_key, where)
+    input_shape, label = first_sample_info(sample)
     if regression:
         num_classes, class_names = 1, []
     else:

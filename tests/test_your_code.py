@@ -274,6 +274,22 @@ def test_predict_without_task_predict_says_how_to_add_it(mylab, cells, tmp_path,
     assert code == 2 and "hpcdl predict takes only data keys" in capsys.readouterr().err
 
 
+def test_predict_that_raises_is_one_line_naming_task_predict(
+    mylab, cells, tmp_path, capsys, monkeypatch
+) -> None:
+    # An LM's next_token(model, batch) written for (x, y) batches, run on dict batches.
+    from hpcdl.cli.main import main
+
+    (tmp_path / "otherpredict.py").write_text("def first_of(model, batch):\n    return batch[0]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run_dir = tmp_path / "run"
+    train_in_process(run_dir, cells, [], capsys)
+    code = main(["predict", str(run_dir), "task.predict=otherpredict:first_of", "--split", "val"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: task.predict='otherpredict:first_of': raised KeyError: 0"), err
+
+
 # ----------------------------------------------------------------------------- exact resume
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, cells: Path) -> dict[int, Path]:

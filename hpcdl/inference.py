@@ -138,9 +138,13 @@ def evaluate_checkpoint(
     state = read_checkpoint(path, mmap=True)
     feed = _inference_feed(cfg, state, split)
     if _num_samples(feed, split) == 0:
+        others = [
+            s for s in ("test", "val", "train", ALL_SPLIT) if s != split and _num_samples(feed, s)
+        ]
         raise ConfigError(
             f"hpcdl evaluate: the {split} split of {_whose(data_overrides, run_dir)} is empty "
             f"(data.{split}_fraction=0, or no {split} dataset); nothing to evaluate"
+            + ("; evaluate " + " or ".join(f"--split {s}" for s in others) if others else "")
         )
     model = _model_for(cfg, state, str(path))
     batches = _split_batches(feed, split, cfg.trainer.batch_size)

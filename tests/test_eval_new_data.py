@@ -129,6 +129,19 @@ def test_the_python_api_evaluates_and_predicts_other_data(custom_run: tuple[Path
     assert job.evaluate()["num_test_samples"] == 6
 
 
+def test_an_empty_split_is_refused_naming_the_splits_that_have_samples(
+    custom_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 3 rows: 15% of them rounds to no test and no validation row.
+    run, elsewhere = custom_run
+    np.save(elsewhere / "three.npy", table(3, 2))
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "data.kwargs.path=three.npy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the test split of" in err, err
+    assert err.strip().endswith("nothing to evaluate; evaluate --split train or --split all"), err
+
+
 @pytest.fixture(scope="module")
 def files_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """A data=files run on train.npz (features far from mean 0, std 1, so that a

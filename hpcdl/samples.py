@@ -19,3 +19,19 @@ def input_target_pair(value: Any) -> Optional[tuple[Any, Any]]:
             if x_key in value and y_key in value:
                 return value[x_key], value[y_key]
     return None
+
+
+def first_array_shape(batch: Any) -> Optional[tuple[int, ...]]:
+    """The shape of a batch's first tensor (or array), depth-first through tuples, lists and
+    dict values: its leading size is what hpcdl counts as the batch's number of samples
+    (hpcdl.tasks). None when the batch holds none."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None and not isinstance(batch, (str, bytes)):
+        return tuple(int(s) for s in shape)
+    values = batch.values() if isinstance(batch, Mapping) else batch
+    if isinstance(values, (tuple, list)) or isinstance(batch, Mapping):
+        for value in values:
+            found = first_array_shape(value)
+            if found is not None:
+                return found
+    return None

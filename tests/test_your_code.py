@@ -508,6 +508,10 @@ def no_batch(samples):
     return None
 
 
+def samples_second(samples):
+    return {k: torch.stack([s[k] for s in samples], dim=1) for k in samples[0]}
+
+
 class Nones(torch.utils.data.Dataset):
     def __len__(self):
         return 8
@@ -543,6 +547,7 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         (["data.collate_fn=badcode:broken_collate"], "data.collate_fn='badcode:broken_collate'"),
         (["data.collate_fn=badcode:no_batch"], "data.collate_fn='badcode:no_batch': returned None"),
         (["data.target=badcode:nones"], "data.target='badcode:nones': torch's default_collate"),
+        (["data.collate_fn=badcode:samples_second"], "first tensor of shape (1, 2, 32, 32)"),
     ],
     ids=[
         "ragged-samples",
@@ -558,6 +563,7 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         "collate-raises",
         "collate-returns-none",
         "sample-default-collate-cannot-batch",
+        "collate-samples-not-first",
     ],
 )
 def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, changes, key) -> None:

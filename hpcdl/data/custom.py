@@ -15,7 +15,7 @@ from torch.utils.data import Subset, default_collate
 
 from hpcdl.config.schema import CustomDataConfig, DataCommon
 from hpcdl.errors import DataError
-from hpcdl.samples import input_target_pair
+from hpcdl.samples import first_array_shape, input_target_pair
 from hpcdl.targets import resolve_callable
 
 SPLITS = ("train", "val", "test")
@@ -119,18 +119,19 @@ def first_sample_info(sample: Any) -> tuple[tuple[int, ...], Optional[Any]]:
 def check_collate(
     sample: Any, collate: Optional[Callable[[list[Any]], Any]], collate_key: str, where: str
 ) -> None:
-    """Batch the first training sample alone with data.collate_fn (`collate`, named by
+    """Batch the first training sample, twice, with data.collate_fn (`collate`, named by
     `collate_key`), else torch's default_collate (the sample is named by `where`): a collate
-    function that raises or returns None, or a sample that default_collate cannot batch,
-    is one line here instead of a traceback from the first batch."""
+    function that raises, returns None or puts the samples elsewhere than first in the
+    batch's first tensor (which is how hpcdl counts them), or a sample that default_collate
+    cannot batch, is one line here instead of a traceback or wrong sample counts later."""
     try:
-        batch = (collate or default_collate)([sample])
+        batch = (collate or default_collate)([sample, sample])
     except Exception as exc:
         detail = str(exc).strip().splitlines()
         message = f"{type(exc).__name__}" + (f": {detail[0]}" if detail else "")
         if collate is not None:
             raise DataError(
-                f"{collate_key}: failed on a list holding the first training sample: raised "
+                f"{collate_key}: failed on a list of the first training sample, twice: raised "
                 f"{message}"
             ) from exc
         raise DataError(
@@ -140,8 +141,15 @@ def check_collate(
         ) from exc
     if batch is None:
         raise DataError(
-            f"{collate_key}: returned None for a list holding the first training sample; "
+            f"{collate_key}: returned None for a list of the first training sample, twice; "
             "return the batch"
+        )
+    shape = first_array_shape(batch)
+    if shape is not None and (shape[0] if shape else 1) != 2:
+        raise DataError(
+            f"{collate_key}: a batch of 2 samples has a first tensor of shape {shape}; hpcdl "
+            "counts a batch's samples by that tensor's leading size (metric means, predict's "
+            "rows), so put the samples first there (pad_sequence(..., batch_first=True))"
         )
 
 

@@ -36,7 +36,6 @@ from hpcdl.errors import (
     CheckpointError,
     ConfigError,
     DataError,
-    HpcdlError,
     WriteError,
     os_error_reason,
 )
@@ -551,7 +550,7 @@ def _custom_rows(
     parts: dict[str, list[torch.Tensor]] = {}
     with torch.no_grad():
         for batch in batches:
-            for name, values in _outputs(prediction, model, batch).items():
+            for name, values in prediction.outputs(model, batch).items():
                 parts.setdefault(name, []).append(values)
     columns, blocks, text = ["row"], [], {}
     for name, chunks in parts.items():
@@ -565,22 +564,6 @@ def _custom_rows(
         text.update({n: _as_text_of(array.dtype) for n in names})
     table = [list(itertools.chain.from_iterable(cells)) for cells in zip(*blocks, strict=True)]
     return Predictions(columns, [[i, *row] for i, row in enumerate(table)], text)
-
-
-def _outputs(prediction: CustomPrediction, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
-    """task.predict's columns for one batch; an exception in the user's function (or the
-    model it calls) is one line naming task.predict, as a wrong return value is."""
-    try:
-        return prediction.outputs(model, batch)
-    except HpcdlError:
-        raise
-    except Exception as exc:
-        lines = str(exc).strip().splitlines()
-        detail = f": {lines[0]}" if lines else ""
-        raise ConfigError(
-            f"task.predict={prediction.target!r}: raised {type(exc).__name__}{detail}; it is "
-            "called as function(model, batch) with the batches task.target gets"
-        ) from exc
 
 
 def _as_text_of(dtype: np.dtype[Any]) -> Callable[[Any], str]:

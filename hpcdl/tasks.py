@@ -33,8 +33,8 @@ from hpcdl.config.schema import (
     RegressionTaskConfig,
     TaskConfig,
 )
-from hpcdl.errors import ConfigError, DataError
-from hpcdl.samples import input_target_pair
+from hpcdl.errors import ConfigError, DataError, HpcdlError
+from hpcdl.samples import first_array_shape, input_target_pair
 from hpcdl.step_sums import Value
 from hpcdl.targets import check_step_kwargs, resolve_callable
 
@@ -300,7 +300,17 @@ class CustomPrediction:
         """name -> CPU tensor [samples, *per-sample shape]: float32/float64, or int64 for
         integer and bool outputs. A bare tensor is named 'predicted'."""
         where = f"task.predict={self.target!r}"
-        result = self.fn(model, batch)
+        try:
+            result = self.fn(model, batch)
+        except HpcdlError:
+            raise
+        except Exception as exc:  # the user's function, or the model it calls: one line
+            lines = str(exc).strip().splitlines()
+            detail = f": {lines[0]}" if lines else ""
+            raise ConfigError(
+                f"{where}: raised {type(exc).__name__}{detail}; it is called as "
+                "function(model, batch) with the batches task.target gets"
+            ) from exc
         named = result if isinstance(result, Mapping) else {"predicted": result}
         if not named:
             raise ConfigError(f"{where}: returned {{}}; return a tensor or {{name: tensor}}")
@@ -366,16 +376,11 @@ def input_and_target(batch: Any, task: str = "classification") -> tuple[torch.Te
 
 
 def _num_samples(batch: Any) -> int:
-    """The leading size of the batch's first tensor."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    values = batch.values() if isinstance(batch, Mapping) else batch
-    if isinstance(values, (tuple, list)) or isinstance(batch, Mapping):
-        for value in values:
-            found = _num_samples(value)
-            if found:
-                return found
-    return 0
+    """The leading size of the batch's first tensor (1 for a scalar; 0 for none)."""
+    shape = first_array_shape(batch)
+    if shape is None:
+        return 0
+    return shape[0] if shape else 1
 
 
 def _scalar(where: str, name: str, value: Any) -> Any:

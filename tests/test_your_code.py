@@ -481,6 +481,10 @@ def metrics_as_list(model, batch):
 def mean_over_batch(model, batch):
     return {"probability": torch.sigmoid(model(batch["image"])).mean()}
 
+
+def first_of(model, batch):
+    return batch[0]  # written for (x, y) batches: dict batches raise KeyError
+
 class Exploding(torch.nn.Module):
     '''A model whose forward raises.'''
 
@@ -548,6 +552,7 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         (["data.collate_fn=badcode:no_batch"], "data.collate_fn='badcode:no_batch': returned None"),
         (["data.target=badcode:nones"], "data.target='badcode:nones': torch's default_collate"),
         (["data.collate_fn=badcode:samples_second"], "first tensor of shape (1, 2, 32, 32)"),
+        (["task.predict=badcode:first_of"], "task.predict='badcode:first_of': raised KeyError"),
     ],
     ids=[
         "ragged-samples",
@@ -564,6 +569,7 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         "collate-returns-none",
         "sample-default-collate-cannot-batch",
         "collate-samples-not-first",
+        "predict-raises",  # was the function's traceback from the probe, exit 1
     ],
 )
 def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, changes, key) -> None:

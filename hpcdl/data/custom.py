@@ -43,7 +43,7 @@ def build_custom_datasets(cfg: CustomDataConfig) -> dict[str, Any]:
     for name, dataset in datasets.items():
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise DataError(
-                f"{where}: the {name} split is a {type(dataset).__name__}, not a map-style "
+                f"{where}: the {name} split is of type {type(dataset).__name__}, not a map-style "
                 "Dataset (it needs __len__ and __getitem__; iterable datasets cannot be "
                 "resumed mid-epoch)"
             )

@@ -817,6 +817,33 @@ def test_a_kfold_summary_shows_no_spread_for_one_fold_and_names_the_folds_left_o
     assert (sweep / "summary.md").read_text().splitlines()[-1] == note
 
 
+def test_a_summary_says_which_trials_are_ranked_before_they_completed(
+    tmp_path: Path, capsys
+) -> None:
+    # A running (or failed) trial is ranked by its last epoch's value so far: said below
+    # the table (it was ranked beside final values with no word).
+    from hpcdl.cli.main import main
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import ledger as ledger_mod
+
+    plan = plan_sweep(["optim.lr=0.1,0.01,0.001", f"hydra.sweep.dir={tmp_path / 'sw'}"])
+    rows = [{"val_accuracy": 0.9}, {"val_accuracy": 0.8}, {"val_accuracy": 0.95}]
+    sweep = _completed_sweep(plan, rows)
+    assert main(["sweep", "summary", str(sweep)]) == 0
+    assert "not completed" not in capsys.readouterr().out
+    with ledger_mod.locked(sweep) as ledger:
+        ledger.trial(2).state = "RUNNING"
+        (RunDir(sweep / "2").summary_file).unlink()
+    assert main(["sweep", "summary", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert _ranked(out)[0] == "optim.lr=0.001"
+    note = (
+        "trial 2 has not completed (RUNNING): its val_accuracy is the last value it reported so far"
+    )
+    assert note in out.splitlines()
+    assert (sweep / "summary.md").read_text().splitlines()[-1] == note
+
+
 def test_a_programs_error_metric_ranks_lowest_first_and_the_summary_says_why(
     tmp_path: Path, capsys
 ) -> None:

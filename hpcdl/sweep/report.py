@@ -325,6 +325,19 @@ def missing_notes(entries: list[dict[str, Any]], ledger: Ledger, metric: str) ->
     return "".join(lines)
 
 
+def unfinished_note(ledger: Ledger, metric: str) -> str:
+    """A line naming the trials ranked by a value they reported before completing (running,
+    failed, stopped): the last epoch's so far, not a final one."""
+    partial = [t.index for t in ledger.trials if t.metric is not None and t.state != COMPLETED]
+    if not partial:
+        return ""
+    ids = ", ".join(map(str, partial))
+    one = len(partial) == 1
+    which = f"trial {ids} has" if one else f"trials {ids} have"
+    whose = f"its {metric} is the last value it" if one else f"their {metric} is the last they"
+    return f"{which} not completed ({_states(ledger, partial)}): {whose} reported so far\n"
+
+
 def _states(ledger: Ledger, indices: list[int]) -> str:
     return ", ".join(sorted({ledger.trial(i).state for i in indices}))
 
@@ -336,7 +349,7 @@ def write_summary(ledger: Ledger, metric: str, direction: Direction) -> tuple[st
     entries = summarize(ledger, metric, direction)
     folds = any(k == FOLD_KEY for k in ledger.swept_keys)
     text = direction.header(metric) + "\n\n" + summary_table(entries, metric, folds)
-    notes = missing_notes(entries, ledger, metric)
+    notes = missing_notes(entries, ledger, metric) + unfinished_note(ledger, metric)
     text += "\n" + notes.rstrip("\n") if notes else ""
     markdown, table_csv = sweep_dir.summary_file("md"), sweep_dir.summary_file("csv")
     write_atomic(markdown, text + "\n")

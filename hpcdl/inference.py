@@ -128,11 +128,13 @@ def evaluate_checkpoint(
     which: str,
     split: str = "test",
     data_overrides: Sequence[str] = (),
+    shown: Optional[Callable[[dict[str, Any]], None]] = None,
 ) -> dict[str, Any]:
     """Metrics (and a confusion matrix) of one checkpoint on one split of the run's data,
     or of the data that `cfg` points at with `data_overrides` (as they resolved: they name
     the output folder and are recorded). Written to eval/<checkpoint>/ for the run's test
-    split, else eval/<checkpoint>[-<split>][-<hash of the overrides>]/."""
+    split, else eval/<checkpoint>[-<split>][-<hash of the overrides>]/. `shown(report)` is
+    called before they are written: a run dir that cannot be written still shows them."""
     path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path, mmap=True)
     feed = _inference_feed(cfg, state, split)
@@ -165,6 +167,8 @@ def evaluate_checkpoint(
     if result.confusion is not None:
         report["confusion_matrix"] = result.confusion.tolist()
         report["class_names"] = class_names
+    if shown is not None:
+        shown(report)
     name = eval_name(path.stem, split, data_overrides)
     write_json_atomic(run_dir.eval_metrics_file(name), report)
     if result.confusion is not None:

@@ -224,6 +224,9 @@ def test_evaluate_of_a_run_on_a_read_only_file_system(hpcdl, mount_tmpfs) -> Non
     out = hpcdl("evaluate", str(run))
     one_line_error(out, f"{run}/eval/best", "Read-only file system (EROFS)")
     assert tree(fs) == before
+    # The metrics, computed before the folder was refused, are shown all the same.
+    assert out.stdout.startswith(f"checkpoint: {run}/checkpoints/best.pt\ntest_loss "), out.stdout
+    assert "confusion matrix [true x predicted]:" in out.stdout and "written:" not in out.stdout
 
 
 def test_run_dir_under_a_regular_file(hpcdl, tmp_path: Path) -> None:

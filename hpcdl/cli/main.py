@@ -992,22 +992,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg, run_dir, checkpoint, applied = inference_run(
         args.run_dir, args.checkpoint, args.overrides, "evaluate"
     )
+    def show(report: dict[str, Any]) -> None:  # before they are written: see them anyway
+        print(f"checkpoint: {report['checkpoint']}")
+        if applied:
+            print(f"data: {' '.join(applied)} ({args.split} split)")
+        split = report["split"]
+        metrics = "  ".join(
+            f"{key} {value:.4f}"
+            for key, value in report.items()
+            if key.startswith(f"{split}_") and isinstance(value, float)
+        )
+        print(f"{metrics}  ({report[f'num_{split}_samples']} samples)")
+        if "confusion_matrix" in report:
+            print("confusion matrix [true x predicted]:")
+            for name, row in zip(report["class_names"], report["confusion_matrix"], strict=True):
+                print(f"  {name:>12}: {' '.join(f'{v:5d}' for v in row)}")
+        sys.stdout.flush()
+
     with reading_from(cfg.workdir):  # the run's relative paths are its folder's
-        report = evaluate_checkpoint(cfg, run_dir, checkpoint, args.split, applied)
-    print(f"checkpoint: {report['checkpoint']}")
-    if applied:
-        print(f"data: {' '.join(applied)} ({args.split} split)")
-    split = report["split"]
-    metrics = "  ".join(
-        f"{key} {value:.4f}"
-        for key, value in report.items()
-        if key.startswith(f"{split}_") and isinstance(value, float)
-    )
-    print(f"{metrics}  ({report[f'num_{split}_samples']} samples)")
-    if "confusion_matrix" in report:
-        print("confusion matrix [true x predicted]:")
-        for name, row in zip(report["class_names"], report["confusion_matrix"], strict=True):
-            print(f"  {name:>12}: {' '.join(f'{v:5d}' for v in row)}")
+        report = evaluate_checkpoint(cfg, run_dir, checkpoint, args.split, applied, show)
     print(f"written: {report['output_dir']}")
     return EXIT_OK
 

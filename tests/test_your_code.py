@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests import fault_hook
@@ -576,6 +577,44 @@ def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, cha
     (tmp_path / "badcode.py").write_text(BAD_CODE)
     overrides = replaced(example(cells), changes)
     assert_refused(hpcdl("train", "run_dir=run", *overrides, env=user_env(tmp_path)), tmp_path, key)
+
+
+MAPPED = """
+import numpy as np
+from torch.utils.data import Dataset
+
+
+class Mapped(Dataset):
+    classes = ["a", "b"]
+
+    def __init__(self, path):
+        self.x = np.load(path, mmap_mode="r")  # read-only pages of the file
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], i % 2
+
+
+def build(path):
+    return Mapped(path), Mapped(path)
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_memory_mapped_samples_train_without_torchs_not_writable_warning(
+    hpcdl, tmp_path, workers
+) -> None:
+    # torch's default_collate copies them into the batch, yet warned that the array is not
+    # writable ('... undefined behavior ...'), from the check before training and the job.
+    (tmp_path / "mapped.py").write_text(MAPPED)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((64, 4), dtype=np.float32))
+    args = ["data=custom", "data.target=mapped:build", f"data.kwargs.path={tmp_path / 'x.npy'}"]
+    args += [f"data.num_workers={workers}", "trainer.max_epochs=1"]
+    out = hpcdl("train", "run_dir=run", *args, env=user_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "not writable" not in out.stderr + out.stdout
 
 
 @pytest.mark.parametrize("hook", ["nosuch.mod:hook", "badcode:no_such_name"])

@@ -11,9 +11,10 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import Subset, default_collate
+from torch.utils.data import Subset
 
 from hpcdl.config.schema import CustomDataConfig, DataCommon
+from hpcdl.data.loader import quiet_default_collate
 from hpcdl.errors import DataError
 from hpcdl.samples import first_array_shape, input_target_pair
 from hpcdl.targets import resolve_callable
@@ -125,7 +126,7 @@ def check_collate(
     batch's first tensor (which is how hpcdl counts them), or a sample that default_collate
     cannot batch, is one line here instead of a traceback or wrong sample counts later."""
     try:
-        batch = (collate or default_collate)([sample, sample])
+        batch = (collate or quiet_default_collate)([sample, sample])
     except Exception as exc:
         detail = str(exc).strip().splitlines()
         message = f"{type(exc).__name__}" + (f": {detail[0]}" if detail else "")

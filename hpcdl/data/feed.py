@@ -27,6 +27,7 @@ from hpcdl.data.loader import (
     dataset_batches,
     dataset_eval_batches,
     iterate_batches,
+    quiet_default_collate,
 )
 from hpcdl.data.sharding import EpochSharder
 from hpcdl.errors import DataError
@@ -272,7 +273,7 @@ def build_dataset_feed(
     settings = LoaderSettings(
         num_workers=cfg.num_workers,
         prefetch_factor=cfg.prefetch_factor,
-        collate_fn=collate,
+        collate_fn=collate or quiet_default_collate,
         seed=seed,
         check_batch=LabelCheck(num_classes, where) if check_labels and num_classes > 0 else None,
     )

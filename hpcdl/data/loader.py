@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import signal
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -367,6 +368,19 @@ def dataset_batches(
     rest = start_iteration(loader)
     first = read_batch(loader, sharder.local_indices(epoch, start_step).tolist(), epoch)
     return _on_device(itertools.chain([first], rest), sharder, steps, device, settings.check_batch)
+
+
+def quiet_default_collate(samples: list[Any]) -> Any:
+    """torch's default_collate without its warning that a read-only NumPy sample (a slice
+    of a memory-mapped .npy) is not writable: it stacks copies of the samples into a new
+    batch tensor, so nothing ever writes to the file's pages. torch gives that warning once
+    per process, so a user's own torch.as_tensor of such an array elsewhere goes unwarned."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NOT_WRITABLE, category=UserWarning)
+        return torch.utils.data.default_collate(samples)
+
+
+_NOT_WRITABLE = "The given NumPy array is not writable"
 
 
 # Loaders whose workers have started (persistent: they stay until the loader goes).

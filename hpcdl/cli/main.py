@@ -549,9 +549,10 @@ def preflight(cfg: Config, skip: bool) -> None:
     if cfg.cluster.launcher == Launcher.slurm:
         refuse_missing_modules(cfg)
     if cfg.cluster.launcher == Launcher.slurm and not skip:
+        from hpcdl.config.schema import slurm_tasks_per_node
         from hpcdl.launch.preflight import check
 
-        check(cfg.cluster)
+        check(cfg.cluster, slurm_tasks_per_node(cfg))
 
 
 def refuse_missing_modules(cfg: Config) -> None:
@@ -598,6 +599,7 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
 def preflight_verdict(cfg: Config, skip_preflight: bool) -> Optional[ConfigError]:
     """A dry run's preflight line; the refusal a submission would meet, to raise once the
     script is printed (None: the cluster can run it, or no Slurm answers here)."""
+    from hpcdl.config.schema import slurm_tasks_per_node
     from hpcdl.launch import container
     from hpcdl.launch.preflight import SlurmUnreachable, check_request
 
@@ -605,7 +607,8 @@ def preflight_verdict(cfg: Config, skip_preflight: bool) -> Optional[ConfigError
         print("# preflight: skipped (--no-preflight)")
         return None
     try:
-        check_request(cfg.cluster)  # first: where no Slurm answers, nothing is checked
+        # first: where no Slurm answers, nothing is checked
+        check_request(cfg.cluster, slurm_tasks_per_node(cfg))
         container.check(cfg.cluster)
     except SlurmUnreachable:
         print("# preflight: not checked (no Slurm controller answers here)")

@@ -11,6 +11,7 @@ import os
 import re
 import signal as signal_module
 import subprocess
+from typing import Optional
 
 from hpcdl.config.schema import ClusterConfig, tasks_per_node
 from hpcdl.errors import ConfigError
@@ -102,12 +103,14 @@ def constraint_satisfied(constraint: str, features: set[str]) -> bool:
     return any(all(f.strip() in features for f in alt.split("&")) for alt in expr.split("|"))
 
 
-def check(cluster: ClusterConfig) -> str:
-    """Raise ConfigError if the request cannot run; return the partition name used."""
+def check(cluster: ClusterConfig, slurm_tasks: Optional[int] = None) -> str:
+    """Raise ConfigError if the request cannot run; return the partition name used.
+    slurm_tasks: the Slurm tasks per node when not one per rank (schema.slurm_tasks_per_node:
+    one torchrun per node)."""
     from hpcdl.launch import container
 
     container.check(cluster)
-    return check_request(cluster)
+    return check_request(cluster, slurm_tasks)
 
 
 # sbatch options hpcdl writes itself, and the profile keys that set them. The same option
@@ -187,7 +190,7 @@ def check_sbatch_extra(cluster: ClusterConfig) -> None:
         raise ConfigError(why)
 
 
-def check_request(cluster: ClusterConfig) -> str:
+def check_request(cluster: ClusterConfig, slurm_tasks: Optional[int] = None) -> str:
     """The request against the partition's limits and nodes (scontrol, sinfo): what `check`
     does but the container's runtime and image. First, before any Slurm command (so also
     where none answers): a warning signal the ranks can act on, and no cluster.sbatch_extra
@@ -244,7 +247,7 @@ def check_request(cluster: ClusterConfig) -> str:
                 f"cluster.gpus_per_node={cluster.gpus_per_node} (--gres={gres}): partition {name!r} "
                 f"nodes have at most {most} {kind or 'GPU'}{'s' if most != 1 else ''} (sinfo)"
             )
-    fitting = _with_cpus_and_memory(cluster, name, fitting)
+    fitting = _with_cpus_and_memory(cluster, name, fitting, slurm_tasks)
     if cluster.nodes > len(fitting):
         raise ConfigError(
             f"cluster.nodes={cluster.nodes}: only {len(fitting)} nodes of partition {name!r} "
@@ -253,11 +256,14 @@ def check_request(cluster: ClusterConfig) -> str:
     return name
 
 
-def _with_cpus_and_memory(cluster: ClusterConfig, partition: str, nodes: list[Node]) -> list[Node]:
-    """The nodes with the CPUs (tasks per node x cluster.cpus_per_task) and the memory
+def _with_cpus_and_memory(
+    cluster: ClusterConfig, partition: str, nodes: list[Node], slurm_tasks: Optional[int] = None
+) -> list[Node]:
+    """The nodes with the CPUs (Slurm tasks per node x cluster.cpus_per_task) and the memory
     (cluster.mem_gb) asked for: sbatch queues a job no node can hold, pending forever on
-    (PartitionConfig) or refused in sbatch's own words. Unknown sizes (0) are let through."""
-    tasks = tasks_per_node(cluster)
+    (PartitionConfig) or refused in sbatch's own words. Unknown sizes (0) are let through.
+    With one torchrun per node (slurm_tasks=1) its workers share that task's CPUs."""
+    tasks = slurm_tasks or tasks_per_node(cluster)
     cpus = tasks * cluster.cpus_per_task
     fitting = [n for n in nodes if not n[3] or n[3] >= cpus]
     if not fitting:

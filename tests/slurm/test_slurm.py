@@ -343,6 +343,20 @@ def test_preflight_refuses_impossible_requests(devcluster, tmp_path, overrides, 
     assert not (set(squeue_ids()) - before)  # nothing submitted
 
 
+def test_preflight_counts_one_torchrun_task_per_node(devcluster, tmp_path) -> None:
+    # sbatch asks for one task per node, whose torchrun starts 9 workers on its CPUs: the
+    # request fits a node of 8 CPUs (it was refused as '9 tasks per node need 9 CPUs').
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    overrides = ["cluster.partition=cpu", "cluster.gpus_per_node=0", "cluster.tasks_per_node=9"]
+    out = run_hpcdl(
+        "run", "cluster=devcluster", *overrides, "launcher=torchrun", "--dry-run",
+        "--", "python", "train.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "#SBATCH --ntasks-per-node=1\n" in out.stdout
+    assert "# preflight: the cluster can run this request\n" in out.stdout, out.stdout
+
+
 def test_dry_run_script_is_accepted_by_sbatch(devcluster, tmp_path) -> None:
     out = run_hpcdl(
         "train",

@@ -6,8 +6,10 @@ log readable and greppable.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Optional
 
 
@@ -20,6 +22,8 @@ class ProgressReporter:
         self._bar: Any = None
         self._task: Any = None
         self._last_line = time.monotonic()
+        # Called once stdout has no reader (see _print).
+        self.on_closed: Optional[Callable[[], None]] = None
 
     def start_epoch(self, epoch: int, start_step: int, num_steps: int) -> None:
         if not self.interactive:
@@ -56,10 +60,9 @@ class ProgressReporter:
                 self._task, completed=step_in_epoch + 1, info=f"loss {loss:.4f} lr {lr:.3g}"
             )
         elif (step_in_epoch + 1) % self.log_every_steps == 0:
-            print(
+            self._print(
                 f"epoch {epoch + 1}/{self.max_epochs} step {step_in_epoch + 1}/{num_steps} "
-                f"loss {loss:.4f} lr {lr:.3g}",
-                flush=True,
+                f"loss {loss:.4f} lr {lr:.3g}"
             )
 
     def message(self, text: str) -> None:
@@ -68,7 +71,22 @@ class ProgressReporter:
         if self._bar is not None:
             self._bar.console.print(text, markup=False, highlight=False)
         else:
+            self._print(text)
+
+    def _print(self, text: str) -> None:
+        """A line on stdout. Once nobody reads it (`hpcdl train | head`: a broken pipe), the
+        lines go to /dev/null (later writes and the exit's flush too) and on_closed is
+        called: the trainer stops as on a hangup, with a checkpoint (the broken pipe's
+        error was failing the run, unsaved)."""
+        try:
             print(text, flush=True)
+        except BrokenPipeError:
+            self.enabled = False
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, sys.stdout.fileno())
+            os.close(quiet)
+            if self.on_closed is not None:
+                self.on_closed()
 
     def epoch_row(self, row: dict[str, Any]) -> None:
         """One line per epoch: every train_*/val_* value of the metrics row, in its order."""

@@ -189,6 +189,7 @@ class Trainer:
         self.env = env
         self.p = parts
         self.stop = stop
+        parts.reporter.on_closed = self._output_closed
         self.progress = Progress()
         self.autocast_dtype = {
             Precision.fp32: None,
@@ -273,6 +274,12 @@ class Trainer:
             self._read_ahead_next_epoch()
             self.end_epoch()
         return self.complete()
+
+    def _output_closed(self) -> None:
+        """stdout lost its reader (`hpcdl train | head`, in the foreground): stop at the next
+        step with a checkpoint, as on a hangup (docs/reliability.md)."""
+        if self.stop.signal_name is None:
+            self.stop.signal_name = "SIGHUP"
 
     def _stop_before_first_step(self) -> bool:
         """A stop asked for while the job was starting (imports, rendezvous, build, restore:

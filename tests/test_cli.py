@@ -545,7 +545,11 @@ def test_completion_candidates(tmp_path: Path) -> None:
 
 
 def test_train_into_a_closed_pipe_stops_quietly_and_resumes(tmp_path: Path) -> None:
-    # `hpcdl train | head -1`: the reader goes away; no traceback, the run continues later.
+    # `hpcdl train | head -1`: the reader goes away; no traceback; the run saves and stops
+    # at its next step as on a hangup (exit 3, as cluster=local does; it ended at the write
+    # with exit 141, recorded as failed, its steps since the last checkpoint lost), and
+    # continues later.
+    from hpcdl.rundir import RunDir
     from tests.conftest import run_hpcdl
 
     run_dir = tmp_path / "run"
@@ -559,8 +563,12 @@ def test_train_into_a_closed_pipe_stops_quietly_and_resumes(tmp_path: Path) -> N
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.readline()
     proc.stdout.close()  # as `head -1` does once it has its line
-    assert proc.wait(timeout=300) == 141
+    assert proc.wait(timeout=300) == 3
     assert "Traceback" not in proc.stderr.read()
+    run = RunDir(run_dir)
+    assert run.read_attempts()[-1]["reason"] == "interrupted"
+    record = json.loads(run.checkpoint_record_file.read_text())
+    assert record["checkpoint"] == run.newest_checkpoint().name  # saved at the stop
     out = run_hpcdl("resume", str(run_dir), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (run_dir / "summary.json").exists()

@@ -104,3 +104,14 @@ def os_error_reason(err: OSError) -> str:
     name = errno.errorcode.get(err.errno or 0)
     fix = _OS_ERROR_FIXES.get(err.errno or 0)
     return cause + (f" ({name})" if name else "") + (f"; {fix}" if fix else "")
+
+
+def raised(exc: BaseException) -> str:
+    """'raised KeyError: 0': an exception of the user's code, in one line."""
+    message = first_line(exc)
+    return f"raised {type(exc).__name__}" + (f": {message}" if message else "")
+
+
+def first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""

@@ -59,8 +59,8 @@ def probe_user_code(cfg: Config) -> None:
 
     from hpcdl.data.feed import build_feed
     from hpcdl.data.sharding import EpochSharder
+    from hpcdl.errors import raised
     from hpcdl.models import build_model
-    from hpcdl.models.custom import raised
     from hpcdl.tasks import build_prediction, build_task, check_monitor
 
     device = torch.device("cpu")

@@ -82,9 +82,7 @@ class ProgressReporter:
             print(text, flush=True)
         except BrokenPipeError:
             self.enabled = False
-            quiet = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(quiet, sys.stdout.fileno())
-            os.close(quiet)
+            silence_stdout()
             if self.on_closed is not None:
                 self.on_closed()
 
@@ -106,3 +104,11 @@ class ProgressReporter:
             self._bar = None
         if final:
             self.message(final)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone (a broken pipe): later prints, and
+    the exit's flush, must not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -33,7 +33,7 @@ from hpcdl.config.schema import (
     RegressionTaskConfig,
     TaskConfig,
 )
-from hpcdl.errors import ConfigError, DataError, HpcdlError
+from hpcdl.errors import ConfigError, DataError, HpcdlError, raised
 from hpcdl.samples import first_array_shape, input_target_pair
 from hpcdl.step_sums import Value
 from hpcdl.targets import check_step_kwargs, resolve_callable
@@ -305,11 +305,9 @@ class CustomPrediction:
         except HpcdlError:
             raise
         except Exception as exc:  # the user's function, or the model it calls: one line
-            lines = str(exc).strip().splitlines()
-            detail = f": {lines[0]}" if lines else ""
             raise ConfigError(
-                f"{where}: raised {type(exc).__name__}{detail}; it is called as "
-                "function(model, batch) with the batches task.target gets"
+                f"{where}: {raised(exc)}; it is called as function(model, batch) with the "
+                "batches task.target gets"
             ) from exc
         named = result if isinstance(result, Mapping) else {"predicted": result}
         if not named:

@@ -264,8 +264,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except BrokenPipeError:
         # The reader went away (`hpcdl train | head`): stop quietly, as Unix tools do on
         # SIGPIPE. A training run stops where it was and continues with `hpcdl resume`.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        from hpcdl.progress import silence_stdout
+
+        silence_stdout()
         return EXIT_BROKEN_PIPE
 
 

@@ -15,7 +15,7 @@ from torch.utils.data import Subset
 
 from hpcdl.config.schema import CustomDataConfig, DataCommon
 from hpcdl.data.loader import quiet_default_collate
-from hpcdl.errors import DataError
+from hpcdl.errors import DataError, raised
 from hpcdl.samples import first_array_shape, input_target_pair
 from hpcdl.targets import resolve_callable
 
@@ -128,16 +128,14 @@ def check_collate(
     try:
         batch = (collate or quiet_default_collate)([sample, sample])
     except Exception as exc:
-        detail = str(exc).strip().splitlines()
-        message = f"{type(exc).__name__}" + (f": {detail[0]}" if detail else "")
+        message = raised(exc)
         if collate is not None:
             raise DataError(
-                f"{collate_key}: failed on a list of the first training sample, twice: raised "
-                f"{message}"
+                f"{collate_key}: failed on a list of the first training sample, twice: {message}"
             ) from exc
         raise DataError(
             f"{where}: torch's default_collate cannot batch the first training sample "
-            f"({message}); return tensors, numbers, or tuples, lists or dicts of them from "
+            f"({message.removeprefix('raised ')}); return tensors, numbers, or tuples, lists or dicts of them from "
             "__getitem__, or set data.collate_fn to batch them"
         ) from exc
     if batch is None:

@@ -29,6 +29,7 @@ from hpcdl.launch.foreground import record_end, record_start
 from hpcdl.launch.launcher_watch import FOREGROUND_VAR, describe_foreground
 from hpcdl.launch.logtail import LineEcho
 from hpcdl.launch.rank_main import LOCAL_GPUS_VAR
+from hpcdl.progress import silence_stdout
 from hpcdl.rundir import RunDir
 from hpcdl.workdir import in_workdir
 
@@ -197,7 +198,7 @@ def _wait(job: Any, stopper: RankStopper) -> None:
         try:
             echo.poll()
         except OSError:  # the reader went away (`| head`, a closed terminal)
-            _silence_stdout()
+            silence_stdout()
             stopper.stop("output closed")
             echo = LineEcho(Path(os.devnull), hidden=b"")
         if job.done():
@@ -229,13 +230,6 @@ def _ranks_listening(job: Any, num_tasks: int) -> bool:
         if stat.st_size == 0 and time.time() - stat.st_mtime < SURELY_STARTED_S:
             return False
     return True
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null: later prints (the closing lines) must not raise again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
 
 
 def _exit_code(job: Any) -> int:

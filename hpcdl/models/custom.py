@@ -14,7 +14,7 @@ from typing import Any, Optional
 from torch import nn
 
 from hpcdl.config.schema import CustomModelConfig
-from hpcdl.errors import ConfigError
+from hpcdl.errors import ConfigError, first_line, raised
 from hpcdl.targets import accepts, parameter_names, resolve_callable
 
 
@@ -92,13 +92,3 @@ def check_kwargs_fit(
     raise ConfigError(
         f"model.target={cfg.target!r}: {problem}; its parameters: {parameter_names(signature)}"
     )
-
-
-def raised(exc: BaseException) -> str:
-    message = first_line(exc)
-    return f"raised {type(exc).__name__}" + (f": {message}" if message else "")
-
-
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""

@@ -57,7 +57,11 @@ class StepSums:
     @classmethod
     def unpack(cls, reduced: torch.Tensor) -> StepSums:
         """The all-reduced tensor back to named values (one host sync)."""
-        values = reduced.tolist()
+        return cls.of_values(reduced.tolist())
+
+    @classmethod
+    def of_values(cls, values: list[float]) -> StepSums:
+        """Packed values (as pack() orders them) back to named values."""
         names = _field_names()
         named = dict(zip(names, values[: len(names)], strict=True))
         return cls(**named, stats=tuple(values[len(names) :]))

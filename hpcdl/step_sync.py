@@ -12,22 +12,29 @@ the steps still in flight, so a checkpoint always holds every step's sums.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from hpcdl.dist import all_reduce_sum
-from hpcdl.step_sums import LOSS_SUM_INDEX, StepSums
+from hpcdl.step_sums import LOSS_SUM_INDEX, StepSums, Value
 
 
 @dataclass
 class InFlight:
-    """One step's all-reduced sums on their way to the host."""
+    """One step's sums on their way to the host: all-reduced and packed (several ranks), or
+    one rank's loss and tensor statistics only, ``fill`` adding the values the host knows."""
 
     step: int  # the global step they belong to
     host: torch.Tensor  # pinned memory on CUDA (filled once the event has passed)
     event: Optional[torch.cuda.Event] = None
+    fill: Optional[Callable[[list[float]], StepSums]] = None  # None: ``host`` is packed
+    # One rank deferring its task's statistics: the step's detached outputs and targets,
+    # counted once its sums show it was taken.
+    keep: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    release: Optional[Callable[[torch.Tensor], None]] = None  # ``host`` back to its pool
     _sums: Optional[StepSums] = field(default=None, repr=False)
 
     def read(self) -> StepSums:
@@ -35,7 +42,10 @@ class InFlight:
         if self._sums is None:
             if self.event is not None:
                 self.event.synchronize()
-            self._sums = StepSums.unpack(self.host)
+            values = self.host.tolist()
+            if self.release is not None:
+                self.release(self.host)
+            self._sums = StepSums.of_values(values) if self.fill is None else self.fill(values)
         return self._sums
 
 
@@ -44,19 +54,66 @@ def reduce_on_device(packed: torch.Tensor) -> torch.Tensor:
     optimizer reads: 1 where the global loss sum is not finite. With NCCL nothing here
     waits on the host: the collective and the test are queued behind the step's kernels."""
     all_reduce_sum(packed)
-    return (~torch.isfinite(packed[LOSS_SUM_INDEX])).to(torch.float32)
+    return found_inf_of(packed[LOSS_SUM_INDEX])
 
 
-def send_to_host(step: int, reduced: torch.Tensor) -> InFlight:
-    """Start copying the reduced sums to the host; read them later with InFlight.read()."""
-    if reduced.device.type != "cuda":
-        return InFlight(step, reduced)  # on the CPU the values are already there
-    host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
-    host.copy_(reduced, non_blocking=True)
-    event = torch.cuda.Event()
-    # On the copy's stream (the sums' GPU), whichever device is current.
-    event.record(torch.cuda.current_stream(reduced.device))
-    return InFlight(step, host, event)
+def found_inf_of(loss_sum: torch.Tensor) -> torch.Tensor:
+    """1.0 (float32, as a fused optimizer reads it) where ``loss_sum`` is not finite: two
+    kernels, the not written straight into float32."""
+    out = torch.empty((), dtype=torch.float32, device=loss_sum.device)
+    return torch.logical_not(torch.isfinite(loss_sum), out=out)
+
+
+class HostCopies:
+    """Copies of the steps' sums to the host, into pinned buffers reused once read: on a GPU
+    a fresh pinned tensor each step costs more than the copy (every kernel launch counts
+    for a tiny model). On the CPU the values are there already and nothing is copied."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
+
+    def send(
+        self,
+        step: int,
+        values: torch.Tensor,
+        fill: Optional[Callable[[list[float]], StepSums]] = None,
+        keep: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> InFlight:
+        """Start copying ``values`` (one dimension) to the host; read them with InFlight.read()."""
+        if values.device.type != "cuda":
+            return InFlight(step, values, fill=fill, keep=keep)
+        key = (values.numel(), values.dtype)
+        free = self._free.setdefault(key, [])
+        host = free.pop() if free else torch.empty(key[0], dtype=key[1], pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        event = torch.cuda.Event()
+        # On the copy's stream (the sums' GPU), whichever device is current.
+        event.record(torch.cuda.current_stream(values.device))
+        return InFlight(step, host, event, fill, keep, release=free.append)
+
+
+def solo_sums(
+    loss_sum: torch.Tensor, stats: Sequence[Value], host_values: Sequence[float]
+) -> tuple[torch.Tensor, Callable[[list[float]], StepSums]]:
+    """One rank's sums without packing: nothing to all-reduce, so only the tensors (the loss,
+    tensor statistics) go to the host; ``host_values`` (num_samples and the flags, in
+    StepSums' order) and float statistics stay there. Returns the tensor to copy and the
+    function that makes StepSums of its values."""
+    loss = loss_sum.detach().reshape(1)
+    tensors = [s for s in stats if isinstance(s, torch.Tensor)]
+    if tensors:  # custom tasks' tensor statistics: one float64 row with the loss
+        values = torch.cat([loss.double(), *(t.detach().reshape(1).double() for t in tensors)])
+    else:
+        values = loss
+    floats = [None if isinstance(s, torch.Tensor) else float(s) for s in stats]
+    known = tuple(float(v) for v in host_values)
+
+    def fill(read: list[float]) -> StepSums:
+        rest = iter(read[1:])
+        own = tuple(next(rest) if f is None else f for f in floats)
+        return StepSums.of_values([read[0], *known, *own])
+
+    return values, fill
 
 
 def skip_on_device(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:

@@ -47,10 +47,12 @@ from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
 from hpcdl.step_sums import StepSums, Value
 from hpcdl.step_sync import (
+    HostCopies,
     InFlight,
+    found_inf_of,
     reduce_on_device,
-    send_to_host,
     skip_on_device,
+    solo_sums,
 )
 from hpcdl.tasks import BatchStats, ClassificationTask, RegressionTask, Task, check_monitor
 from hpcdl.telemetry import Telemetry
@@ -211,13 +213,14 @@ class Trainer:
         self._pending: Optional[Iterator[TrainBatch]] = self._start.batches
         self.lagged = lagged_sync(self.t.lagged_sync, parts.device, parts.optimizer)
         self._in_flight: Optional[InFlight] = None  # lagged: the latest step's sums, unread
+        self._copies = HostCopies()  # lagged: their pinned buffers
         self._last_loss = float("nan")  # the latest step's mean loss read on the host
         self._unlogged: list[tuple[int, float]] = []  # (step, loss) not yet sent to the tracker
         self._loss_gradients: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         # One rank reading each step's sums at once: the task's statistics (classification's
         # correct predictions) are counted a chunk of steps at a time (hpcdl.deferred_stats).
         task = parts.task
-        defer = task.defers_stats and env.world_size == 1 and not self.lagged
+        defer = task.defers_stats and env.world_size == 1
         self._deferred = DeferredStats(task.stats_of) if defer else None
         self._task_step = task.batch_loss if defer else task.batch_stats  # (model, batch)
 
@@ -353,8 +356,11 @@ class Trainer:
             self._check_monitor()
 
         local_flags = self._local_flags()
-        if self.env.world_size == 1 and not self.lagged:
-            ready = [self._one_rank_step(out, local_flags)]
+        if self.env.world_size == 1:
+            if self.lagged:
+                ready = self._one_rank_lagged_step(out, local_flags)
+            else:
+                ready = [self._one_rank_step(out, local_flags)]
         else:
             ready = self._exchange(out, local_flags)
         if not self._steady:  # the first step is done: its allowance ends for collectives too
@@ -382,13 +388,46 @@ class Trainer:
         stats = tuple(float(out.stats[name]) for name in names)
         sums = StepSums(float(out.loss_sum.detach()), float(out.num_samples), *local_flags, stats)
         if self._step_unless_nonfinite(sums) and deferred is not None:
-            self._defer_stats(out)
+            assert out.outputs is not None and out.targets is not None
+            self._defer_stats(out.outputs, out.targets)
         return self.progress.global_step + 1, sums
+
+    def _one_rank_lagged_step(
+        self, out: BatchStats, local_flags: tuple[float, float, float]
+    ) -> list[tuple[int, StepSums]]:
+        """One rank, lagged: nothing to all-reduce, so nothing is packed. The skip is decided
+        on the device from the loss, only the loss (and a custom task's tensor statistics)
+        goes to the host, and the task's statistics are deferred as in the eager step: a
+        step costs three small kernels and a copy more than a hand-written one."""
+        p, deferred = self.p, self._deferred
+        names = () if deferred is not None else p.task.stat_names
+        stats = [out.stats[name] for name in names]
+        if not p.scaler.is_enabled():  # fp16: the scaler hands over its own found_inf
+            skip_on_device(p.optimizer, found_inf_of(out.loss_sum.detach()))
+        self._optimizer_step()
+        values, fill = solo_sums(out.loss_sum, stats, (float(out.num_samples), *local_flags))
+        keep = None
+        if deferred is not None:
+            assert out.outputs is not None and out.targets is not None
+            keep = (out.outputs.detach(), out.targets)  # the step's graph is not kept alive
+        step = self.progress.global_step + 1
+        older, self._in_flight = self._in_flight, self._copies.send(step, values, fill, keep)
+        if older is None:
+            return []
+        with self._waiting("step sums"):
+            return [self._consume(older)]
+
+    def _consume(self, in_flight: InFlight) -> tuple[int, StepSums]:
+        """A lagged step's sums, read; its deferred statistics kept if the step was taken."""
+        sums = in_flight.read()
+        if in_flight.keep is not None and not sums.nonfinite:
+            self._defer_stats(*in_flight.keep)
+        return in_flight.step, sums
 
     def _exchange(
         self, out: BatchStats, local_flags: tuple[float, float, float]
     ) -> list[tuple[int, StepSums]]:
-        """Several ranks, or lagged sync: the sums and flags go through one all-reduce."""
+        """Several ranks: the sums and flags go through one all-reduce."""
         stop_local, eval_local, save_local = local_flags
         stats: list[Value] = [out.stats[name] for name in self.p.task.stat_names]
         mine: dict[str, Value] = {
@@ -426,11 +465,12 @@ class Trainer:
         if not p.scaler.is_enabled():  # fp16: the scaler hands over its own found_inf
             skip_on_device(p.optimizer, found_inf)
         self._optimizer_step()
-        older, self._in_flight = self._in_flight, send_to_host(self.progress.global_step + 1, packed)
+        step = self.progress.global_step + 1
+        older, self._in_flight = self._in_flight, self._copies.send(step, packed)
         if older is None:
             return []
         with self._waiting("step sums"):
-            return [(older.step, older.read())]
+            return [self._consume(older)]
 
     def _must_settle(self, flags: dict[str, bool]) -> bool:
         """Whether this boundary reads the steps still in flight first: when it acts on
@@ -445,7 +485,7 @@ class Trainer:
         started = time.monotonic()
         older, self._in_flight = self._in_flight, None
         with self._waiting("step sums"):
-            ready = [] if older is None else [(older.step, older.read())]
+            ready = [] if older is None else [self._consume(older)]
         settled = self._account(ready)
         elapsed = time.monotonic() - started  # the wait for the last step's kernels
         self.progress.epoch_s += elapsed
@@ -475,9 +515,9 @@ class Trainer:
             flags["save_due"] = flags["save_due"] or sums.save_due > 0
         return flags
 
-    def _defer_stats(self, out: BatchStats) -> None:
-        assert self._deferred is not None and out.outputs is not None and out.targets is not None
-        self._deferred.add(out.outputs, out.targets)
+    def _defer_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        assert self._deferred is not None
+        self._deferred.add(outputs, targets)
         if self._deferred.full:
             self._count_deferred()
 

@@ -57,13 +57,13 @@ def train_here(run_dir: Path, extra: list[str], capsys) -> str:
 def test_lagged_sync_skips_the_same_steps_and_ends_with_the_same_weights(
     tmp_path, capsys, monkeypatch, optim
 ) -> None:
-    import hpcdl.trainer
+    from hpcdl.step_sync import HostCopies
 
     eager = train_here(tmp_path / "eager", [*optim, *EAGER], capsys)
     sent: list[int] = []
-    real = hpcdl.trainer.send_to_host
+    real = HostCopies.send
     monkeypatch.setattr(
-        hpcdl.trainer, "send_to_host", lambda step, t: (sent.append(step), real(step, t))[1]
+        HostCopies, "send", lambda self, step, *a: (sent.append(step), real(self, step, *a))[1]
     )
     lagged = train_here(tmp_path / "lagged", [*optim, *LAGGED], capsys)
     e, g = summary(tmp_path / "eager"), summary(tmp_path / "lagged")
@@ -74,6 +74,30 @@ def test_lagged_sync_skips_the_same_steps_and_ends_with_the_same_weights(
     assert rows_without_timing(tmp_path / "lagged") == rows_without_timing(tmp_path / "eager")
     skipped = re.compile(r"step (\d+): non-finite loss, step skipped")
     assert skipped.findall(lagged) == skipped.findall(eager) != []
+
+
+def test_one_rank_lagged_counts_a_custom_tasks_tensor_and_number_statistics(
+    tmp_path, capsys
+) -> None:
+    """One lagged rank sends only its tensors to the host (the loss and a custom task's tensor
+    statistics); its Python number statistics, sample counts and flags stay there. The rows,
+    skips and weights are the eager step's."""
+    custom = ["task=custom", f"task.target={HERE}:step_with_a_number"]
+    train_here(tmp_path / "eager", [*custom, *EAGER], capsys)
+    train_here(tmp_path / "lagged", [*custom, *LAGGED], capsys)
+    e, g = summary(tmp_path / "eager"), summary(tmp_path / "lagged")
+    assert e["num_skipped_steps"] >= 3 and g["num_skipped_steps"] == e["num_skipped_steps"]
+    assert g["weights_sha256"] == e["weights_sha256"]
+    rows = {r: (tmp_path / r / "metrics.csv").read_text().splitlines() for r in ("eager", "lagged")}
+    assert "train_acc" in rows["eager"][0] and "train_one" in rows["eager"][0]
+    header = rows["eager"][0].split(",")
+    assert header[-2:] == ["seconds", "samples_per_s"]
+
+    def kept(lines: list[str]) -> list[list[str]]:
+        return [line.split(",")[:-2] for line in lines]
+
+    assert kept(rows["lagged"]) == kept(rows["eager"])
+    assert all(line.split(",")[header.index("train_one")] == "1.0" for line in rows["eager"][1:])
 
 
 def test_lagged_sync_stops_with_the_same_error_after_max_bad_steps(tmp_path, capsys) -> None:
@@ -204,7 +228,7 @@ def test_on_cuda_the_steps_inside_an_epoch_never_wait_for_the_gpu(tmp_path, caps
     number metric must not add a wait either."""
     from hpcdl.cli.main import main
 
-    common = ["train", "trainer.max_epochs=2", SYNC_CHECK]
+    common = ["train", "trainer.max_epochs=5", SYNC_CHECK]
     if precision == "custom-task":
         common += ["task=custom", f"task.target={HERE}:step_with_a_number"]
     else:

@@ -58,10 +58,12 @@ def reduce_on_device(packed: torch.Tensor) -> torch.Tensor:
 
 
 def found_inf_of(loss_sum: torch.Tensor) -> torch.Tensor:
-    """1.0 (float32, as a fused optimizer reads it) where ``loss_sum`` is not finite: two
-    kernels, the not written straight into float32."""
-    out = torch.empty((), dtype=torch.float32, device=loss_sum.device)
-    return torch.logical_not(torch.isfinite(loss_sum), out=out)
+    """1.0 (float32, as a fused optimizer reads it) where ``loss_sum`` is not finite: x * 0 is
+    0 for a finite x and NaN for inf or NaN, and an in-place != 0 keeps the float dtype. Two
+    kernels for a float32 loss (isfinite alone is four on CUDA: abs, ==, != and &)."""
+    found = loss_sum.detach() * 0
+    found.ne_(0)
+    return found if found.dtype == torch.float32 else found.float()
 
 
 class HostCopies:

@@ -188,16 +188,30 @@ def test_lagged_sync_choices_are_checked(overrides, message) -> None:
         compose_config(overrides)
 
 
-def test_auto_is_on_only_on_cuda_with_a_fused_optimizer() -> None:
+def test_auto_is_on_only_on_cuda_with_several_ranks_and_a_fused_optimizer() -> None:
     from hpcdl.trainer import lagged_sync
 
     model = torch.nn.Linear(2, 2)
     fused = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
     plain = torch.optim.SGD(model.parameters(), lr=0.1)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert lagged_sync("auto", cuda, fused) and not lagged_sync("auto", cuda, plain)
-    assert not lagged_sync("auto", cpu, fused) and lagged_sync("True", cpu, fused)
-    assert not lagged_sync("false", cuda, fused)
+    assert lagged_sync("auto", cuda, fused, 2) and not lagged_sync("auto", cuda, plain, 2)
+    assert not lagged_sync("auto", cuda, fused, 1)  # one rank: eager was faster on an H100
+    assert not lagged_sync("auto", cpu, fused, 2) and lagged_sync("True", cpu, fused)
+    assert not lagged_sync("false", cuda, fused, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_found_inf_is_one_exactly_for_nan_and_inf(dtype) -> None:
+    from hpcdl.step_sync import found_inf_of
+
+    for value, expected in [(0.0, 0.0), (-0.0, 0.0), (3e4, 0.0), (-2.5, 0.0), (1e-30, 0.0)]:
+        found = found_inf_of(torch.tensor(value, dtype=dtype))
+        assert found.dtype == torch.float32 and found.item() == expected, value
+    for value in (float("nan"), float("inf"), float("-inf")):
+        assert found_inf_of(torch.tensor(value, dtype=dtype)).item() == 1.0, value
+    loss = torch.tensor(2.0, dtype=dtype, requires_grad=True) * 3
+    assert found_inf_of(loss).item() == 0.0 and loss.item() == 6.0  # the loss is left as it is
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -228,7 +242,7 @@ def test_on_cuda_the_steps_inside_an_epoch_never_wait_for_the_gpu(tmp_path, caps
     number metric must not add a wait either."""
     from hpcdl.cli.main import main
 
-    common = ["train", "trainer.max_epochs=5", SYNC_CHECK]
+    common = ["train", "trainer.max_epochs=5", "trainer.lagged_sync=true", SYNC_CHECK]
     if precision == "custom-task":
         common += ["task=custom", f"task.target={HERE}:step_with_a_number"]
     else:

@@ -191,7 +191,9 @@ def test_a_slurm_job_gone_from_the_queue_is_judged_by_its_end_record(
     )[1]
     run.record_submission("22", "devcluster", run.log_dir)
     slurm_job_stops(run, monkeypatch, signal_name, left_s)
-    monkeypatch.setattr("hpcdl.launch.monitor.query", lambda cmd: "" if "squeue" in cmd else None)
+    monkeypatch.setattr(
+        "hpcdl.launch.slurm_state.query", lambda cmd: "" if "squeue" in cmd else None
+    )
     report = status_lines(run, capsys)
     assert report["last_end"].startswith(reason)
     assert (report["state"], report["source"]) == (state, "run dir (not queued; no accounting)")
@@ -372,11 +374,11 @@ def test_a_failed_scancel_is_one_line(tmp_path, monkeypatch, capsys) -> None:
 
 
 def test_elapsed_is_shown_in_one_format_whoever_ran_the_job(tmp_path, monkeypatch, capsys) -> None:
-    from hpcdl.launch import foreground, monitor
+    from hpcdl.launch import foreground, monitor, slurm_state
 
     # squeue's %M and sacct's Elapsed, as hpcdl shows them: [D-]HH:MM:SS.
     answers = {"squeue": "22|RUNNING|0:06|10:00|1|n1\n", "sacct": None}
-    monkeypatch.setattr(monitor, "query", lambda cmd: answers[cmd[0]])
+    monkeypatch.setattr(slurm_state, "query", lambda cmd: answers[cmd[0]])
     assert monitor.job_state("22")["elapsed"] == "00:00:06"  # squeue said 0:06
     assert monitor.job_state("22")["time_limit"] == "00:10:00"  # and 10:00, ten minutes
     answers.update(squeue="", sacct="22|COMPLETED|00:01:05|0:0|n1\n")
@@ -389,7 +391,7 @@ def test_elapsed_is_shown_in_one_format_whoever_ran_the_job(tmp_path, monkeypatc
         ("2-03:04:05", "2-03:04:05"),
         ("INVALID", "INVALID"),
     ]:
-        assert monitor.normalized_elapsed(slurm) == shown
+        assert slurm_state.normalized_elapsed(slurm) == shown
 
     # A run in the foreground: from its attempt's records, in the same format.
     times = iter(["2026-11-26T10:00:00", "2026-11-26T11:02:05"])
@@ -470,14 +472,14 @@ def test_a_resume_killed_without_an_end_is_not_shown_as_the_earlier_completion(
 def test_an_array_by_its_own_id_is_headlined_as_a_whole(monkeypatch, capsys) -> None:
     """`hpcdl status 52`: the array's state, not that of whichever task Slurm listed first
     (squeue) or last (sacct)."""
-    from hpcdl.launch import monitor
+    from hpcdl.launch import monitor, slurm_state
 
     # Task 0 failed, task 1 completed: sacct lists 52_1 last.
     answers = {
         "squeue": "",
         "sacct": "52_0|FAILED|00:00:05|1:0|n1\n52_1|COMPLETED|00:00:09|0:0|n2\n",
     }
-    monkeypatch.setattr(monitor, "query", lambda cmd: answers[cmd[0]])
+    monkeypatch.setattr(slurm_state, "query", lambda cmd: answers[cmd[0]])
     assert main(["status", "52"]) == 0
     out = capsys.readouterr().out
     assert "job_id: 52\n" in out and "state: FAILED\n" in out, out
@@ -621,7 +623,7 @@ def test_a_trial_that_stopped_itself_is_not_blamed_on_its_exit_status(
     exits 3, which Slurm calls FAILED: its last_end says why, and neither `hpcdl status
     SWEEP_DIR/1` nor `sweep status` names srun's 'Exited with exit code 3' as the cause
     (they did for array tasks: the end record has Slurm's own job id, not 41_1)."""
-    from hpcdl.launch import monitor
+    from hpcdl.launch import slurm_state
     from hpcdl.sweep import states
     from hpcdl.sweep.ledger import Ledger, TrialRecord, save
 
@@ -657,7 +659,7 @@ def test_a_trial_that_stopped_itself_is_not_blamed_on_its_exit_status(
     assert "trial 0 failed: stopped" not in out, out  # an error is no stop of its own
     assert f"trial 1 failed: stopped: timeout ({action})\n" in out, out
     answers.update(sacct="41_1|FAILED|00:01:09|3:0|n1\n")
-    monkeypatch.setattr(monitor, "query", lambda cmd: answers[cmd[0]])
+    monkeypatch.setattr(slurm_state, "query", lambda cmd: answers[cmd[0]])
     report = status_lines(RunDir(sweep / "1"), capsys)
     assert report["state"] == "FAILED" and report["last_end"] == f"timeout ({action})"
     assert "cause" not in report, report
@@ -702,7 +704,7 @@ def test_an_array_task_cancelled_before_it_ran_is_cancelled_not_unknown(
     `38_[1-2%1]`, and none under their own ids. `hpcdl status 38_1` said 'neither squeue
     nor sacct knows it; check the id' (and `hpcdl status SWEEP_DIR/1` UNKNOWN), while
     `hpcdl sweep status` said CANCELLED."""
-    from hpcdl.launch import monitor
+    from hpcdl.launch import slurm_state
 
     def query(cmd: list[str]) -> str:
         if cmd[0] == "squeue":
@@ -710,7 +712,7 @@ def test_an_array_task_cancelled_before_it_ran_is_cancelled_not_unknown(
         array = "38_0|CANCELLED by 0|00:00:08|0:0|n1\n38_[1-2%1]|CANCELLED by 0|00:00:00|0:0|None\n"
         return array if cmd[cmd.index("-j") + 1] == "38" else ""
 
-    monkeypatch.setattr(monitor, "query", query)
+    monkeypatch.setattr(slurm_state, "query", query)
     assert main(["status", "38_1"]) == 0
     out = capsys.readouterr().out
     assert "job_id: 38_1\n" in out and "state: CANCELLED\n" in out, out

@@ -108,7 +108,9 @@ def test_a_completed_slurm_run_resumed_then_stopped_is_not_completed(
     slurm_job(run, monkeypatch, "23", ends)
     assert run.is_complete()  # the first attempt's summary.json is still there
     # No accounting: once squeue no longer lists job 23, its run dir decides.
-    monkeypatch.setattr("hpcdl.launch.monitor.query", lambda cmd: "" if "squeue" in cmd else None)
+    monkeypatch.setattr(
+        "hpcdl.launch.slurm_state.query", lambda cmd: "" if "squeue" in cmd else None
+    )
     report = status_lines(str(run.path), capsys)
     assert (report["job_id"], report["state"]) == ("23", state)  # was COMPLETED
     assert report["last_end"].startswith(last_end) and report["attempts"] == "2"

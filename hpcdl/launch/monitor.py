@@ -1,4 +1,5 @@
-"""`hpcdl status | logs | cancel`: one squeue (then sacct) call per refresh. Stdlib only.
+"""`hpcdl status | logs | cancel`: one squeue (then sacct) call per refresh
+(hpcdl.launch.slurm_state), joined with the run dir's records. Stdlib only.
 
 Works on clusters without accounting: when sacct fails, the state comes from squeue and
 the run dir (attempts.jsonl, summary.json). A run whose newest attempt was trained in the
@@ -11,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -23,40 +23,23 @@ from hpcdl.exit_codes import EXIT_OK
 from hpcdl.launch.diagnose import describe, root_cause
 from hpcdl.launch.foreground import FOREGROUND_LAUNCHERS
 from hpcdl.launch.logtail import copy_new
+from hpcdl.launch.slurm_state import (
+    NO_ACCOUNTING,
+    NO_SLURM,
+    NOT_IN_ACCOUNTING,
+    SQUEUE_FAILED,
+    elapsed_text,
+    is_active,
+    job_state,
+)
 from hpcdl.rundir import RunDir, SweepDir
 
 # Polling interval floor: a busy scheduler should see at most one query per 10 s from us.
 MIN_REFRESH_S = 10.0
 
 
-NO_ACCOUNTING = "none (not queued; no accounting)"
-NOT_IN_ACCOUNTING = "none (not queued; sacct does not know it)"
-# No answer at all: the controller does not answer, or this machine has no Slurm.
-SQUEUE_FAILED = "none (squeue failed)"
-NO_SLURM = "none (Slurm's commands are not on PATH)"
-
-ACTIVE_STATES = (
-    "PENDING",
-    "RUNNING",
-    "REQUEUED",
-    "CONFIGURING",
-    "COMPLETING",
-    "RESIZING",
-    "SUSPENDED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "STOPPED",
-    "SIGNALING",
-    "STAGE_OUT",
-)
-
-
 # Ended states whose cause is in the ranks' logs (not the scheduler's doing).
 FAILED_STATES = ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
-
-
-def is_active(state: str) -> bool:
-    return state in ACTIVE_STATES
 
 
 @dataclass(frozen=True)
@@ -157,39 +140,6 @@ def sweep_dir_hint(sweep_dir: Path, command: str) -> str:
     )
 
 
-def query(cmd: list[str]) -> Optional[str]:
-    """A command's stdout, or None when it failed (no accounting, controller down)."""
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def elapsed_text(seconds: float) -> str:
-    """`[D-]HH:MM:SS`, sacct's Elapsed format: the one format hpcdl shows an elapsed time in
-    (squeue's `0:06` normalized, a foreground attempt's from its records)."""
-    days, rest = divmod(max(0, int(seconds)), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    return (f"{days}-" if days else "") + f"{hours:02d}:{minutes:02d}:{secs:02d}"
-
-
-def normalized_elapsed(slurm: str) -> str:
-    """squeue's %M (`0:06`, `1:02:03`, `1-02:03:04`) or sacct's Elapsed (`00:00:06`) as
-    elapsed_text(); anything else (`INVALID`) as Slurm wrote it."""
-    days, _, clock = slurm.strip().rpartition("-")
-    parts = clock.split(":")
-    if not (days.isdigit() or days == "") or len(parts) > 3:
-        return slurm
-    if not all(part.isdigit() for part in parts):
-        return slurm
-    seconds = 0
-    for part in parts:
-        seconds = seconds * 60 + int(part)
-    return elapsed_text(int(days or 0) * 86400 + seconds)
-
-
 def attempt_elapsed(start: dict[str, Any], end: Optional[dict[str, Any]]) -> Optional[str]:
     """An attempt's elapsed time from its records' times (whole seconds): start to end, or
     to now while it runs (end None); None where a record has no readable time."""
@@ -209,155 +159,6 @@ def last_attempt(run_dir: RunDir) -> tuple[Optional[dict[str, Any]], Optional[di
         return None, None
     later = events[starts[-1] + 1 :]
     return events[starts[-1]], next((e for e in later if e.get("event") == "end"), None)
-
-
-def job_state(job_id: str) -> dict[str, str]:
-    """squeue while queued/running; sacct once it has left the queue (if accounting exists)."""
-    out = query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
-    # squeue also fails ("Invalid job id") for a job the controller has purged (MinJobAge):
-    # accounting still knows it, so ask sacct before giving up.
-    if out is not None and out.strip():
-        lines = out.strip().splitlines()
-        jid, state, elapsed, limit, nodes, where = lines[0].split("|")
-        tasks = _array_tasks(job_id, _with_finished_tasks(job_id, lines))
-        if tasks:  # the array as a whole, not whichever task squeue listed first
-            return {
-                "job_id": job_id,
-                "state": array_state(tasks),
-                "time_limit": normalized_elapsed(limit),
-                "source": "squeue",
-                "array_tasks": shown_tasks(tasks),
-            }
-        return {
-            "job_id": jid,
-            "state": state,
-            "elapsed": normalized_elapsed(elapsed),
-            "time_limit": normalized_elapsed(limit),  # 10:00 is ten minutes: 00:10:00
-            "nodes": nodes,
-            "where": where,
-            "source": "squeue",
-        }
-    out = query(
-        ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Elapsed,ExitCode,NodeList"]
-    )
-    if out and out.strip():
-        lines = out.strip().splitlines()
-        tasks = _array_tasks(job_id, lines)
-        if tasks:
-            return {
-                "job_id": job_id,
-                "state": array_state(tasks),
-                "source": "sacct",
-                "array_tasks": shown_tasks(tasks),
-            }
-        jid, state, elapsed, code, nodes = lines[-1].split("|")
-        return {
-            "job_id": jid,
-            "state": state.split()[0],
-            "elapsed": normalized_elapsed(elapsed),
-            "exit_code": code,
-            "where": nodes,
-            "source": "sacct",
-        }
-    if out is not None and not out.strip() and "_" in job_id:
-        grouped = _in_array_record(job_id)
-        if grouped is not None:
-            return grouped
-    if out is None and query(["squeue", "-h", "-o", "%i"]) is None:
-        # The controller does not answer at all: say so, guess nothing.
-        source = NO_SLURM if shutil.which("squeue") is None else SQUEUE_FAILED
-        return {"job_id": job_id, "state": "UNKNOWN", "source": source}
-    # The controller answers but no longer knows the job: it left the queue, and either
-    # there is no accounting (sacct failed) or accounting never had it (a wrong id).
-    source = NO_ACCOUNTING if out is None else NOT_IN_ACCOUNTING
-    return {"job_id": job_id, "state": "UNKNOWN", "source": source}
-
-
-def _in_array_record(job_id: str) -> Optional[dict[str, str]]:
-    """An array task that never ran as a job of its own (cancelled while it waited): sacct
-    has no record of it, only its array's for such tasks (`52_[1-2%1] CANCELLED`)."""
-    array = job_id.partition("_")[0]
-    out = query(["sacct", "-n", "-P", "-X", "-j", array, "-o", "JobID,State"]) or ""
-    for line in out.strip().splitlines():
-        record, _, state = line.partition("|")
-        if record != job_id and job_id in task_ids(record):
-            return {
-                "job_id": job_id,
-                "state": state.split()[0] if state.strip() else "UNKNOWN",
-                "source": f"sacct (the array's record {record}: it never ran)",
-            }
-    return None
-
-
-# sacct's one record for an array's tasks that have not run as their own job:
-# 52_[1-2%1], 52_[1,3,5-7]. Cancelling the array ends them all under that record.
-_ARRAY_TASKS = re.compile(r"^(\d+)_\[([\d,-]+)(?:%\d+)?\]$")
-
-
-def task_ids(record: str) -> list[str]:
-    """The tasks a sacct record stands for: 52_[1-2%1] -> 52_1, 52_2; 52_0 -> 52_0."""
-    match = _ARRAY_TASKS.match(record)
-    if match is None:
-        return [record]
-    array, spec = match.groups()
-    tasks: list[str] = []
-    for part in spec.split(","):
-        first, _, last = part.partition("-")
-        tasks += [f"{array}_{k}" for k in range(int(first), int(last or first) + 1)]
-    return tasks
-
-
-def _with_finished_tasks(job_id: str, queued: list[str]) -> list[str]:
-    """An array asked for by its own id while some of its tasks are still queued: squeue
-    lists only those, so add the tasks that have left the queue from sacct (squeue's line
-    wins for a task both list)."""
-    if "_" in job_id or not any(line.startswith(f"{job_id}_") for line in queued):
-        return queued
-    done = query(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State"]) or ""
-    in_queue = {line.split("|")[0] for line in queued}
-    # Only task records: for its first seconds of running, sacct still lists the array as
-    # `52|PENDING` (accounting not yet told that its tasks started), which is no task.
-    finished = [
-        line
-        for line in done.strip().splitlines()
-        if line.startswith(f"{job_id}_") and line.split("|")[0] not in in_queue
-    ]
-    return sorted(finished + queued, key=_task_order)
-
-
-def _task_order(line: str) -> tuple[int, str]:
-    """Array task lines in task order: 52_2 before 52_10, 52_[3-5] (still pending) last."""
-    task = line.split("|")[0].partition("_")[2]
-    return (int(task), "") if task.isdigit() else (1 << 30, task)
-
-
-def _array_tasks(job_id: str, lines: list[str]) -> list[tuple[str, str]]:
-    """A job array asked for by its own id (`hpcdl status 52`): every task's id and state
-    (a pending range as squeue or sacct writes it, `52_[3-5%1]`); [] for any other job."""
-    tasks = [(jid, state.split()[0]) for jid, state, *_ in (line.split("|") for line in lines)]
-    if "_" in job_id or not tasks or not all(t[0].startswith(f"{job_id}_") for t in tasks):
-        return []
-    return tasks
-
-
-def shown_tasks(tasks: list[tuple[str, str]]) -> str:
-    """`52_0 COMPLETED, 52_1 FAILED, ...`: the first 8 lines (a sweep's every trial: `hpcdl
-    sweep status SWEEP_DIR`)."""
-    shown = ", ".join(f"{jid} {state}" for jid, state in tasks[:8])
-    return shown + (f", ... ({len(tasks)} lines)" if len(tasks) > 8 else "")
-
-
-def array_state(tasks: list[tuple[str, str]]) -> str:
-    """A job array's state from its tasks': while any is queued or running, RUNNING if one
-    runs, else the first such task's (PENDING); once all have ended, COMPLETED only if every
-    task completed, else the first other end (FAILED, CANCELLED, TIMEOUT, ...). Never one
-    task's state for the whole: an array whose task 0 failed is not COMPLETED because its
-    last task completed."""
-    states = [state for _, state in tasks]
-    active = [state for state in states if is_active(state)]
-    if active:
-        return "RUNNING" if "RUNNING" in active else active[0]
-    return next((state for state in states if state != "COMPLETED"), "COMPLETED")
 
 
 def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:

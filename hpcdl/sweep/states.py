@@ -9,14 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from hpcdl.launch.monitor import (
-    foreground_state,
-    is_active,
-    newest_launch,
-    query,
-    state_from_run_dir,
-    task_ids,
-)
+from hpcdl.launch.monitor import foreground_state, newest_launch, state_from_run_dir
+from hpcdl.launch.slurm_state import is_active, query, task_ids
 from hpcdl.rundir import RunDir
 from hpcdl.sweep.ledger import CANCELLED, COMPLETED, Ledger
 

@@ -288,7 +288,7 @@ def test_ctrl_c_while_watching_ends_quietly_with_130(tmp_path, monkeypatch, caps
 def test_resume_refuses_a_queued_job_and_says_to_wait_for_one_ending(
     tmp_path, monkeypatch, state, end, says
 ) -> None:
-    from hpcdl.cli.main import refuse_if_still_queued
+    from hpcdl.cli.resume_cmd import refuse_if_still_queued
     from hpcdl.errors import HpcdlError
 
     run = new_run(tmp_path)

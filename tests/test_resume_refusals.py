@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcdl.cli.main import refuse_another_split
+from hpcdl.cli.resume_cmd import refuse_another_split
 from hpcdl.config.schema import Config, CustomDataConfig, FilesConfig
 from hpcdl.errors import HpcdlError
 from hpcdl.rundir import RunDir

@@ -1,5 +1,5 @@
 """`hpcdl resume` of a run from any folder, and of an `hpcdl run` run: the parts of
-cmd_resume (hpcdl.cli.main) that are about where the run's paths resolve and what its
+cmd_resume (hpcdl.cli.resume_cmd) that are about where the run's paths resolve and what its
 program is.
 
     hpcdl resume RUN_DIR [overrides] [-- COMMAND...]

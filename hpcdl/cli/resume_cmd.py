@@ -1,0 +1,278 @@
+"""`hpcdl resume RUN_DIR [overrides] [--from CHECKPOINT] [--from-scratch] [-- COMMAND...]`:
+the resume command and what it refuses before anything is written (a job still queued, a
+changed optimizer or data split, lost checkpoints). Where the run's paths resolve and
+what its program is: hpcdl.cli.resume_run; launching: hpcdl.cli.main.
+
+Never imports torch unless the run trains on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from typing import TYPE_CHECKING, Any, Optional
+
+from hpcdl.errors import HpcdlError, plural
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+
+if TYPE_CHECKING:
+    from hpcdl.config.schema import Config
+    from hpcdl.resume_from import ChosenCheckpoint
+    from hpcdl.rundir import RunDir
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from hpcdl.cli.compose import apply_overrides
+    from hpcdl.cli.main import launch, preflight
+    from hpcdl.cli.resume_run import completed_line, refuse_unrunnable, resumed_config
+    from hpcdl.nothing_to_train import nothing_to_train
+    from hpcdl.probe import probe_user_code
+    from hpcdl.rundir import open_run_dir, program_records
+    from hpcdl.runlock import hold, is_held
+    from hpcdl.workdir import in_workdir
+
+    cfg, run_dir = open_run_dir(args.run_dir)
+    refuse_if_still_queued(run_dir)
+    chosen = choose_checkpoint(cfg, run_dir, args)  # --from: None without it
+    stored = cfg
+    if args.overrides:
+        cfg = apply_overrides(cfg, args.overrides, args.config_dir)
+    cfg = resumed_config(stored, cfg, args.program, run_dir)  # -- COMMAND; paths from here
+    refuse_unrunnable(stored, cfg, run_dir)  # its workdir gone, or its script not there
+    if cfg != stored:
+        if (cfg.model, cfg.data, cfg.task) != (stored.model, stored.data, stored.task):
+            with in_workdir(cfg.workdir):  # data.kwargs paths are the run's folder's
+                probe_user_code(cfg)  # before the changed config is saved
+        refuse_another_optimizer(stored, cfg, run_dir)
+    refuse_another_split(trained_data(stored, run_dir), stored, cfg, run_dir)
+    if not args.from_scratch and not is_held(run_dir):  # a holder is refused below
+        if chosen is None:
+            line = nothing_to_train(cfg, run_dir) or completed_line(stored, cfg, run_dir)
+        else:
+            line = chosen.nothing_to_train(cfg)
+        if line is not None:  # what the job would say once it had waited in the queue
+            print(line, flush=True)
+            return EXIT_OK
+    preflight(cfg, args.no_preflight)
+    if not args.from_scratch:
+        refuse_lost_checkpoints(run_dir)
+    if chosen is not None and chosen.new_run_dir is not None:
+        run_dir = chosen.branch(stored)  # RUN_DIR is only read; NEW_DIR is launched below
+    with hold(run_dir):  # before anything is written: a second resume changes nothing
+        if chosen is not None and chosen.new_run_dir is None:
+            chosen.continue_in_place(program_records(cfg, run_dir))
+        if args.from_scratch:
+            records = program_records(cfg, run_dir)
+            aside = run_dir.set_aside_checkpoints(records)
+            run_dir.clear_history()
+            if aside is not None:
+                also = "".join(f" and {path.name}" for path in records)
+                print(f"--from-scratch: its checkpoints{also} moved to {aside}", flush=True)
+        stored_config = run_dir.config_file.read_bytes()
+        cfg = run_dir.save_config(cfg)
+        run_dir.record_command("resume")
+        # A sweep trial's first attempt goes through resume too: it starts.
+        verb = "resuming" if run_dir.has_started() else "starting"
+        print(f"{verb} run dir: {run_dir.path}", flush=True)
+        try:
+            code = launch(cfg, run_dir)
+        except HpcdlError:  # refused at submission (sbatch, the cluster)
+            keep_config(run_dir, stored_config, args.overrides, chosen)
+            raise
+        if code == EXIT_BAD_INPUT:  # refused by the job that ran here (its checkpoint
+            keep_config(run_dir, stored_config, args.overrides, chosen)  # does not fit)
+        return code
+
+
+def choose_checkpoint(
+    cfg: Config, run_dir: RunDir, args: argparse.Namespace
+) -> Optional[ChosenCheckpoint]:
+    """`resume --from`: the chosen checkpoint, verified (refusals change nothing)."""
+    from hpcdl.resume_from import choose
+
+    if args.from_checkpoint is None:
+        if args.new_run_dir is not None:
+            raise HpcdlError("--new-run-dir: give the checkpoint to continue from with --from")
+        return None
+    return choose(
+        cfg,
+        run_dir,
+        args.from_checkpoint,
+        from_scratch=args.from_scratch,
+        new_run_dir=args.new_run_dir,
+    )
+
+
+def keep_config(
+    run_dir: RunDir, stored: bytes, overrides: list[str], chosen: Optional[ChosenCheckpoint]
+) -> None:
+    """A resume refused once launched leaves config.yaml as it was, so that a plain
+    `hpcdl resume` still works, and commands.log without the resume's line; a refused
+    --new-run-dir branch is removed."""
+    from hpcdl.atomic import write_atomic
+
+    if chosen is not None and chosen.new_run_dir is not None:
+        chosen.discard_branch()
+        return
+    run_dir.withdraw_command("resume")
+    if overrides:
+        write_atomic(run_dir.config_file, stored)
+        print(f"{run_dir.config_file}: left as it was, without these overrides", flush=True)
+
+
+def refuse_another_optimizer(stored: Config, cfg: Config, run_dir: RunDir) -> None:
+    """A run's checkpoints hold its optimizer's state (momentum buffers, Adam's moments),
+    which another optimizer cannot continue from: refused before config.yaml changes (the
+    job refuses it too). Adam and AdamW keep the same state."""
+    family = {"adamw": "adam"}
+    before, after = stored.optim.name, cfg.optim.name
+    if family.get(before, before) == family.get(after, after):
+        return
+    if any(run_dir.checkpoint_dir.glob("step_*")):
+        raise HpcdlError(
+            f"optim={after}: {run_dir.path}'s checkpoints hold optim={before} state, which "
+            f"{after} cannot continue from; resume with optim={before}, or start a new run "
+            f"from its weights: hpcdl train init_from={run_dir.path} optim={after}"
+        )
+
+
+# What decides which samples are training, validation and test rows, and what the model's
+# inputs are: the dataset, its split, its preprocessing (fitted on the training rows).
+SPLIT_KEYS = (
+    "name",
+    "split_seed",
+    "val_fraction",
+    "test_fraction",
+    "num_folds",
+    "fold",
+    "standardize",
+)
+# Per data kind, the keys whose value makes another dataset (schema.DATA_SCHEMAS): other
+# samples, labels or classes. Where the data is read from (data.path, data.labels_path,
+# after moving the files) and how (the loader's keys) stay free.
+DATASET_KEYS: dict[str, tuple[str, ...]] = {
+    "synthetic": ("num_samples", "num_classes", "shape", "noise", "seed"),
+    "custom": ("kwargs",),
+    "files": ("label_column",),
+}
+
+
+def refuse_another_split(
+    trained: dict[str, Any], stored: Config, cfg: Config, run_dir: RunDir
+) -> None:
+    """A run's checkpoints were trained on its training rows of its dataset (`trained`: the
+    data config of the newest checkpoint, or config.yaml's before the overrides where no
+    checkpoint.json tells): continued on another split, rows it trained on would become
+    validation and test rows (the val and test metrics silently wrong), and mid-run the
+    old val and test rows would be trained on; on another dataset, it would silently be
+    another run. Refused before config.yaml changes, like another optimizer, whether the
+    overrides or an edit of config.yaml changed it; data.path, the loader's keys stay
+    free to change."""
+    from hpcdl.config.convert import to_plain
+
+    after = to_plain(cfg)["data"]
+    keys = (*SPLIT_KEYS, *DATASET_KEYS.get(str(after.get("name")), ()))
+    # Keys a record of an older hpcdl lacks are not known: not compared.
+    changed = [key for key in keys if key in trained and trained[key] != after.get(key)]
+    if not changed or run_dir.newest_checkpoint() is None:
+        return
+    if "name" in changed:  # another dataset: its other keys are another dataset's
+        changed = ["name"]
+    edited = all(to_plain(stored)["data"].get(key) == after.get(key) for key in changed)
+
+    def setting(data: dict[str, Any], key: str) -> str:
+        if key == "name":
+            return f"data={data.get(key)}"
+        return shlex.quote(f"data.{key}={override_value(data.get(key))}")
+
+    old = " ".join(setting(trained, key) for key in changed)
+    new = " ".join(setting(after, key) for key in changed)
+    dataset_keys = DATASET_KEYS.get(str(after.get("name")), ())
+    if changed == ["name"] or any(key in dataset_keys for key in changed):
+        trained_on = f"on {old}, another dataset"
+    elif changed == ["standardize"]:
+        trained_on = f"on inputs preprocessed with {old}, unlike {new}'s"
+    else:
+        trained_on = f"on the training rows of {old}, some of which would be validation "
+        trained_on += f"and test rows with {new}"
+    where = f" in {run_dir.config_file}" if edited else ""
+    raise HpcdlError(
+        f"{new}{where}: {run_dir.path}'s checkpoints were trained {trained_on}; resume with "
+        f"{old}, or start a new run: hpcdl train {new} (init_from={run_dir.path} for its "
+        "weights only)"
+    )
+
+
+def trained_data(stored: Config, run_dir: RunDir) -> dict[str, Any]:
+    """The data config the newest checkpoint was saved with (checkpoint.json), else
+    config.yaml's as it was before this resume."""
+    from hpcdl.config.convert import to_plain
+
+    record = run_dir.read_checkpoint_record()
+    if record is not None and isinstance(record.get("data_config"), dict):
+        return dict(record["data_config"])
+    return dict(to_plain(stored)["data"])
+
+
+def override_value(value: Any) -> str:
+    """A value as an override writes it (Hydra's grammar): true, null, [16], {root:/data}."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{override_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    text = str(value)
+    plain = re.fullmatch(r"[A-Za-z_/][\w./-]*", text) and text.lower() not in KEYWORDS
+    if isinstance(value, str) and not plain:  # else read as another type, or not at all
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
+
+
+# Words Hydra's override grammar reads as other types than strings.
+KEYWORDS = ("true", "false", "null", "nan", "inf")
+
+
+def refuse_lost_checkpoints(run_dir: RunDir) -> None:
+    """A run with epochs on record but no checkpoint left would silently retrain from
+    epoch 1 into the same history: only with --from-scratch, which clears that history."""
+    from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT
+
+    epochs = len(run_dir.metrics.read())
+    if epochs >= EPOCHS_NEEDING_A_CHECKPOINT and not any(run_dir.checkpoint_dir.glob("step_*")):
+        raise HpcdlError(
+            f"{run_dir.path}: metrics.csv records {plural(epochs, 'epoch')} but "
+            f"{run_dir.checkpoint_dir} holds no checkpoint to continue from; retrain from epoch 1 with "
+            f"`hpcdl resume {run_dir.path} --from-scratch` (clears its metrics and summary)"
+        )
+
+
+def refuse_if_still_queued(run_dir: RunDir) -> None:
+    """Two jobs training one run dir would corrupt it: resume only once the last is gone."""
+    from hpcdl.launch.monitor import is_active, job_state
+
+    record = run_dir.read_submission()
+    if record is None:
+        return
+    job_id = str(record["job_id"])
+    state = job_state(job_id)["state"]
+    if not is_active(state):
+        return
+    # A job cancelled (`hpcdl cancel`: it recorded its stop) or ending leaves the queue in
+    # seconds; one that requeued itself comes back.
+    ends = [a for a in run_dir.read_attempts() if a.get("event") == "end"]
+    last = ends[-1] if ends else {}
+    stopped = str(last.get("job_id")) == job_id and last.get("reason") != "requeued"
+    stopped = stopped and not str(last.get("action", "")).startswith(("requeue", "chained"))
+    if state == "COMPLETING" or stopped:
+        raise HpcdlError(
+            f"{run_dir.path}: its job {job_id} is ending ({state}); wait a few seconds for "
+            f"it to leave the queue (`hpcdl status {run_dir.path}`), then resume"
+        )
+    raise HpcdlError(
+        f"{run_dir.path}: its job {job_id} is still {state}; it resumes by itself when "
+        f"requeued, or stop it first with `hpcdl cancel {run_dir.path}`"
+    )

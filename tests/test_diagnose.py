@@ -39,6 +39,19 @@ def test_a_rank_killed_without_a_word_is_named(tmp_path: Path) -> None:
     assert rank == 1 and detail.startswith("ended without an error of its own")
 
 
+def test_a_long_lost_peer_error_is_cut_between_words() -> None:
+    """The cause `hpcdl status` shows is cut at a space with ' ...', not mid-word ('Conne')."""
+    from hpcdl.launch.diagnose import clipped
+
+    long = PEER.strip() * 3
+    cut = clipped(long, 120)
+    assert cut.endswith(" ...") and len(cut) <= 124
+    kept = cut.removesuffix(" ...")
+    assert long.startswith(kept) and not long[len(kept)].isalnum()  # not mid-word
+    assert clipped("short", 120) == "short"
+    assert clipped("x" * 150, 120) == "x" * 120 + " ..."  # one word: cut where it must be
+
+
 def test_a_job_that_died_before_python_names_the_first_error_line(tmp_path: Path) -> None:
     folder = logs(tmp_path, "12", {0: "loading modules\n/bin/bash: pyth0n: command not found\n"})
     assert root_cause(folder, "12") == (0, "/bin/bash: pyth0n: command not found")

@@ -102,7 +102,7 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
         lost = next(iter(errors.values())) if errors else waiting[0][1]
         return silent[0], (
             "ended without an error of its own (killed by a signal, or out of memory?); "
-            f"the other ranks then lost it: {lost[:120]}"
+            f"the other ranks then lost it: {clipped(lost, 120)}"
         )
     if waiting:  # every stalled rank was waiting for the others: the first of them
         return waiting[0]
@@ -111,8 +111,16 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
     for rank, text in logs.items():
         shell = SHELL_ERROR.search(text)
         if shell:
-            return rank, shell.group(0).strip()[:200]
+            return rank, clipped(shell.group(0).strip(), 200)
     return None
+
+
+def clipped(text: str, limit: int) -> str:
+    """At most about `limit` characters, cut at a space (never mid-word) with ' ...' after."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(None, 1)[0] if " " in text[:limit] else text[:limit]
+    return cut.rstrip(",;:") + " ..."
 
 
 def died_of_a_signal(logs: dict[int, str], silent: list[int]) -> Optional[tuple[int, str]]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hpcdl.config.schema import Requeue
 from hpcdl.env import RankEnv, rank_env_from, slurm_job_ref
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from hpcdl.launch.diagnose import clipped
 from hpcdl.requeue import requeue
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ def failed_record(job_id: str | None, err: BaseException) -> dict[str, Any]:
         "job_id": job_id,
         "end": _now(),
         "reason": "failed",
-        "error": error[:300],
+        "error": clipped(error, 300),
         "action": "exit",
     }
 

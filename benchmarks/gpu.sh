@@ -6,9 +6,11 @@
 #   2. hpcdl bench devices for the MLP and the CNN (the course's CPU-vs-GPU table);
 #   3. every benchmark of the suite on the GPU (python -m benchmarks.run --all);
 #   4. what lagged sync is worth: hpcdl bench overhead with trainer.lagged_sync on and off
-#      (the same fused kernel both times), MLP and CNN (lagged.md).
+#      (the same fused kernel both times), MLP and CNN (lagged.md);
+#   5. kernels, copies and waits per step: python -m benchmarks.kernels, hpcdl (lagged sync
+#      on and off) vs the hand-written loop, MLP and CNN bf16 (kernels.md; ~1 min).
 # bash benchmarks/gpu.sh tests devices   runs only the steps named (tests, devices, suite,
-# lagged, and faults: benchmarks/gpu_faults.sh, what a failing GPU rank does, ~3-9 min, only
+# lagged, kernels, and faults: benchmarks/gpu_faults.sh, what a failing GPU rank does, ~3-9 min, only
 # when named), e.g. in two calls where one call's time limit is too short for all four;
 # BENCHMARKS="overhead mfu" bash benchmarks/gpu.sh suite   runs only those benchmarks;
 # REPEATS=3 sets the suite's measured rounds (default 5). The suite's files are rewritten
@@ -19,9 +21,9 @@
 # a registry) and carry .whl: they are installed from there. Every step runs even if an
 # earlier one failed; the exit status is the first failure's.
 set -uo pipefail
-STEPS=" ${*:-tests devices suite lagged} "
+STEPS=" ${*:-tests devices suite lagged kernels} "
 for name in $STEPS; do
-    case $name in tests|devices|suite|lagged|faults) ;; *) echo "gpu.sh: no step '$name' (tests, devices, suite, lagged, faults)" >&2; exit 2;; esac
+    case $name in tests|devices|suite|lagged|kernels|faults) ;; *) echo "gpu.sh: no step '$name' (tests, devices, suite, lagged, kernels, faults)" >&2; exit 2;; esac
 done
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results/gpu-$(date +%F)}"
@@ -62,5 +64,8 @@ step lagged bash -c "set -o pipefail; { rc=0; \
     for sync in true false; do echo \"### \$case trainer.lagged_sync=\$sync\"; \
     python3 -m hpcdl.cli.main bench overhead --repeats 5 \$case optim.fused=true trainer.lagged_sync=\$sync || rc=1; \
     echo; done; done; exit \$rc; } | tee '$OUT/lagged.md'"
+step kernels bash -c "set -o pipefail; { rc=0; \
+    for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16'; do \
+    python3 -m benchmarks.kernels \$case || rc=1; echo; done; exit \$rc; } 2>&1 | grep -v '^USDT' | tee '$OUT/kernels.md'"
 step faults bash -c "set -o pipefail; OUT='$OUT/faults' bash benchmarks/gpu_faults.sh 2>&1 | tee '$OUT/faults.log'"
 exit $status

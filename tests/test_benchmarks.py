@@ -403,3 +403,19 @@ def test_hpcdl_ends_with_the_hand_written_loops_weights_on_the_gpu(tmp_path: Pat
     ]  # fmt: skip
     hpcdl_weights, hand, _ = _hpcdl_and_hand_weights(tmp_path, overrides, 1)
     assert hpcdl_weights == hand
+
+
+def test_kernel_counts_name_what_each_hpcdl_loop_adds_to_the_hand_written_step(capsys) -> None:
+    """python -m benchmarks.kernels on the CPU: the aten operators per step of the three loops,
+    and what hpcdl adds by name (eager: the loss read; lagged: the on-device skip test)."""
+    from benchmarks import kernels
+
+    kernels.counts.clear()
+    assert kernels.main(["model=mlp", "data=breast_cancer"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    for loop in ("hand-written", "hpcdl lagged_sync=true", "hpcdl lagged_sync=false"):
+        assert float(rows[loop].split("|")[2]) > 5  # a step is more than a few operators
+    assert "- hpcdl lagged_sync=false:" in out and "aten::item +1" in out
+    lagged = next(line for line in out.splitlines() if line.startswith("- hpcdl lagged_sync=true"))
+    assert "aten::ne_ +1" in lagged and "aten::item" not in lagged  # no read of its own step

@@ -8,10 +8,12 @@ half-written one, and a rename survives a crash of the node. Stdlib only (login 
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from enum import Enum
@@ -29,6 +31,53 @@ TEMP_NAME = re.compile(r"^\..+\.tmp-\d+$")
 
 def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+# A temporary copy whose writer is not running here and that has not changed for this long
+# was left by a killed command (on a shared file system the writer may be on another node,
+# where its pid means nothing here: only its age tells).
+STALE_AFTER_S = 600.0
+
+
+def remove_stale_temps(path: Path, stale_after_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the temporary siblings of ``path`` (``.<name>.tmp-<pid>``, files or folders)
+    left by killed commands: the pid is not a process here and nothing in it changed for
+    ``stale_after_s``. Returns those removed."""
+    removed = []
+    for temp in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        pid = temp.name.rpartition("-")[2]
+        if not pid.isdigit() or _is_process(int(pid)) or _changed_within(temp, stale_after_s):
+            continue
+        if temp.is_dir() and not temp.is_symlink():
+            shutil.rmtree(temp, ignore_errors=True)
+        else:
+            with suppress(OSError):
+                temp.unlink()
+        removed.append(temp)
+    return removed
+
+
+def _is_process(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): it exists
+        return True
+    return True
+
+
+def _changed_within(temp: Path, seconds: float) -> bool:
+    """Whether ``temp`` or anything directly in it (a file still being copied) changed in the
+    last ``seconds``."""
+    try:
+        newest = temp.lstat().st_mtime
+        if temp.is_dir() and not temp.is_symlink():
+            for entry in os.scandir(temp):
+                newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    except OSError:
+        return True  # being removed or renamed meanwhile: not ours to touch
+    return time.time() - newest < seconds
 
 
 @contextmanager

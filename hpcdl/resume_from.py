@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl import early_stop
-from hpcdl.atomic import copy_atomic, fsync_directory, temp_path
+from hpcdl.atomic import copy_atomic, fsync_directory, remove_stale_temps, temp_path
 from hpcdl.checkpoint_file import read_plain_entries, step_file_name, stored_checksum
 from hpcdl.config.convert import save_config
 from hpcdl.config.schema import Config
@@ -107,6 +107,8 @@ class ChosenCheckpoint:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(staging, ignore_errors=True)  # left by a killed command
+            for stale in remove_stale_temps(target):  # copies left by killed commands
+                print(f"--new-run-dir: removed {stale}, left by an interrupted copy", flush=True)
             staging.mkdir()
             self._fill(RunDir(staging), replace(cfg, run_dir=str(target)))
             os.rename(staging, target)  # refuses a folder made meanwhile that holds files

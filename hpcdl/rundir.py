@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Optional
 from hpcdl.atomic import (
     append_line_durably,
     fsync_directory,
+    remove_stale_temps,
     temp_path,
     write_atomic,
     write_json_atomic,
@@ -726,6 +727,7 @@ def _build_and_rename(cfg: Config, path: Path) -> None:
             folder.mkdir(exist_ok=True)
         if staging.exists():  # left by a killed command that had our pid
             shutil.rmtree(staging)
+        remove_stale_temps(path)  # left by killed commands with other pids
         staging.mkdir()
         _write_records(cfg, staging)
         # rename() refuses a non-empty target: a run dir made meanwhile is never replaced.

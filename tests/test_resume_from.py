@@ -171,6 +171,45 @@ def test_ctrl_c_while_a_branch_is_copied_leaves_no_hidden_copy(
     assert sorted(p.name for p in run.parent.iterdir()) == before
 
 
+def test_copies_left_by_killed_branch_commands_are_removed_by_the_next_branch(
+    run: Path, tmp_path: Path, capsys
+) -> None:
+    """A branch command SIGKILLed while it copied left .NEW_DIR.tmp-PID (a checkpoint's
+    copy) for ever. The next branch to that name removes such a copy once its pid is not a
+    process here and it has not changed for 10 minutes; a younger one, or one whose pid is
+    running, is left alone (its command may still be copying, here or on another node)."""
+    import os
+
+    target = tmp_path / "b"
+    dead = _a_dead_pid()
+    stale, young, alive = (tmp_path / f".b.tmp-{pid}" for pid in (dead, dead + 1, os.getppid()))
+    for folder in (stale, young, alive):
+        folder.mkdir()
+        (folder / "step_000000012.pt").write_bytes(b"partial copy")
+    old = os.stat(stale).st_mtime - 3600
+    for path in (stale, stale / "step_000000012.pt", alive, alive / "step_000000012.pt"):
+        os.utime(path, (old, old))
+    cfg, run_dir = open_run_dir(run)
+    chosen = choose(cfg, run_dir, EPOCH_2, from_scratch=False, new_run_dir=str(target))
+    chosen.branch(cfg)
+    assert not stale.exists() and young.exists() and alive.exists()
+    assert f"--new-run-dir: removed {stale}, left by an interrupted copy" in capsys.readouterr().out
+    assert (target / "config.yaml").is_file()
+
+
+def _a_dead_pid() -> int:
+    """Two pids in a row that are no process here (a finished child's, and the next)."""
+    import os
+    import subprocess
+
+    for _ in range(100):
+        pid = subprocess.Popen(["true"]).pid
+        os.waitpid(pid, 0)
+        if not any(Path(f"/proc/{p}").exists() for p in (pid, pid + 1)):
+            return pid
+    raise AssertionError("no free pid pair found")
+
+
 def test_a_branch_leaves_the_run_as_it_was(run: Path, reference: Path) -> None:
     before = snapshot(run)
     out = run_hpcdl(

@@ -72,6 +72,42 @@ def test_tasks_default_to_one_per_gpu_and_extra_parameters_win() -> None:
     assert len(rank_environment(cfg)) == 3
 
 
+@pytest.mark.parametrize(
+    ("minutes", "delay", "needed"),
+    [(1, 30, 3), (2, 30, 3), (3, 30, None), (3, 120, 4), (4, 120, None), (60, 120, None)],
+)
+def test_a_time_limit_too_short_to_train_in_is_warned_about(minutes, delay, needed) -> None:
+    """sbatch may signal up to 60 s before signal_delay_s: under a minute left to train."""
+    from hpcdl.launch.preflight import short_time_limit_note
+
+    cfg = compose_config(
+        ["cluster=devcluster", f"cluster.timeout_min={minutes}", f"cluster.signal_delay_s={delay}"]
+    )
+    note = short_time_limit_note(cfg.cluster)
+    if needed is None:
+        assert note is None
+    else:
+        assert note is not None and f"set cluster.timeout_min={needed} or more" in note
+
+
+def test_a_short_time_limit_is_one_warning_line_and_submits_nothing_else_changed(hpcdl) -> None:
+    """A dry run of a two-trial sweep: one warning line (not one per trial), the scripts
+    printed as without it."""
+    args = ["cluster=devcluster", "cluster.timeout_min=1", "--no-preflight"]
+    out = hpcdl("train", "-m", "optim.lr=0.1,0.2", *args, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert lines == [
+        "warning: cluster.timeout_min=1 with cluster.signal_delay_s=30: Slurm may send the "
+        "time-limit signal up to 60 s early, so an allocation may save and stop before it "
+        "trains a step (each time counts against cluster.max_requeues=3); set "
+        "cluster.timeout_min=3 or more, or a smaller cluster.signal_delay_s"
+    ]
+    assert "#SBATCH --time=1" in out.stdout and "nothing submitted" in out.stdout
+    plain = hpcdl("train", "cluster=devcluster", "run_dir=r", "--no-preflight", "--dry-run")
+    assert plain.returncode == 0 and "warning:" not in plain.stderr
+
+
 def test_dry_run_needs_a_slurm_profile(hpcdl) -> None:
     out = hpcdl("train", "--dry-run")
     assert out.returncode == 2 and "not a Slurm profile" in out.stderr

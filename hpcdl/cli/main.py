@@ -12,11 +12,12 @@ import json
 import os
 import shlex
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from hpcdl.cli.resume_cmd import cmd_resume
-from hpcdl.errors import ConfigError, HpcdlError, plural, warnings_as_lines
+from hpcdl.errors import ConfigError, HpcdlError, HpcdlWarning, plural, warnings_as_lines
 from hpcdl.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN_PIPE,
@@ -548,11 +549,22 @@ def preflight(cfg: Config, skip: bool) -> None:
         local_gpus(cfg, os.environ)
     if cfg.cluster.launcher == Launcher.slurm:
         refuse_missing_modules(cfg)
+        warn_short_time_limit(cfg)
     if cfg.cluster.launcher == Launcher.slurm and not skip:
         from hpcdl.config.schema import slurm_tasks_per_node
         from hpcdl.launch.preflight import check
 
         check(cfg.cluster, slurm_tasks_per_node(cfg))
+
+
+def warn_short_time_limit(cfg: Config) -> None:
+    """One warning line where an allocation may end before it trains (no query: also with
+    --no-preflight and in a dry run)."""
+    from hpcdl.launch.preflight import short_time_limit_note
+
+    note = short_time_limit_note(cfg.cluster)
+    if note is not None:
+        warnings.warn(HpcdlWarning(note), stacklevel=1)
 
 
 def refuse_missing_modules(cfg: Config) -> None:
@@ -603,6 +615,7 @@ def preflight_verdict(cfg: Config, skip_preflight: bool) -> Optional[ConfigError
     from hpcdl.launch import container
     from hpcdl.launch.preflight import SlurmUnreachable, check_request
 
+    warn_short_time_limit(cfg)
     if skip_preflight:
         print("# preflight: skipped (--no-preflight)")
         return None

@@ -184,6 +184,28 @@ def sbatch_options_refusal(cluster: ClusterConfig) -> str | None:
     return signal_refusal(cluster) or sbatch_extra_refusal(cluster)
 
 
+# sbatch(1) on --signal: "the signal may be sent up to 60 seconds earlier than specified".
+EARLY_SIGNAL_S = 60
+# Less than this to train in an allocation, counting the early signal, is warned about.
+SHORT_ALLOCATION_S = 60
+
+
+def short_time_limit_note(cluster: ClusterConfig) -> Optional[str]:
+    """A time limit so short that the time-limit signal may come before training starts: each
+    allocation then saves and requeues at once, and the requeues run out (one line, or None)."""
+    left = cluster.timeout_min * 60 - cluster.signal_delay_s - EARLY_SIGNAL_S
+    if left >= SHORT_ALLOCATION_S:
+        return None
+    needed = -(-(cluster.signal_delay_s + EARLY_SIGNAL_S + SHORT_ALLOCATION_S) // 60)
+    return (
+        f"cluster.timeout_min={cluster.timeout_min} with cluster.signal_delay_s="
+        f"{cluster.signal_delay_s}: Slurm may send the time-limit signal up to "
+        f"{EARLY_SIGNAL_S} s early, so an allocation may save and stop before it trains a step "
+        f"(each time counts against cluster.max_requeues={cluster.max_requeues}); set "
+        f"cluster.timeout_min={needed} or more, or a smaller cluster.signal_delay_s"
+    )
+
+
 def check_sbatch_extra(cluster: ClusterConfig) -> None:
     why = sbatch_options_refusal(cluster)
     if why:

@@ -6,7 +6,7 @@
 #   2. hpcdl bench devices for the MLP and the CNN (the course's CPU-vs-GPU table);
 #   3. every benchmark of the suite on the GPU (python -m benchmarks.run --all);
 #   4. what lagged sync is worth: hpcdl bench overhead with trainer.lagged_sync on and off
-#      (the same fused kernel both times), MLP and CNN (lagged.md);
+#      (the same fused kernel both times), MLP, CNN and the GPU-bound ResNet-18 (lagged.md);
 #   5. kernels, copies and waits per step: python -m benchmarks.kernels, hpcdl (lagged sync
 #      on and off) vs the hand-written loop, MLP and CNN bf16 (kernels.md; ~1 min).
 # bash benchmarks/gpu.sh tests devices   runs only the steps named (tests, devices, suite,
@@ -60,7 +60,8 @@ step devices bash -c "set -o pipefail; { rc=0; \
     exit \$rc; } | tee '$OUT/devices.md'"
 step suite python3 -m benchmarks.run ${BENCHMARKS:---all} ${REPEATS:+--repeats "$REPEATS"} --out "$OUT"
 step lagged bash -c "set -o pipefail; { rc=0; \
-    for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16'; do \
+    for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16' \
+        'model=resnet18 data=synthetic data.shape=[3,32,32] data.num_classes=10 data.num_samples=16384 data.val_fraction=0.25 data.test_fraction=0.125 trainer.batch_size=256 trainer.precision=bf16'; do \
     for sync in true false; do echo \"### \$case trainer.lagged_sync=\$sync\"; \
     python3 -m hpcdl.cli.main bench overhead --repeats 5 \$case optim.fused=true trainer.lagged_sync=\$sync || rc=1; \
     echo; done; done; exit \$rc; } | tee '$OUT/lagged.md'"

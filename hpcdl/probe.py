@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import math
 import traceback
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, Optional
 
@@ -94,6 +95,7 @@ def probe_user_code(cfg: Config) -> None:
     except Exception as exc:  # the user's forward or step: one line naming which
         raise ConfigError(
             f"{culprit(cfg, exc, model, task)}: the first training batch failed: {raised(exc)}"
+            + batch_hint(cfg, exc, batch)
         ) from None
     if not math.isfinite(loss):
         raise ConfigError(
@@ -122,6 +124,45 @@ def culprit(cfg: Config, exc: Optional[BaseException], model: Any, task: Any) ->
         if frame.filename in mine:
             return mine[frame.filename]
     return next(reversed(mine.values()), f"data={cfg.data.name}")
+
+
+# torch's refusals of index tensors of another dtype: nn.Embedding's and the losses' targets.
+INDEX_DTYPE_ERRORS = ("argument #1 'indices' to have one of", "expected target dtype to be")
+
+
+def batch_hint(cfg: Config, exc: BaseException, batch: Any) -> str:
+    """What in the batch likely caused an error the model or step raised: integer ids of a
+    dtype torch does not index with (uint16 tokens from a memmap), or values that are no
+    tensors (strings) that default batching passed on as lists. "" when nothing stands out."""
+    import torch
+
+    leaves = list(_leaves(batch))
+    target = getattr(cfg.data, "target", None)
+    source = f"data.target={target!r}" if target else "the dataset"
+    if any(marker in str(exc) for marker in INDEX_DTYPE_ERRORS):
+        shown = sorted({str(t.dtype) for t in leaves if isinstance(t, torch.Tensor)})
+        return (
+            f" (the batch holds {', '.join(shown)} tensors: token ids and class labels must be "
+            f"torch.int64; cast them in {source}, e.g. torch.from_numpy(ids.astype('int64')))"
+        )
+    others = sorted({type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)})
+    if others:
+        return (
+            f" (the batch holds {', '.join(others)} values, not only tensors: make {source} "
+            "return numbers or tensors, or set data.collate_fn to batch the others)"
+        )
+    return ""
+
+
+def _leaves(batch: Any) -> Iterator[Any]:
+    if isinstance(batch, dict):
+        for value in batch.values():
+            yield from _leaves(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from _leaves(value)
+    else:
+        yield batch
 
 
 def _source(obj: Any) -> str:

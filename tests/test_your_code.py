@@ -579,6 +579,97 @@ def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, cha
     assert_refused(hpcdl("train", "run_dir=run", *overrides, env=user_env(tmp_path)), tmp_path, key)
 
 
+TOKENS = """
+import numpy as np
+import torch
+
+
+class Tokens(torch.utils.data.Dataset):
+    \"\"\"Next-token pairs from a uint16 token stream, as np.memmap gives them.\"\"\"
+
+    def __init__(self, n):
+        self.ids = np.arange(n + 1, dtype=np.uint16) % 10
+
+    def __len__(self):
+        return len(self.ids) - 1
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self.ids[i : i + 1]), torch.from_numpy(self.ids[i + 1 : i + 2])[0]
+
+
+def tokens():
+    return Tokens(64), Tokens(16)
+
+
+class Words(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return "hello", i % 2
+
+
+def words():
+    return Words(), Words()
+
+
+class FloatTokens(Tokens):
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return x.float(), y  # uint16 labels, as a memmap of labels gives them
+
+
+def float_tokens():
+    return FloatTokens(64), FloatTokens(16)
+
+
+class Bigram(torch.nn.Module):
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, num_classes)
+
+    def forward(self, x):
+        return self.embed(x)[:, 0]
+"""
+
+
+def test_uint16_class_labels_train(hpcdl, tmp_path) -> None:
+    """Labels read from a uint16 memmap: the label range check raised torch's
+    'aminmax_cpu not implemented for UInt16' (a traceback, exit 1); the task casts them."""
+    (tmp_path / "lm.py").write_text(TOKENS)
+    data = ["data=custom", "data.target=lm:float_tokens", "data.num_classes=10"]
+    out = hpcdl("train", "run_dir=run", *data, "data.num_workers=0", "trainer.max_epochs=1",
+                env=user_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("data", "hint"),
+    [
+        ("tokens", "(the batch holds torch.uint16 tensors: token ids and class labels must be "
+         "torch.int64; cast them in data.target='lm:tokens'"),
+        ("words", "(the batch holds str values, not only tensors: make data.target='lm:words' "
+         "return numbers or tensors, or set data.collate_fn"),
+    ],
+)
+def test_a_model_error_caused_by_the_samples_says_what_in_the_batch(hpcdl, tmp_path, data, hint):
+    """uint16 token ids (from a memmap) or strings reach the model: its error was blamed on
+    model.target alone; the line now says what in the batch caused it."""
+    (tmp_path / "lm.py").write_text(TOKENS)
+    overrides = [
+        "model=custom",
+        "model.target=lm:Bigram",
+        "data=custom",
+        f"data.target=lm:{data}",
+        "data.num_classes=10",
+        "data.num_workers=0",
+    ]
+    out = hpcdl("train", "run_dir=run", *overrides, env=user_env(tmp_path))
+    assert_refused(out, tmp_path, "model.target='lm:Bigram': the first training batch failed")
+    assert hint in out.stderr, out.stderr
+
+
 MAPPED = """
 import numpy as np
 from torch.utils.data import Dataset

@@ -318,7 +318,8 @@ class LabelCheck:
             return
         if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.is_cuda:
             return
-        low, high = (int(v) for v in torch.aminmax(labels))
+        # As int64, as the task reads them (aminmax has no kernel for uint16/32/64 or bool).
+        low, high = (int(v) for v in torch.aminmax(labels.long()))
         if low < 0 or high >= self.num_classes:
             bad = low if low < 0 else high
             raise _label_out_of_range(self.where, "a batch holds", bad, self.num_classes)

@@ -638,8 +638,14 @@ def test_uint16_class_labels_train(hpcdl, tmp_path) -> None:
     'aminmax_cpu not implemented for UInt16' (a traceback, exit 1); the task casts them."""
     (tmp_path / "lm.py").write_text(TOKENS)
     data = ["data=custom", "data.target=lm:float_tokens", "data.num_classes=10"]
-    out = hpcdl("train", "run_dir=run", *data, "data.num_workers=0", "trainer.max_epochs=1",
-                env=user_env(tmp_path))
+    out = hpcdl(
+        "train",
+        "run_dir=run",
+        *data,
+        "data.num_workers=0",
+        "trainer.max_epochs=1",
+        env=user_env(tmp_path),
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "run" / "summary.json").is_file()
 
@@ -647,10 +653,16 @@ def test_uint16_class_labels_train(hpcdl, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("data", "hint"),
     [
-        ("tokens", "(the batch holds torch.uint16 tensors: token ids and class labels must be "
-         "torch.int64; cast them in data.target='lm:tokens'"),
-        ("words", "(the batch holds str values, not only tensors: make data.target='lm:words' "
-         "return numbers or tensors, or set data.collate_fn"),
+        (
+            "tokens",
+            "(the batch holds torch.uint16 tensors: token ids and class labels must be "
+            "torch.int64; cast them in data.target='lm:tokens'",
+        ),
+        (
+            "words",
+            "(the batch holds str values, not only tensors: make data.target='lm:words' "
+            "return numbers or tensors, or set data.collate_fn",
+        ),
     ],
 )
 def test_a_model_error_caused_by_the_samples_says_what_in_the_batch(hpcdl, tmp_path, data, hint):

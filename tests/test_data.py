@@ -409,6 +409,7 @@ def write_bad_file(folder: Path, case: str) -> str:
         "missing_label_column": ["a,b,label", *body],
         "flat_rows_for_cnn": ["a,b,label", *body],
         "stray_label_csv": ["a,b,label", *body[:17], "17,34,5", *body[18:]],
+        "na_target": ["a,b,label", *body[:5], "5,10,NA", *body[6:]],
     }
     if case in csv_lines:
         (folder / "d.csv").write_text("\n".join(csv_lines[case]) + "\n")
@@ -419,6 +420,7 @@ def write_bad_file(folder: Path, case: str) -> str:
         "targets_2d": np.random.default_rng(1).normal(size=(40, 2)),
         "labels_short": np.arange(39) % 2,
         "stray_label": np.where(np.arange(40) == 17, 5, np.arange(40) % 2),
+        "nan_target": np.where(np.arange(40) == 3, np.nan, np.arange(40) * 0.5),
     }[case]
     np.savez(folder / "d.npz", x=x, y=y)
     return "d.npz"
@@ -442,6 +444,15 @@ def write_bad_file(folder: Path, case: str) -> str:
         ("stray_label", [], "data.path='d.npz': label 5 (row 17) occurs in one sample only"),
         # In a CSV, by the line the file shows (the header is line 1): it said "(row 17)".
         ("stray_label_csv", [], "d.csv': label 5 (line 19) occurs in one sample only"),
+        # A regression target that is not a number: by its line and cell (it showed NumPy's
+        # "could not convert string to float: np.str_('NA')"), and a NaN by its row.
+        (
+            "na_target",
+            ["task=regression"],
+            "data.path='d.csv': task=regression needs numeric labels, but line 7 holds 'NA' "
+            "(1 of 40 labels are not numbers)",
+        ),
+        ("nan_target", ["task=regression"], "'d.npz': row 3 holds the target nan (1 NaN or inf"),
     ],
 )
 def test_bad_data_files_are_refused_before_the_run_dir_exists(

@@ -69,7 +69,7 @@ def read_files(
     x = check_numeric(x, f"data.path={path!r}", columns, first_line=rows_from)
     class_names: list[str] = []  # regression
     if regression:
-        y = numeric_targets(labels, f"data.path={path!r}")
+        y = numeric_targets(labels, f"data.path={path!r}", first_line=rows_from or None)
     else:
         first_line = 2 if suffix == ".csv" else None  # a CSV's header is line 1
         y, class_names = encode_labels(labels, f"data.path={path!r}", first_line=first_line)
@@ -77,18 +77,34 @@ def read_files(
     return RawData(x, y, class_names, feature_columns=columns, label_column=label)
 
 
-def numeric_targets(labels: np.ndarray, where: str) -> np.ndarray:
-    """Regression targets as float32 [N]; refuses text and NaN/inf."""
+def numeric_targets(labels: np.ndarray, where: str, first_line: Optional[int] = None) -> np.ndarray:
+    """Regression targets as float32 [N]; refuses text and NaN/inf, naming the first by its
+    place (first_line: the file line of labels[0], a CSV's; None: by its row index)."""
     labels = labels.reshape(-1)
+
+    def place(row: int) -> str:
+        return f"row {row}" if first_line is None else f"line {first_line + row}"
+
     try:
         values = labels.astype(np.float64)
-    except ValueError as exc:
-        raise DataError(
-            f"{where}: task=regression needs numeric labels ({exc}); point data.label_column at "
-            "a numeric column"
-        ) from None
+    except ValueError:  # text; Python's float() names the cells NumPy's conversion cannot
+        texts = [str(cell) for cell in labels]
+        bad = [i for i, cell in enumerate(texts) if not is_number(cell)]
+        if bad:
+            raise DataError(
+                f"{where}: task=regression needs numeric labels, but {place(bad[0])} holds "
+                f"{texts[bad[0]]!r} ({len(bad)} of {len(texts)} labels are not numbers); "
+                "fill in or drop those rows, or point data.label_column at a numeric column"
+            ) from None
+        values = np.array([float(cell) for cell in texts], dtype=np.float64)
     if not np.all(np.isfinite(values)):
-        raise DataError(f"{where}: regression targets hold NaN or inf; clean them first")
+        bad_rows = np.flatnonzero(~np.isfinite(values))
+        first = int(bad_rows[0])
+        raise DataError(
+            f"{where}: {place(first)} holds the target {values[first]} "
+            f"({plural(int(bad_rows.size), 'NaN or inf target')}); task=regression needs a "
+            "finite number in every row: fill in or drop those rows"
+        )
     return values.astype(np.float32)
 
 

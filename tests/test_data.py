@@ -613,6 +613,19 @@ def test_load_feature_rows(tmp_path):
         load_feature_rows(str(tmp_path / "n.csv"), (30,))
 
 
+def test_a_csv_byte_order_mark_is_not_part_of_the_first_name(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte-order mark. It was read into the first
+    column's name: a label column first was 'no such column' ('\\ufeffprice'), and a
+    feature column first was recorded as '\\ufeffid', so predict refused every input CSV."""
+    lines = ["price,id,b"] + [f"{i * 0.5},{i},{i % 3}" for i in range(30)]
+    (tmp_path / "p.csv").write_text("\r\n".join(lines) + "\r\n", encoding="utf-8-sig")
+    data = build_data(files_cfg(tmp_path / "p.csv", label_column="price"), regression=True)
+    assert data.feature_columns == ["id", "b"] and data.label_column == "price"
+    (tmp_path / "i.csv").write_text("id,b\n1,2\n", encoding="utf-8-sig")
+    got = load_feature_rows(str(tmp_path / "i.csv"), (2,), ["id", "b"], "price")
+    assert np.array_equal(got, [[1.0, 2.0]])
+
+
 def test_load_feature_rows_picks_a_headers_columns_by_name(tmp_path):
     """A run trained on a CSV with a header: an input CSV with a header gives the training
     columns by name, in any order, its other columns (the label column too) dropped; a

@@ -319,7 +319,9 @@ def read_csv(
     file is never held as Python strings whole; the first ragged row or non-number is named
     by its line."""
     try:
-        with file.open(newline="") as f:
+        # utf-8-sig drops the byte-order mark that Excel's "CSV UTF-8" starts with, which
+        # would otherwise become part of the first column's name.
+        with file.open(newline="", encoding="utf-8-sig") as f:
             rows: Iterator[list[str]] = (row for row in csv.reader(f) if row)
             first = next(rows, None)
             if first is None:
@@ -362,7 +364,7 @@ def csv_header(file: Path) -> Optional[list[str]]:
     """The first row of a CSV, its cells stripped, when it is a header (training's rule);
     None for a file without one or that cannot be read (reading it in full says why)."""
     try:
-        with file.open(newline="") as f:
+        with file.open(newline="", encoding="utf-8-sig") as f:
             first = next((row for row in csv.reader(f) if row), None)
     except (OSError, UnicodeDecodeError, csv.Error):
         return None

@@ -410,6 +410,7 @@ def write_bad_file(folder: Path, case: str) -> str:
         "flat_rows_for_cnn": ["a,b,label", *body],
         "stray_label_csv": ["a,b,label", *body[:17], "17,34,5", *body[18:]],
         "na_target": ["a,b,label", *body[:5], "5,10,NA", *body[6:]],
+        "semicolons": ["a;b;label", *(row.replace(",", ";") for row in body)],
     }
     if case in csv_lines:
         (folder / "d.csv").write_text("\n".join(csv_lines[case]) + "\n")
@@ -436,6 +437,13 @@ def write_bad_file(folder: Path, case: str) -> str:
         ("only_labels", [], "data.path='d.csv': the rows hold no feature values"),
         ("fractional_labels", [], "(e.g. 0.5); use task=regression"),
         ("missing_label_column", ["data.label_column=price"], "data.label_column='price'"),
+        # A near miss is named; a file of other separators has a header of one cell.
+        (
+            "missing_label_column",
+            ["data.label_column=lable"],
+            "did you mean data.label_column=label?",
+        ),
+        ("semicolons", [], "the header is one cell: the file seems separated by ';'"),
         ("flat_rows_for_cnn", ["model=cnn"], "model=cnn needs image input"),
         ("labels_2d", [], "data.path='d.npz': the labels have shape (40, 2)"),
         ("targets_2d", ["task=regression"], "data.path='d.npz': the labels have shape (40, 2)"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import difflib
 import itertools
 import warnings
 import zipfile
@@ -148,7 +149,7 @@ def read_labelled_csv(
         if label_column not in header:
             raise DataError(
                 f"data.label_column={label_column!r}: no such column in the header of "
-                f"'{file}' ({header}); set data.label_column to the column holding the labels"
+                f"'{file}' ({header}); {_label_column_hint(header, label_column)}"
             )
         col = header.index(label_column)
         picks = [i for i in range(width) if i != col]
@@ -167,6 +168,21 @@ def read_labelled_csv(
     col = header.index(label_column)
     names = header[:col] + header[col + 1 :]
     return x, labels, names if len(set(header)) == len(header) else None
+
+
+def _label_column_hint(header: list[str], label_column: str) -> str:
+    """How to fix a data.label_column that the header lacks: a close name, or a file that
+    is not comma-separated (its header is then one cell holding the separators)."""
+    separator = next((sep for sep in ";\t|" if len(header) == 1 and sep in header[0]), None)
+    if separator is not None:
+        return (
+            f"the header is one cell: the file seems separated by {separator!r}; hpcdl reads "
+            "comma-separated files, save it with commas"
+        )
+    close = difflib.get_close_matches(label_column, header, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean data.label_column={close[0]}?"
+    return "set data.label_column to the column holding the labels"
 
 
 def encode_labels(

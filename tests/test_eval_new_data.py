@@ -186,6 +186,8 @@ def test_files_data_is_evaluated_on_another_npz_with_the_training_preprocessing(
         ("data.standardize=false", "cannot change data.standardize: the preprocessing is"),
         ("data.split_seed=3", "cannot change data.split_seed"),
         ("optim.lr=1.0", "optim.lr: a training setting"),
+        # A misspelt key: it said "not a key of data=files that names its samples".
+        ("data.label_colum=y", "unknown key of data=files; did you mean data.label_column?"),
     ],
 )
 def test_keys_that_cannot_apply_at_inference_are_refused(

@@ -15,10 +15,11 @@ Stdlib + config only (no torch).
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,11 @@ def _refuse_data_key(cfg: Config, key: str, item: str, command: str) -> None:
     if name in allowed and hasattr(cfg.data, name) and (not deeper or name == "kwargs"):
         return
     reason = REFUSED_DATA_KEYS.get(name)
+    if reason is None and not hasattr(cfg.data, name):  # a typo: name the key meant
+        close = difflib.get_close_matches(name, [f.name for f in fields(cfg.data)], n=1)
+        reason = f"unknown key of data={kind}" + (
+            f"; did you mean data.{close[0]}?" if close else ""
+        )
     if reason is None:
         known = ", ".join(f"data.{k}" for k in SOURCE_KEYS.get(kind, ()))
         reason = f"not a key of data={kind} that names its samples" + (

@@ -412,6 +412,9 @@ def write_bad_file(folder: Path, case: str) -> str:
         "na_target": ["a,b,label", *body[:5], "5,10,NA", *body[6:]],
         "semicolons": ["a;b;label", *(row.replace(",", ";") for row in body)],
     }
+    if case == "empty_csv":
+        (folder / "d.csv").write_text("")
+        return "d.csv"
     if case in csv_lines:
         (folder / "d.csv").write_text("\n".join(csv_lines[case]) + "\n")
         return "d.csv"
@@ -444,6 +447,7 @@ def write_bad_file(folder: Path, case: str) -> str:
             "did you mean data.label_column=label?",
         ),
         ("semicolons", [], "the header is one cell: the file seems separated by ';'"),
+        ("empty_csv", [], "data.path: 'd.csv' is empty (no rows); point data.path at a file"),
         ("flat_rows_for_cnn", ["model=cnn"], "model=cnn needs image input"),
         ("labels_2d", [], "data.path='d.npz': the labels have shape (40, 2)"),
         ("targets_2d", ["task=regression"], "data.path='d.npz': the labels have shape (40, 2)"),

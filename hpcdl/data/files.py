@@ -341,7 +341,10 @@ def read_csv(
             rows: Iterator[list[str]] = (row for row in csv.reader(f) if row)
             first = next(rows, None)
             if first is None:
-                raise DataError(f"{key}: '{file}' is empty")
+                raise DataError(
+                    f"{key}: '{file}' is empty (no rows); point {key} at a file holding the "
+                    "rows (was it written completely?)"
+                )
             header = None
             if is_header([cell.strip() for cell in first]):
                 header = [cell.strip() for cell in first]

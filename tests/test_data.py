@@ -411,6 +411,8 @@ def write_bad_file(folder: Path, case: str) -> str:
         "stray_label_csv": ["a,b,label", *body[:17], "17,34,5", *body[18:]],
         "na_target": ["a,b,label", *body[:5], "5,10,NA", *body[6:]],
         "semicolons": ["a;b;label", *(row.replace(",", ";") for row in body)],
+        "trailing_commas": ["a,b,label,", *(f"{row}," for row in body)],
+        "pandas_index": [",a,b,label", *(f"{i},{row}" for i, row in enumerate(body))],
     }
     if case == "empty_csv":
         (folder / "d.csv").write_text("")
@@ -448,6 +450,10 @@ def write_bad_file(folder: Path, case: str) -> str:
         ),
         ("semicolons", [], "the header is one cell: the file seems separated by ';'"),
         ("empty_csv", [], "data.path: 'd.csv' is empty (no rows); point data.path at a file"),
+        # An unnamed column was read as a feature ('' in predict's names) or, empty, refused
+        # as "column '': '' is not a number".
+        ("trailing_commas", [], "data.path='d.csv': column 4 of 4 has no name in the header"),
+        ("pandas_index", [], "column 1 of 4 has no name in the header (a comma at the end"),
         ("flat_rows_for_cnn", ["model=cnn"], "model=cnn needs image input"),
         ("labels_2d", [], "data.path='d.npz': the labels have shape (40, 2)"),
         ("targets_2d", ["task=regression"], "data.path='d.npz': the labels have shape (40, 2)"),

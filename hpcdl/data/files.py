@@ -151,6 +151,14 @@ def read_labelled_csv(
                 f"data.label_column={label_column!r}: no such column in the header of "
                 f"'{file}' ({header}); {_label_column_hint(header, label_column)}"
             )
+        unnamed = [i + 1 for i, name in enumerate(header) if not name]
+        if unnamed:
+            # Read as a feature it would be learned from unnoticed: pandas' row index, say.
+            raise DataError(
+                f"data.path='{file}': column {unnamed[0]} of {width} has no name in the header "
+                "(a comma at the end of each line, or pandas' index written by to_csv without "
+                "index=False?); name the column, or remove it from the file"
+            )
         col = header.index(label_column)
         picks = [i for i in range(width) if i != col]
         return CsvColumns(picks, [header[i] for i in picks], label=col)

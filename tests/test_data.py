@@ -427,6 +427,7 @@ def write_bad_file(folder: Path, case: str) -> str:
         "labels_short": np.arange(39) % 2,
         "stray_label": np.where(np.arange(40) == 17, 5, np.arange(40) % 2),
         "nan_target": np.where(np.arange(40) == 3, np.nan, np.arange(40) * 0.5),
+        "bytes_targets": np.array([b"NA" if i == 4 else str(i * 0.5).encode() for i in range(40)]),
     }[case]
     np.savez(folder / "d.npz", x=x, y=y)
     return "d.npz"
@@ -471,6 +472,12 @@ def write_bad_file(folder: Path, case: str) -> str:
             "(1 of 40 labels are not numbers)",
         ),
         ("nan_target", ["task=regression"], "'d.npz': row 3 holds the target nan (1 NaN or inf"),
+        (
+            "bytes_targets",
+            ["task=regression"],
+            "'d.npz': task=regression needs numeric labels, but row 4 holds 'NA' (1 of 40 labels "
+            "are not numbers); fill in or drop those rows, or save the targets as numbers",
+        ),
     ],
 )
 def test_bad_data_files_are_refused_before_the_run_dir_exists(

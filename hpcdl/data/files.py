@@ -89,13 +89,18 @@ def numeric_targets(labels: np.ndarray, where: str, first_line: Optional[int] = 
     try:
         values = labels.astype(np.float64)
     except ValueError:  # text; Python's float() names the cells NumPy's conversion cannot
-        texts = [str(cell) for cell in labels]
+        texts = labels.astype(str).tolist()  # bytes (an .npz of dtype S) decoded
         bad = [i for i, cell in enumerate(texts) if not is_number(cell)]
         if bad:
+            fix = (
+                "save the targets as numbers"
+                if first_line is None  # an array's labels
+                else "point data.label_column at a numeric column"
+            )
             raise DataError(
                 f"{where}: task=regression needs numeric labels, but {place(bad[0])} holds "
                 f"{texts[bad[0]]!r} ({len(bad)} of {len(texts)} labels are not numbers); "
-                "fill in or drop those rows, or point data.label_column at a numeric column"
+                f"fill in or drop those rows, or {fix}"
             ) from None
         values = np.array([float(cell) for cell in texts], dtype=np.float64)
     if not np.all(np.isfinite(values)):

@@ -92,6 +92,42 @@ def test_an_unknown_option_is_one_line_naming_the_command(
     assert capsys.readouterr().err == f"error: {expected}\n"
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["evaluate", "runs/r1", "--split", "tset"],
+            "hpcdl evaluate: argument --split: invalid choice: 'tset' (choose from 'test', "
+            "'val', 'train', 'all'); did you mean test? (hpcdl evaluate --help)",
+        ),
+        (
+            ["status"],
+            "hpcdl status: the following arguments are required: RUN_DIR|JOB_ID "
+            "(hpcdl status --help)",
+        ),
+        (["trian"], "did you mean train? (hpcdl --help)"),
+        (
+            [],
+            "hpcdl: give a command: train, run, resume, status, logs, sweep, bench, cancel, "
+            "completion, evaluate, predict (hpcdl --help)",
+        ),
+        (["sweep"], "hpcdl sweep: give a command: status, summary, rerun (hpcdl sweep --help)"),
+        (["status", "--watch", "x", "r"], "argument --watch: invalid float value: 'x'"),
+    ],
+)
+def test_argparses_own_errors_are_one_line_naming_the_command(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Were argparse's usage block (three lines for evaluate) and then the error."""
+    from hpcdl.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: hpcdl") and err.count("\n") == 1 and expected in err, err
+
+
 HYDRA_OWN = (
     "a setting of Hydra's own, which hpcdl does not read; set the run's folder with "
     "run_dir=... (a sweep's with -m hydra.sweep.dir=...)"

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 from hpcdl.cli.resume_cmd import cmd_resume
 from hpcdl.errors import ConfigError, HpcdlError, HpcdlWarning, plural, warnings_as_lines
@@ -46,10 +47,32 @@ def _group_listing(config_dirs: Optional[list[str]] = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's own errors (a missing argument, an invalid choice) as one line naming the
+    command, a close choice and its --help, exit status 2; not its usage block first. The
+    subcommands' parsers are of this class too (add_subparsers makes them so)."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+
+        for action in self._actions:  # `hpcdl` or `hpcdl sweep` alone: name the commands
+            if isinstance(action, argparse._SubParsersAction) and message.endswith(
+                f"required: {action.dest}"
+            ):
+                message = f"give a command: {', '.join(action.choices)}"
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice is not None:
+            given, listed = choice.group(1), re.findall(r"'([^']*)'", choice.group(2))
+            close = difflib.get_close_matches(given, listed, n=1, cutoff=0.6)
+            if close:
+                message = f"{message}; did you mean {close[0]}?"
+        self.exit(EXIT_BAD_INPUT, f"error: {self.prog}: {message} ({self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hpcdl.cli.other_data import SPLITS
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hpcdl",
         description="Train PyTorch models in-process, on local ranks, or on Slurm, from Hydra configs.",
     )

@@ -148,6 +148,12 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
             "trainer.max_epoch: unknown key; did you mean trainer.max_epochs?",
         ),
         (["model=foo"], "model=foo: unknown option; choose one of cnn, custom, mlp, resnet18"),
+        (
+            # data=files forgotten: the key is another option's, not a typo of data.name
+            ["task=regression", "data.path=d.csv", "data.label_column=price"],
+            "data.path: not a key of data=breast_cancer; it is one of data=mnist, cifar10, "
+            "files, imagefolder: choose one first (e.g. data=mnist data.path=...)",
+        ),
         (["trainer.max_epochs=abc"], "trainer.max_epochs=abc: must be a whole number"),
         (["cluster.mem_gb=0.5"], "cluster.mem_gb=0.5: must be a whole number"),
         (["optim.lr=x"], "optim.lr=x: must be a number"),
@@ -640,3 +646,14 @@ def test_a_bad_defaults_list_entry_names_its_file(
     with pytest.raises(ConfigError) as info:
         plan_sweep(["cluster=debug,mine"], ["myconf"])
     assert str(info.value) == f"trial 1 (cluster=mine): {expected}"
+
+
+def test_a_monitor_without_a_split_is_shown_an_example_of_the_tasks_own_metrics() -> None:
+    """task=regression was offered val_accuracy, which it does not have."""
+    from types import SimpleNamespace
+
+    from hpcdl.config.validate import _check_monitor
+
+    for task, example in [("regression", "val_mae"), ("classification", "val_accuracy")]:
+        with pytest.raises(ConfigError, match=f"e.g. val_loss, {example} or train_loss$"):
+            _check_monitor("r2", SimpleNamespace(name=task))

@@ -210,7 +210,9 @@ def _omegaconf_message(
     key = f"{group}.{full_key}" if full_key else group
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
     if "not in" in text and "Key" in text:
-        return _unknown_key_message(key, [f"{group}.{k}" for k in _field_names(cls)])
+        return _other_options_key(group, cls, key) or _unknown_key_message(
+            key, [f"{group}.{k}" for k in _field_names(cls)]
+        )
     if "missing mandatory value" in text.lower():
         return f"{key}: required value is missing; set it with {key}=..."
     converted = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", text)
@@ -323,6 +325,21 @@ SBATCH_NAMES = {
     "cluster.C": "cluster.constraint",
     "cluster.q": "cluster.qos",
 }
+
+
+def _other_options_key(group: str, cls: type, key: str) -> Optional[str]:
+    """A key of other options of the group than the chosen one (`data.path` with the default
+    data=breast_cancer): name the options that have it, as the fix is choosing one."""
+    name = key.split(".")[1] if key.count(".") >= 1 else ""
+    options = NAMED_GROUPS.get(group, {})
+    having = [option for option, other in options.items() if name in _field_names(other)]
+    chosen = next((option for option, other in options.items() if other is cls), "?")
+    if not having or chosen in having:
+        return None
+    return (
+        f"{key}: not a key of {group}={chosen}; it is one of {group}="
+        f"{', '.join(having)}: choose one first (e.g. {group}={having[0]} {key}=...)"
+    )
 
 
 def _unknown_key_message(key: str, valid: list[str]) -> str:

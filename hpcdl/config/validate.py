@@ -391,12 +391,13 @@ def _check_task_fits_data(task: object, data: schema.DataCommon) -> None:
 
 def _check_monitor(monitor: str, task: object) -> None:
     split, _, metric = monitor.partition("_")
+    name = getattr(task, "name", "")
     if split not in ("train", "val") or not metric:
+        own = next(iter(TASK_METRICS[name])) if TASK_METRICS.get(name) else "<metric>"
         raise ConfigError(
             f"trainer.early_stopping.monitor={monitor!r}: name a split and a metric, "
-            "e.g. val_loss, val_accuracy or train_loss"
+            f"e.g. val_loss, val_{own} or train_loss"
         )
-    name = getattr(task, "name", "")
     # A custom task's metrics are known only once its function has run: the job checks then.
     if name in TASK_METRICS and metric not in ("loss", *TASK_METRICS[name]):
         choices = [f"{s}_{m}" for s in ("val", "train") for m in ("loss", *TASK_METRICS[name])]

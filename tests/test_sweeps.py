@@ -928,3 +928,17 @@ def test_a_one_trial_sweeps_status_says_1_trial(tmp_path: Path) -> None:
     assert "\n1 trial: 1 NOT_STARTED\n" in table, table
     # A local sweep (cluster=debug here) runs its trials as processes: the column says pid.
     assert table.split("\n")[0].split("|")[3].strip() == "pid", table
+
+
+def test_a_local_sweep_on_data_that_cannot_be_read_is_refused_before_its_sweep_dir(
+    hpcdl, tmp_path: Path
+) -> None:
+    """As `hpcdl train` refuses it: the sweep dir and a FAILED trial each (exit 1) were made
+    first (helper A's CSV). The first trial is probed; trials that differ in their data are
+    checked by their own runs (test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary)."""
+    (tmp_path / "num.csv").write_text("a,b,price\n1,2,3\n4,x,6\n")
+    data = ["task=regression", "data=files", "data.path=num.csv", "data.label_column=price"]
+    out = hpcdl("train", "-m", *data, "optim.lr=0.01,0.003", "hydra.sweep.dir=sw")
+    assert out.returncode == 2, out.stderr + out.stdout
+    assert out.stderr.startswith("error: trial 0 (optim.lr=0.01): data.path: 'num.csv' line 3")
+    assert out.stderr.count("\n") == 1 and not (tmp_path / "sw").exists()

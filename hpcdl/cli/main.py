@@ -459,6 +459,7 @@ def start_sweep(plan: SweepPlan, skip_preflight: bool) -> tuple[Path, int]:
                 err.args = (f"trial {trial.index} ({' '.join(trial.overrides)}): {err}",)
                 raise
             checked.add(repr(trial.config.cluster))
+    probe_first_trial(plan)
     ledger = create_sweep(plan)
     sweep_dir = Path(ledger.sweep_dir)
     print(f"sweep dir: {sweep_dir} ({plural(len(ledger.trials), 'trial')})", flush=True)
@@ -472,6 +473,21 @@ def start_sweep(plan: SweepPlan, skip_preflight: bool) -> tuple[Path, int]:
         print(f"  summary: hpcdl sweep summary {sweep_dir}")
         return sweep_dir, EXIT_OK
     return sweep_dir, run_local_pool(ledger, indices)
+
+
+def probe_first_trial(plan: SweepPlan) -> None:
+    """The first trial's code and data run on one batch before the sweep dir exists, as `hpcdl
+    train` runs a run's (debug and local; a Slurm login node runs none): a model, dataset or
+    file every trial shares is refused in one line, not once per trial as it fails. Trials
+    that differ in them are checked by their own runs (a failed trial is rerun once fixed)."""
+    from hpcdl.probe import probe_user_code
+
+    trial = plan.trials[0]
+    try:
+        probe_user_code(trial.config)
+    except HpcdlError as err:  # named as preflight names a trial's
+        err.args = (f"trial {trial.index} ({' '.join(trial.overrides)}): {err}",)
+        raise
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -421,7 +421,7 @@ def _check_csv_header(data_cfg: Any, info: dict[str, Any]) -> None:
             f"{where}: no {_columns(missing)} in its header ({', '.join(header)}); the model "
             f"was trained on the columns {', '.join(trained)}: add {_them(missing)}"
         )
-    if extra:
+    if extra and data_cfg.feature_columns is None:  # picked by name: the others go unread
         raise DataError(
             f"{where}: {_columns(extra)} not among the model's feature columns "
             f"({', '.join(trained)}); every column but data.label_column={label!r} is read as "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import re
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -230,6 +231,41 @@ def test_csv_with_label_column(tmp_path):
     ids, labels = split_ids(data)[0], data.y_train.numpy()
     assert [data.class_names[v] for v in labels] == [["9", "10", "2"][i % 3] for i in ids]
     torch.testing.assert_close(data.x_train[:, 1], torch.from_numpy(ids * 0.5).float())
+
+
+def test_csv_feature_columns_pick_and_order_the_features(tmp_path):
+    """data.feature_columns: an ID, a note and an unnamed column are left unread, the picked
+    columns are read in the order given and recorded for predict."""
+    lines = [",id,a,note,grade,b"] + [
+        f"{i},{1000 + i},{i},text,{i % 2},{i * 0.5}" for i in range(30)
+    ]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    cfg = files_cfg(
+        tmp_path / "d.csv", label_column="grade", feature_columns=["b", "a"], standardize=False
+    )
+    data = build_data(cfg)
+    assert data.feature_columns == ["b", "a"] and data.input_shape == (2,)
+    torch.testing.assert_close(data.x_train[:, 0], data.x_train[:, 1] * 0.5)  # b = a / 2
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        (["a", "bb"], "data.feature_columns: no column 'bb' in the header of"),
+        (["a", "grade"], "data.feature_columns: 'grade' is data.label_column, the target"),
+        (["a", "a"], "data.feature_columns: 'a' is given twice; give it once"),
+        ([], "data.feature_columns=[]: name at least one column"),
+    ],
+)
+def test_csv_feature_columns_mistakes_are_one_line(tmp_path, columns, message):
+    lines = ["a,grade,b"] + [f"{i},{i % 2},{i * 0.5}" for i in range(30)]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    cfg = files_cfg(tmp_path / "d.csv", label_column="grade", feature_columns=columns)
+    with pytest.raises(DataError, match=re.escape(message)):
+        build_data(cfg)
+    np.savez(tmp_path / "d.npz", x=np.zeros((30, 2)), y=np.arange(30) % 2)
+    with pytest.raises(DataError, match=r"picks a CSV's columns by name; .* is a \.npz file"):
+        build_data(files_cfg(tmp_path / "d.npz", feature_columns=["a"]))
 
 
 def write_big_csv(path: Path, num_rows: int, num_features: int) -> np.ndarray:

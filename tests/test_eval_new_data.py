@@ -278,3 +278,33 @@ def test_other_csv_data_with_the_columns_in_another_order_is_read_by_name(
         assert main(["predict", str(run), "--split", "all", f"data.path={path}"]) == 0
         predictions.append(capsys.readouterr().out)
     assert predictions[0] == predictions[1] and predictions[0].count("\n") == 61
+
+
+def test_feature_columns_leave_ids_out_in_training_evaluate_predict_and_resume(
+    hpcdl, tmp_path: Path
+) -> None:
+    """data.feature_columns: an ID and a note column stay in the file, unread by training,
+    `evaluate` of the file and `predict --input`; a resume with the columns in another
+    order (the weights are per position) is refused."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 3))
+    y = (x[:, 0] - x[:, 1] > 0).astype(int)
+    rows = [f"{1000 + i},{x[i, 0]},note,{y[i]},{x[i, 1]},{x[i, 2]}" for i in range(120)]
+    (tmp_path / "d.csv").write_text("id,a,memo,label,b,c\n" + "\n".join(rows) + "\n")
+    (tmp_path / "new.csv").write_text(
+        "c,id,b,a\n" + "".join(f"{x[i, 2]},{i},{x[i, 1]},{x[i, 0]}\n" for i in range(5))
+    )
+    (tmp_path / "plain.csv").write_text(
+        "a,b,c\n" + "".join(f"{x[i, 0]},{x[i, 1]},{x[i, 2]}\n" for i in range(5))
+    )
+    data = ["data=files", "data.path=d.csv", "data.feature_columns=[a,b,c]"]
+    out = hpcdl("train", *data, "trainer.max_epochs=2", "run_dir=r")
+    assert out.returncode == 0, out.stderr
+    out = hpcdl("evaluate", "r", "--split", "all", "data.path=d.csv")
+    assert out.returncode == 0 and "(120 samples)" in out.stdout, out.stderr
+    with_id = hpcdl("predict", "r", "--input", "new.csv")
+    plain = hpcdl("predict", "r", "--input", "plain.csv")
+    assert with_id.returncode == plain.returncode == 0, with_id.stderr + plain.stderr
+    assert with_id.stdout == plain.stdout and len(plain.stdout.splitlines()) == 6
+    out = hpcdl("resume", "r", "data.feature_columns=[b,a,c]", "trainer.max_epochs=3")
+    assert out.returncode == 2 and "trained on 'data.feature_columns=[a,b,c]'" in out.stderr

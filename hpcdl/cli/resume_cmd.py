@@ -154,7 +154,7 @@ SPLIT_KEYS = (
 DATASET_KEYS: dict[str, tuple[str, ...]] = {
     "synthetic": ("num_samples", "num_classes", "shape", "noise", "seed"),
     "custom": ("kwargs",),
-    "files": ("label_column",),
+    "files": ("label_column", "feature_columns"),  # the columns in order: weights per position
 }
 
 

@@ -109,6 +109,9 @@ class FilesConfig(DataCommon):
     path: str = MISSING
     labels_path: Optional[str] = None
     label_column: str = "label"
+    # A CSV's feature columns, by name, in this order (null: every column but label_column):
+    # leaves out IDs, notes and other columns without editing the file.
+    feature_columns: Optional[list[str]] = None
 
 
 @dataclass

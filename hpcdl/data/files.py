@@ -29,7 +29,11 @@ CHUNK_NUM_ROWS = 4096
 
 
 def read_files(
-    path: str, labels_path: Optional[str], label_column: str, regression: bool = False
+    path: str,
+    labels_path: Optional[str],
+    label_column: str,
+    regression: bool = False,
+    feature_columns: Optional[list[str]] = None,
 ) -> RawData:
     file = Path(path).expanduser()
     suffix = file.suffix.lower()
@@ -40,13 +44,18 @@ def read_files(
         )
     if not file.is_file():
         raise DataError(f"data.path={path!r}: no such file; point data.path at your data file")
+    if feature_columns is not None and suffix != ".csv":
+        raise DataError(
+            f"data.feature_columns: picks a CSV's columns by name; {path!r} is a {suffix} file "
+            "(its arrays hold the features): remove data.feature_columns"
+        )
     columns: Optional[list[str]] = None
     if suffix == ".npz":
         x, labels = read_npz(file)
     elif suffix == ".npy":
         x, labels = read_npy_pair(file, labels_path)
     else:
-        x, labels, columns = read_labelled_csv(file, label_column)
+        x, labels, columns = read_labelled_csv(file, label_column, feature_columns)
     if labels.ndim > 1 and int(np.prod(labels.shape[1:])) != 1:
         raise DataError(
             f"data.path={path!r}: the labels have shape {labels.shape}; give one label per row "
@@ -139,10 +148,11 @@ def read_npy_pair(file: Path, labels_path: Optional[str]) -> tuple[np.ndarray, n
 
 
 def read_labelled_csv(
-    file: Path, label_column: str
+    file: Path, label_column: str, feature_columns: Optional[list[str]] = None
 ) -> tuple[np.ndarray, np.ndarray, Optional[list[str]]]:
     """(features, labels, the feature columns' names: None when two header cells are the
-    same, as then a name cannot pick one column)."""
+    same, as then a name cannot pick one column). feature_columns: the columns to read, by
+    name, in that order (None: every column but the label's)."""
 
     def columns(header: Optional[list[str]], width: int) -> CsvColumns:
         if header is None:
@@ -156,15 +166,19 @@ def read_labelled_csv(
                 f"data.label_column={label_column!r}: no such column in the header of "
                 f"'{file}' ({header}); {_label_column_hint(header, label_column)}"
             )
+        col = header.index(label_column)
+        if feature_columns is not None:  # the others are not read: unnamed ones too
+            picks = _picked(file, header, feature_columns, label_column)
+            return CsvColumns(picks, list(feature_columns), label=col)
         unnamed = [i + 1 for i, name in enumerate(header) if not name]
         if unnamed:
             # Read as a feature it would be learned from unnoticed: pandas' row index, say.
             raise DataError(
                 f"data.path='{file}': column {unnamed[0]} of {width} has no name in the header "
                 "(a comma at the end of each line, or pandas' index written by to_csv without "
-                "index=False?); name the column, or remove it from the file"
+                "index=False?); name the column, remove it from the file, or pick the features "
+                "with data.feature_columns"
             )
-        col = header.index(label_column)
         picks = [i for i in range(width) if i != col]
         return CsvColumns(picks, [header[i] for i in picks], label=col)
 
@@ -178,9 +192,42 @@ def read_labelled_csv(
             f"data.path: '{file}' line {int(empty[0]) + 2} has an empty {label_column!r} cell "
             f"({plural(int(empty.size), 'row')} without a label); fill them in or drop those rows"
         )
+    if feature_columns is not None:
+        return x, labels, list(feature_columns)
     col = header.index(label_column)
     names = header[:col] + header[col + 1 :]
     return x, labels, names if len(set(header)) == len(header) else None
+
+
+def _picked(file: Path, header: list[str], wanted: list[str], label_column: str) -> list[int]:
+    """The positions of data.feature_columns in a CSV's header; one line naming a column
+    that is not there (with a close name), the label column, or a column given twice."""
+    if not wanted:
+        raise DataError(
+            "data.feature_columns=[]: name at least one column, or set it to null for every "
+            "column but data.label_column"
+        )
+    for name in wanted:
+        if name == label_column:
+            raise DataError(
+                f"data.feature_columns: {name!r} is data.label_column, the target; "
+                "leave it out of the features"
+            )
+        if name not in header:
+            close = difflib.get_close_matches(name, header, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"the header holds {header}"
+            raise DataError(
+                f"data.feature_columns: no column {name!r} in the header of '{file}'; {hint}"
+            )
+        if header.count(name) > 1:
+            raise DataError(
+                f"data.feature_columns: {name!r} names {header.count(name)} columns of '{file}'; "
+                "give each column its own name in the header"
+            )
+    twice = sorted({name for name in wanted if wanted.count(name) > 1})
+    if twice:
+        raise DataError(f"data.feature_columns: {twice[0]!r} is given twice; give it once")
+    return [header.index(name) for name in wanted]
 
 
 def _label_column_hint(header: list[str], label_column: str) -> str:

@@ -32,7 +32,11 @@ def read_source(cfg: Any, regression: bool = False) -> RawData:
         "mnist": lambda c: read_mnist(require_path(c), as_images=c.as_images),
         "cifar10": lambda c: read_cifar10(require_path(c)),
         "files": lambda c: read_files(
-            require_path(c), c.labels_path, c.label_column, regression=regression
+            require_path(c),
+            c.labels_path,
+            c.label_column,
+            regression=regression,
+            feature_columns=c.feature_columns,
         ),
         "synthetic": read_synthetic,
     }

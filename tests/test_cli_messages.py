@@ -245,3 +245,29 @@ def test_ctrl_c_before_a_command_handles_it_is_one_line_and_status_130(tmp_path:
     )
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "interrupted (Ctrl-C)"
+
+
+def test_ctrl_c_while_python_exits_after_a_completed_run_keeps_its_status(tmp_path: Path) -> None:
+    """After `done:` the process still spends about a second in Python's exit (torch's and
+    the plots' teardown); a Ctrl-C there ended a completed run with 130 and no word."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcdl.cli.main", "train", "trainer.max_epochs=1", "run_dir=r"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("done:"):
+            time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            break
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "r" / "summary.json").is_file()

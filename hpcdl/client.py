@@ -203,7 +203,10 @@ class Job:
         what = f"job {self.job_id} ({self.run_dir})"
         report = _poll(self.status, lambda r: not is_active(r["state"]), timeout, poll_s, what)
         summary = RunDir(self.run_dir).read_summary()
-        if summary is not None:
+        # status() has test_metrics only when summary.json is the newest attempt's: an
+        # earlier attempt's (a completed run resumed for more epochs, then cancelled or
+        # failed) describes older weights, and is no result of this job.
+        if summary is not None and ("test_metrics" in report or report["state"] == "COMPLETED"):
             return summary
         log = self._log_file(0)
         who = f"job {report['job_id']}" if report["job_id"] else "the run"

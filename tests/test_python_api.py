@@ -211,3 +211,19 @@ def test_a_trial_index_that_is_no_int_is_refused_as_such(tmp_path: Path) -> None
             str(refused.value)
             == f"trial {index!r}: give the trial's index as an int, one of 0 to 1"
         )
+
+
+def test_wait_raises_for_a_resumed_attempt_that_failed_not_the_earlier_summary(
+    tmp_path, monkeypatch
+) -> None:
+    job = _submitted_run(tmp_path, "12")
+    run_dir = RunDir(job.run_dir)
+    run_dir.append_attempt({"event": "start", "job_id": "11"})
+    run_dir.append_attempt({"event": "end", "job_id": "11", "reason": "completed"})
+    run_dir.write_summary({"outcome": "completed", "epochs": 6})
+    run_dir.append_attempt({"event": "start", "job_id": "12"})  # resumed for more epochs
+    run_dir.append_attempt({"event": "end", "job_id": "12", "reason": "cancelled"})
+    _scheduler(monkeypatch, "RUNNING", "CANCELLED")
+    with pytest.raises(JobFailedError, match="job 12 ended CANCELLED") as failed:
+        job.wait(poll_s=0)
+    assert failed.value.state == "CANCELLED"

@@ -136,6 +136,11 @@ def _config_dirs(config_dir: Union[PathLike, Sequence[PathLike], None]) -> list[
     )
 
 
+def _absolute(path: PathLike) -> Path:
+    """A Job's or a Sweep's folder as a Path that a later os.chdir leaves valid."""
+    return Path(path).expanduser().resolve()
+
+
 def _poll(
     refresh: Callable[[], T],
     done: Callable[[T], bool],
@@ -164,6 +169,10 @@ class Job:
     run_dir: Path
     # How the foreground command ended (debug, local), when this process ran it.
     exit_code: Optional[int] = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        # Job("runs/exp1"), as its repr reads, made every method fail on `str / str`.
+        object.__setattr__(self, "run_dir", _absolute(self.run_dir))
 
     @classmethod
     def from_run_dir(cls, path: PathLike) -> Job:
@@ -310,6 +319,9 @@ class Sweep:
     """A `train -m` sweep: its sweep dir, whose ledger (sweep.json) every method reads."""
 
     sweep_dir: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sweep_dir", _absolute(self.sweep_dir))
 
     def __repr__(self) -> str:
         return f"Sweep({str(self.sweep_dir)!r})"

@@ -227,3 +227,16 @@ def test_wait_raises_for_a_resumed_attempt_that_failed_not_the_earlier_summary(
     with pytest.raises(JobFailedError, match="job 12 ended CANCELLED") as failed:
         job.wait(poll_s=0)
     assert failed.value.state == "CANCELLED"
+
+
+def test_job_and_sweep_made_from_a_relative_str_work_after_a_chdir(
+    tmp_path, monkeypatch
+) -> None:
+    job = _submitted_run(tmp_path, "5")
+    monkeypatch.chdir(tmp_path)
+    made = Job("run")
+    monkeypatch.chdir("/")
+    assert made == job and made.job_id == "5"
+    assert made.logs() == "epoch 1/30: ...\n"
+    monkeypatch.chdir(tmp_path)
+    assert Sweep("sweeps").sweep_dir == tmp_path / "sweeps"

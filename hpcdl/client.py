@@ -307,6 +307,54 @@ class Job:
         with reading_from(cfg.workdir):
             return predictions(cfg, run_dir, checkpoint, split=split).as_dicts()
 
+    def resume(
+        self,
+        overrides: Sequence[str] = (),
+        *,
+        from_checkpoint: Optional[str] = None,
+        new_run_dir: Optional[PathLike] = None,
+        from_scratch: bool = False,
+        config_dir: Union[PathLike, Sequence[PathLike], None] = None,
+        preflight: bool = True,
+    ) -> Job:
+        """`hpcdl resume RUN_DIR [OVERRIDES]`: continue the run from its newest valid
+        checkpoint (trainer.max_epochs=20: for more epochs), or from `from_checkpoint`
+        (`--from`: a step file's name, its global step, or "best"), in place or in
+        `new_run_dir` (`--new-run-dir`: a branch; this run is left as it is). The Job of
+        the run dir that goes on (new_run_dir's for a branch). On a Slurm profile it returns
+        once the job is queued; on cluster=debug or local once the run has ended. Bad input
+        raises the command's one-line HpcdlError, with nothing changed."""
+        from argparse import Namespace
+
+        from hpcdl.cli import main as cli
+        from hpcdl.cli.compose import apply_overrides
+        from hpcdl.config.schema import Launcher
+
+        given, dirs = _overrides(overrides), _config_dirs(config_dir)
+        cfg, _ = open_run_dir(self.run_dir)
+        if given:
+            cfg = apply_overrides(cfg, given, dirs)
+        if cfg.cluster.launcher != Launcher.slurm:
+            _check_main_thread("Job.resume", f"cluster={cfg.cluster.launcher.value}")
+        args = Namespace(
+            run_dir=str(self.run_dir),
+            overrides=given,
+            config_dir=dirs,
+            no_preflight=not preflight,
+            from_scratch=from_scratch,
+            from_checkpoint=None if from_checkpoint is None else str(from_checkpoint),
+            new_run_dir=None if new_run_dir is None else os.fspath(new_run_dir),
+            program=[],
+        )
+        code = cli.cmd_resume(args)
+        target = self.run_dir if args.new_run_dir is None else _absolute(args.new_run_dir)
+        if not target.exists():  # the checkpoint had trained to trainer.max_epochs already
+            raise HpcdlError(
+                f"new_run_dir={args.new_run_dir!r}: not created, as the line above says; "
+                "nothing was trained or written"
+            )
+        return Job(target, None if cfg.cluster.launcher == Launcher.slurm else code)
+
     def cancel(self) -> None:
         """`hpcdl cancel RUN_DIR`: scancel the run's job."""
         from hpcdl.launch.monitor import cancel

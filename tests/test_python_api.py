@@ -229,9 +229,7 @@ def test_wait_raises_for_a_resumed_attempt_that_failed_not_the_earlier_summary(
     assert failed.value.state == "CANCELLED"
 
 
-def test_job_and_sweep_made_from_a_relative_str_work_after_a_chdir(
-    tmp_path, monkeypatch
-) -> None:
+def test_job_and_sweep_made_from_a_relative_str_work_after_a_chdir(tmp_path, monkeypatch) -> None:
     job = _submitted_run(tmp_path, "5")
     monkeypatch.chdir(tmp_path)
     made = Job("run")
@@ -240,3 +238,25 @@ def test_job_and_sweep_made_from_a_relative_str_work_after_a_chdir(
     assert made.logs() == "epoch 1/30: ...\n"
     monkeypatch.chdir(tmp_path)
     assert Sweep("sweeps").sweep_dir == tmp_path / "sweeps"
+
+
+def test_resume_continues_for_more_epochs_and_branches_from_an_older_checkpoint(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = submit(["run_dir=run", "trainer.max_epochs=1", "trainer.keep_last=5"])
+    config = (tmp_path / "run" / "config.yaml").read_bytes()
+    with pytest.raises(HpcdlError, match=r"trainer\.max_epoch: unknown key"):
+        job.resume(["trainer.max_epoch=2"])
+    assert (tmp_path / "run" / "config.yaml").read_bytes() == config
+    first = job.result()
+    assert job.resume(["trainer.max_epochs=2"]) == job
+    assert job.wait()["epochs"] == 2
+    older, newest = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*.pt"))
+    branch = job.resume(["trainer.max_epochs=3"], from_checkpoint=older, new_run_dir="branch")
+    assert branch.run_dir == tmp_path / "branch" and branch.wait()["epochs"] == 3
+    assert job.result() is not None and job.result() != first  # the run went on in place
+    with pytest.raises(HpcdlError, match="new_run_dir='again': not created"):
+        job.resume(from_checkpoint=newest, new_run_dir="again")  # trained to max_epochs
+    assert not (tmp_path / "again").exists()
+    assert "nothing to train" in capsys.readouterr().out

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     import torch
 
 PathLike = Union[str, "os.PathLike[str]"]
+# "best", "newest", a file name in the run's checkpoints/, a path, or a global step (13).
+CheckpointRef = Union[str, int, "os.PathLike[str]"]
 T = TypeVar("T")
 
 # Seconds between scheduler queries while waiting: a busy scheduler should see at most one
@@ -139,6 +141,22 @@ def _config_dirs(config_dir: Union[PathLike, Sequence[PathLike], None]) -> list[
 def _absolute(path: PathLike) -> Path:
     """A Job's or a Sweep's folder as a Path that a later os.chdir leaves valid."""
     return Path(path).expanduser().resolve()
+
+
+def _checkpoint(checkpoint: CheckpointRef) -> str:
+    """load_model's, evaluate's and predict's `checkpoint` as the commands take it: a global
+    step (an int, numpy's too) as its step file's name; anything else refused in one line
+    (load_model(120) failed with TypeError 'expected str, bytes or os.PathLike')."""
+    from hpcdl.checkpoint_file import step_file_name
+
+    if isinstance(checkpoint, (str, os.PathLike)):
+        return os.fspath(checkpoint)
+    if not isinstance(checkpoint, bool) and hasattr(checkpoint, "__index__"):
+        return step_file_name(int(checkpoint))
+    raise ConfigError(
+        f"checkpoint={checkpoint!r}: give 'best', 'newest', a file name in the run's "
+        "checkpoints/ (step_000000013.pt), its global step (13) or a checkpoint file's path"
+    )
 
 
 def _poll(
@@ -254,7 +272,7 @@ class Job:
             return None
 
     def load_model(
-        self, checkpoint: str = "best", device: Union[str, torch.device] = "cpu"
+        self, checkpoint: CheckpointRef = "best", device: Union[str, torch.device] = "cpu"
     ) -> torch.nn.Module:
         """The trained model, with a checkpoint's weights, in eval mode, on `device` (the
         CPU unless told): checkpoint "best" (best.pt), "newest" (the newest complete step
@@ -264,10 +282,10 @@ class Job:
         from hpcdl.inference import load_model
 
         cfg, run_dir = open_run_dir(self.run_dir)
-        return load_model(cfg, run_dir, checkpoint, device)
+        return load_model(cfg, run_dir, _checkpoint(checkpoint), device)
 
     def evaluate(
-        self, checkpoint: str = "best", overrides: Sequence[str] = (), split: str = "test"
+        self, checkpoint: CheckpointRef = "best", overrides: Sequence[str] = (), split: str = "test"
     ) -> dict[str, Any]:
         """`hpcdl evaluate RUN_DIR [--split S] [OVERRIDES]`: one checkpoint's metrics on a
         split of the run's data, or of other data that `overrides` point its data builder
@@ -282,13 +300,13 @@ class Job:
 
         check_split(split)
         cfg, run_dir, checkpoint, applied = inference_run(
-            str(self.run_dir), checkpoint, _overrides(overrides), "evaluate"
+            str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "evaluate"
         )
         with reading_from(cfg.workdir):
             return evaluate_checkpoint(cfg, run_dir, checkpoint, split, applied)
 
     def predict(
-        self, split: str = "test", overrides: Sequence[str] = (), checkpoint: str = "best"
+        self, split: str = "test", overrides: Sequence[str] = (), checkpoint: CheckpointRef = "best"
     ) -> list[dict[str, Any]]:
         """`hpcdl predict RUN_DIR --split S [OVERRIDES]` as data: one dict per sample, in the
         split's order, with the CSV's columns as keys and Python numbers as values (row,
@@ -302,7 +320,7 @@ class Job:
 
         check_split(split)
         cfg, run_dir, checkpoint, _ = inference_run(
-            str(self.run_dir), checkpoint, _overrides(overrides), "predict"
+            str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "predict"
         )
         with reading_from(cfg.workdir):
             return predictions(cfg, run_dir, checkpoint, split=split).as_dicts()

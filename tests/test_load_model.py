@@ -50,6 +50,22 @@ def test_load_model_names_a_checkpoint_that_is_not_there(run: Path) -> None:
         Job.from_run_dir(run).load_model("step_000000999.pt")
 
 
+def test_a_checkpoint_may_be_its_global_step_and_other_types_are_one_line(run: Path) -> None:
+    import numpy as np
+
+    from hpcdl import Job
+    from hpcdl.errors import ConfigError
+
+    job = Job.from_run_dir(run)
+    newest = sorted((run / "checkpoints").glob("step_*.pt"))[-1]
+    step = int(newest.stem.removeprefix("step_"))
+    assert same_weights(job.load_model(step), newest)
+    assert same_weights(job.load_model(np.int64(step)), newest)
+    assert job.predict(checkpoint=step) == job.predict(checkpoint=newest.name)
+    with pytest.raises(ConfigError, match=r"checkpoint=1\.5: give 'best', 'newest'"):
+        job.load_model(1.5)  # type: ignore[arg-type]
+
+
 def test_the_client_still_imports_without_torch(run: Path) -> None:
     run_without_torch(f"from hpcdl import Job\nJob.from_run_dir({str(run)!r}).result()", run)
 

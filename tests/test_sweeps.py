@@ -942,3 +942,20 @@ def test_a_local_sweep_on_data_that_cannot_be_read_is_refused_before_its_sweep_d
     assert out.returncode == 2, out.stderr + out.stdout
     assert out.stderr.startswith("error: trial 0 (optim.lr=0.01): data.path: 'num.csv' line 3")
     assert out.stderr.count("\n") == 1 and not (tmp_path / "sw").exists()
+
+
+def test_summary_has_no_std_for_one_value_or_none(tmp_path: Path) -> None:
+    import math
+
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import launch
+    from hpcdl.sweep.direction import direction
+    from hpcdl.sweep.report import refresh, summarize
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={sweep}"]))
+    RunDir(sweep / "0").write_summary({"val_accuracy": 0.9})  # trial 1 failed: no value
+    ledger, metric = refresh(sweep)
+    entries = summarize(ledger, metric, direction(ledger, metric))
+    assert [(e["overrides"], e["n"], e["mean"]) for e in entries[:1]] == [("optim.lr=0.1", 1, 0.9)]
+    assert all(math.isnan(e["std"]) for e in entries)  # 0.0 claimed that the folds agree

@@ -282,7 +282,8 @@ def summarize(ledger: Ledger, metric: str, direction: Direction) -> list[dict[st
                 "trials": trial_ids,
                 "n": len(values),
                 "mean": statistics.fmean(values) if values else math.nan,
-                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                # none for one value (or none): 0.0 would claim that the folds agree
+                "std": statistics.stdev(values) if len(values) > 1 else math.nan,
             }
         )
     sign = 1.0 if direction.lower_is_better else -1.0

@@ -162,6 +162,55 @@ def test_new_sweep_arrays_come_from_its_plan_and_a_rerun_reads_its_run_dirs(
     assert [t.attempts for t in ledger.trials] == [2, 2, 2, 2]
 
 
+def test_an_array_sbatch_refuses_is_one_line_and_a_sweep_never_submitted_is_removed(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from submitit.core.utils import FailedJobError
+
+    from hpcdl.launch import slurm
+    from hpcdl.launch.slurm import SubmitError
+    from hpcdl.sweep import launch
+    from hpcdl.sweep import ledger as ledger_mod
+
+    class Executor:  # sbatch takes gpus_per_node=1 and refuses 2
+        def __init__(self, cfg) -> None:
+            self.gpus = cfg.cluster.gpus_per_node
+
+        def update_parameters(self, **_) -> None:
+            pass
+
+        def map_array(self, _fn, run_dirs):
+            if self.gpus == 2:
+                raise FailedJobError(
+                    "sbatch: error: Batch job submission failed: Invalid partition name specified"
+                )
+            return [SimpleNamespace(job_id=f"7_{k}") for k in range(len(run_dirs))]
+
+    monkeypatch.setattr(slurm, "make_executor", lambda cfg, _base, job_name=None: Executor(cfg))
+    monkeypatch.setattr(launch, "max_array_size", lambda: 1001)
+
+    def submitted(sweep: Path, gpus: str) -> None:
+        plan = plan_sweep(
+            ["cluster=rivanna_a100", gpus, "optim.lr=0.1,0.01", f"hydra.sweep.dir={sweep}"]
+        )
+        launch.create_sweep(plan)
+        with ledger_mod.locked(sweep) as led:
+            launch.submit_arrays(led, [0, 1, 2, 3][: len(plan.trials)])
+
+    with pytest.raises(SubmitError) as refused:  # was submitit's FailedJobError, two lines
+        submitted(tmp_path / "new", "cluster.gpus_per_node=2")
+    assert str(refused.value) == (
+        "sbatch refused the job: sbatch: error: Batch job submission failed: Invalid partition "
+        f"name specified; nothing submitted (sweep dir {tmp_path / 'new'} removed)"
+    )
+    assert not (tmp_path / "new").exists()
+
+    with pytest.raises(SubmitError, match=r"; trials \[2, 3\] not submitted \(arrays 7 were\)"):
+        submitted(tmp_path / "half", "cluster.gpus_per_node=1,2")
+    kept = ledger_mod.load(tmp_path / "half")  # the array queued is on record
+    assert [t.job_id for t in kept.trials] == ["7_0", "7_1", None, None]
+
+
 def test_bad_sweep_creates_and_runs_nothing(hpcdl, tmp_path: Path) -> None:
     out = hpcdl("train", "-m", "hydra.sweep.dir=sw", "optim.lr=0.1,-1")
     assert out.returncode == 2 and "trial 1 (optim.lr=-1)" in out.stderr

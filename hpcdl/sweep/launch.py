@@ -8,6 +8,7 @@ and plain `hpcdl resume` all continue from the trial's own newest checkpoint.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -113,7 +114,9 @@ def submit_arrays(
     and created); otherwise each is read from its run dir (`sweep rerun`: the stored config,
     which may have been fixed by hand since). Only their cluster and script launcher shape
     the arrays; each task reads its own run dir's config."""
-    from hpcdl.launch.slurm import make_executor, outside_job_env
+    from submitit.core.utils import FailedJobError
+
+    from hpcdl.launch.slurm import make_executor, outside_job_env, sbatch_refusal
     from hpcdl.launch.slurm_job import main as job_main
 
     sweep_dir = SweepDir(Path(ledger.sweep_dir))
@@ -122,7 +125,7 @@ def submit_arrays(
         cfg = configs[i] if configs is not None else open_run_dir(ledger.trial(i).run_dir)[0]
         groups.setdefault(json.dumps(to_plain(cfg)["cluster"], sort_keys=True), []).append((i, cfg))
     chunk = max_array_size() - 1  # task ids run 0..N-1 and must stay below MaxArraySize
-    array_ids = []
+    array_ids: list[str] = []
     for members in groups.values():
         cfg = members[0][1]
         executor = make_executor(cfg, sweep_dir)
@@ -130,8 +133,13 @@ def submit_arrays(
             executor.update_parameters(array_parallelism=cfg.cluster.array_parallelism)
         for start in range(0, len(members), chunk):
             part = members[start : start + chunk]
-            with outside_job_env():
-                jobs = executor.map_array(job_main, [ledger.trial(i).run_dir for i, _ in part])
+            try:
+                # submitit prints sbatch's stderr before raising it: it goes in our one line
+                with outside_job_env(), contextlib.redirect_stderr(io.StringIO()):
+                    jobs = executor.map_array(job_main, [ledger.trial(i).run_dir for i, _ in part])
+            except FailedJobError as err:
+                refusal = sbatch_refusal(str(err), cfg.cluster)
+                raise refused_arrays(ledger, indices, array_ids, refusal) from None
             for (i, trial_cfg), job in zip(part, jobs, strict=True):
                 record = ledger.trial(i)
                 record.job_id, record.state = job.job_id, "PENDING"
@@ -144,6 +152,33 @@ def submit_arrays(
                 {"array_job_id": array_ids[-1], "trials": [i for i, _ in part], "time": time.time()}
             )
     return array_ids
+
+
+def refused_arrays(
+    ledger: Ledger, indices: list[int], array_ids: list[str], refusal: str
+) -> HpcdlError:
+    """sbatch refused an array. A sweep that never had a job is removed, as `hpcdl train`
+    removes a refused run's dir (a retry makes a new one; a sweep dir left behind blocked
+    it, and its NOT_STARTED trials are no `rerun --failed`'s). Arrays submitted before the
+    refusal are saved in the ledger, and the trials left out are named."""
+    from hpcdl.launch.slurm import SubmitError
+
+    sweep_dir = Path(ledger.sweep_dir)
+    for path in SweepDir(sweep_dir).log_dir.glob("*"):  # submitit's files for the array
+        if re.fullmatch(r"\.submission_file_[0-9a-f]{32}\.sh|[0-9a-f]{32}\.pkl", path.name):
+            path.unlink(missing_ok=True)
+    if not array_ids and not ledger.submissions:
+        shutil.rmtree(sweep_dir, ignore_errors=True)
+        return SubmitError(f"{refusal}; nothing submitted (sweep dir {sweep_dir} removed)")
+    if not array_ids:
+        return SubmitError(f"{refusal}; nothing submitted")
+    ledger_mod.save(ledger)  # the caller's lock is held; its save is skipped on an error
+    now = {i for s in ledger.submissions if s["array_job_id"] in array_ids for i in s["trials"]}
+    left = [i for i in indices if i not in now]
+    return SubmitError(
+        f"{refusal}; trials {left} not submitted (arrays {', '.join(array_ids)} were): fix "
+        f"their config.yaml and start each with `hpcdl resume {sweep_dir}/<trial>`"
+    )
 
 
 def run_local_pool(ledger: Ledger, indices: list[int]) -> int:

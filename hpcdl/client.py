@@ -18,9 +18,11 @@ sets that attribute whenever one of its modules is first imported.)
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
@@ -72,8 +74,9 @@ def submit(
     cfg = compose_config(_overrides(overrides), _config_dirs(config_dir))
     if cfg.cluster.launcher != Launcher.slurm:
         _check_main_thread("submit", f"cluster={cfg.cluster.launcher.value}")
-    cfg, run_dir = cli.start_run(cfg, skip_preflight=not preflight)
-    code = cli.launch_new(cfg, run_dir)
+    with _imports_from_here():
+        cfg, run_dir = cli.start_run(cfg, skip_preflight=not preflight)
+        code = cli.launch_new(cfg, run_dir)
     return Job(run_dir.path, None if cfg.cluster.launcher == Launcher.slurm else code)
 
 
@@ -141,6 +144,23 @@ def _config_dirs(config_dir: Union[PathLike, Sequence[PathLike], None]) -> list[
 def _absolute(path: PathLike) -> Path:
     """A Job's or a Sweep's folder as a Path that a later os.chdir leaves valid."""
     return Path(path).expanduser().resolve()
+
+
+@contextmanager
+def _imports_from_here() -> Iterator[None]:
+    """sys.path's relative entries also held to this folder while a call works in the run's
+    workdir (cluster=debug training, evaluate, predict, resume): '' (a notebook's, `python
+    -c`'s) is the current folder at each import, so a model=custom module beside the
+    notebook was not found once hpcdl had entered the folder the run was created from.
+    Each stays after its absolute form: one found in the workdir still is."""
+    saved = list(sys.path)
+    held = [p for e in saved for p in ([e] if os.path.isabs(e) else [os.path.abspath(e), e])]
+    sys.path[:] = held
+    try:
+        yield
+    finally:
+        if sys.path == held:  # else the call changed it on purpose: leave that
+            sys.path[:] = saved
 
 
 def _checkpoint(checkpoint: CheckpointRef) -> str:
@@ -302,7 +322,7 @@ class Job:
         cfg, run_dir, checkpoint, applied = inference_run(
             str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "evaluate"
         )
-        with reading_from(cfg.workdir):
+        with _imports_from_here(), reading_from(cfg.workdir):
             return evaluate_checkpoint(cfg, run_dir, checkpoint, split, applied)
 
     def predict(
@@ -322,7 +342,7 @@ class Job:
         cfg, run_dir, checkpoint, _ = inference_run(
             str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "predict"
         )
-        with reading_from(cfg.workdir):
+        with _imports_from_here(), reading_from(cfg.workdir):
             return predictions(cfg, run_dir, checkpoint, split=split).as_dicts()
 
     def resume(
@@ -364,7 +384,8 @@ class Job:
             new_run_dir=None if new_run_dir is None else os.fspath(new_run_dir),
             program=[],
         )
-        code = cli.cmd_resume(args)
+        with _imports_from_here():
+            code = cli.cmd_resume(args)
         target = self.run_dir if args.new_run_dir is None else _absolute(args.new_run_dir)
         if not target.exists():  # the checkpoint had trained to trainer.max_epochs already
             raise HpcdlError(

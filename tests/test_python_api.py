@@ -260,3 +260,29 @@ def test_resume_continues_for_more_epochs_and_branches_from_an_older_checkpoint(
         job.resume(from_checkpoint=newest, new_run_dir="again")  # trained to max_epochs
     assert not (tmp_path / "again").exists()
     assert "nothing to train" in capsys.readouterr().out
+
+
+def test_a_model_module_beside_the_notebook_is_found_from_a_run_made_elsewhere(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    import sys
+
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    mine.mkdir()
+    other.mkdir()
+    (mine / "nbmodel.py").write_text(
+        "from torch import nn\n\n\ndef build(input_shape, num_classes):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], num_classes))\n"
+    )
+    monkeypatch.chdir(other)  # the run is created from another folder: its workdir
+    monkeypatch.syspath_prepend(str(mine))
+    overrides = ["model=custom", "model.target=nbmodel:build", "trainer.max_epochs=1"]
+    submit(["run_dir=../run", *overrides])
+    sys.path.remove(str(mine))
+    monkeypatch.delitem(sys.modules, "nbmodel")  # a new kernel, beside the module
+    monkeypatch.chdir(mine)
+    monkeypatch.syspath_prepend("")  # as a notebook's (and `python -c`'s) sys.path has
+    job = Job("../run")
+    assert len(job.predict()) == job.evaluate()["num_test_samples"] > 0
+    assert job.resume(["trainer.max_epochs=2"]).wait()["epochs"] == 2  # trains in other/
+    assert sys.path[0] == ""

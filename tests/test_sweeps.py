@@ -1008,3 +1008,13 @@ def test_summary_has_no_std_for_one_value_or_none(tmp_path: Path) -> None:
     entries = summarize(ledger, metric, direction(ledger, metric))
     assert [(e["overrides"], e["n"], e["mean"]) for e in entries[:1]] == [("optim.lr=0.1", 1, 0.9)]
     assert all(math.isnan(e["std"]) for e in entries)  # 0.0 claimed that the folds agree
+
+
+def test_sweeps_started_in_the_same_second_get_their_own_default_dir(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from hpcdl.sweep import launch
+
+    monkeypatch.setattr(launch, "default_sweep_dir", lambda: tmp_path / "multirun" / "12-00-00")
+    dirs = [launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01"])).sweep_dir for _ in range(3)]
+    assert [Path(d).name for d in dirs] == ["12-00-00", "12-00-00-1", "12-00-00-2"]

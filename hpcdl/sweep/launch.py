@@ -42,6 +42,8 @@ def default_sweep_dir() -> Path:
 
 def create_sweep(plan: SweepPlan) -> Ledger:
     sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
+    if plan.sweep_dir is None:
+        sweep_dir = free_sweep_dir(sweep_dir)
     if sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise RunDirError(
             f"hydra.sweep.dir={str(sweep_dir)!r} already exists; rerun its trials with "
@@ -63,6 +65,18 @@ def create_sweep(plan: SweepPlan) -> Ledger:
                 f"{os_error_reason(err)}; nothing was kept"
             ) from None
         raise
+
+
+def free_sweep_dir(base: Path) -> Path:
+    """The default sweep dir, or for sweeps started in the same second (a notebook cell run
+    twice) -1, -2, ..., as run dirs get: the second was refused as an existing
+    hydra.sweep.dir, which nobody had set."""
+    path = base
+    for suffix in range(1, 1000):
+        if not path.exists():
+            return path
+        path = base.with_name(f"{base.name}-{suffix}")
+    raise RunDirError(f"sweep dir {base}: too many sweeps started this second; set hydra.sweep.dir")
 
 
 def _fill_sweep(plan: SweepPlan, sweep_dir: Path) -> Ledger:

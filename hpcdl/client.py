@@ -258,7 +258,12 @@ class Job:
         log = self._log_file(0)
         who = f"job {report['job_id']}" if report["job_id"] else "the run"
         end = f" (last end: {report['last_end']})" if report.get("last_end") else ""
-        where = f"log: {log}" if log is not None else "its output is above (cluster=debug)"
+        if log is None:
+            where = "its output is above (cluster=debug)"
+        elif log.is_file():
+            where = f"log: {log}"
+        else:  # cancelled while pending, or refused by Slurm before it ran
+            where, log = "no log: it ended before rank 0 wrote one", None
         raise JobFailedError(
             f"{self.run_dir}: {who} ended {report['state']}{end} without a summary; "
             f"{where}; continue it with `hpcdl resume {self.run_dir}`",
@@ -272,6 +277,10 @@ class Job:
 
     def logs(self, rank: int = 0) -> str:
         """A rank's log so far (`hpcdl logs RUN_DIR --rank N`)."""
+        from hpcdl.launch.monitor import is_running, newest_launch, no_such_log
+
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise HpcdlError(f"rank={rank!r}: give a rank as an int, 0 for the first")
         path = self._log_file(rank)
         if path is None:
             raise HpcdlError(
@@ -279,6 +288,11 @@ class Job:
                 "to the console only"
             )
         if not path.is_file():
+            run_dir = RunDir(self.run_dir)
+            launch = newest_launch(run_dir)
+            active, state = is_running(run_dir, launch)
+            if not active and state != "UNKNOWN":  # as `hpcdl logs`: the ranks it had
+                raise no_such_log(run_dir, launch, rank, state)
             raise HpcdlError(f"{path}: no log yet (job {self.job_id} may still be pending)")
         return path.read_text(errors="replace")
 

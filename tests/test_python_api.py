@@ -286,3 +286,19 @@ def test_a_model_module_beside_the_notebook_is_found_from_a_run_made_elsewhere(
     assert len(job.predict()) == job.evaluate()["num_test_samples"] > 0
     assert job.resume(["trainer.max_epochs=2"]).wait()["epochs"] == 2  # trains in other/
     assert sys.path[0] == ""
+
+
+def test_logs_of_a_rank_the_job_did_not_have_and_a_job_that_never_ran(
+    tmp_path, monkeypatch
+) -> None:
+    job = _submitted_run(tmp_path, "31")
+    _scheduler(monkeypatch, "COMPLETED")
+    with pytest.raises(HpcdlError, match=r"job 31 \(COMPLETED\) had world size 1, ranks 0-0"):
+        job.logs(rank=1)  # was: no log yet (job 31 may still be pending)
+    with pytest.raises(HpcdlError, match=r"rank=-1: give a rank as an int"):
+        job.logs(rank=-1)
+    (job.run_dir / "logs" / "31_0_log.out").unlink()  # cancelled while pending
+    _scheduler(monkeypatch, "CANCELLED")
+    with pytest.raises(JobFailedError, match="no log: it ended before rank 0 wrote one") as failed:
+        job.wait(poll_s=0)
+    assert failed.value.log is None

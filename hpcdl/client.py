@@ -68,10 +68,14 @@ def submit(
     foreground. Bad input raises the command's one-line HpcdlError, with nothing created.
     `config_dir`: one or more `--config-dir` folders; `preflight=False`: `--no-preflight`."""
     from hpcdl.cli import main as cli
-    from hpcdl.cli.compose import compose_config
+    from hpcdl.cli.compose import SweepValueError, compose_config
     from hpcdl.config.schema import Launcher
 
-    cfg = compose_config(_overrides(overrides), _config_dirs(config_dir))
+    try:
+        cfg = compose_config(_overrides(overrides), _config_dirs(config_dir))
+    except SweepValueError as err:  # the command's advice is its -m
+        err.args = (str(err).replace("add -m", "call submit_sweep()", 1),)
+        raise
     if cfg.cluster.launcher != Launcher.slurm:
         _check_main_thread("submit", f"cluster={cfg.cluster.launcher.value}")
     with _imports_from_here():
@@ -120,6 +124,13 @@ def _overrides(overrides: Sequence[str]) -> list[str]:
     if isinstance(given, Iterable) and not isinstance(given, (str, bytes, Mapping)):
         given = list(given)  # a generator is read once, here
         if all(isinstance(o, str) for o in given):
+            options = [o for o in given if o.startswith("-")]
+            if options:  # Hydra's parser said `LexerNoViableAltException: -m`
+                raise ConfigError(
+                    f"{options[0]!r}: an option of the command, not an override; give "
+                    "key=value strings, and for the options: submit_sweep() for -m, "
+                    "config_dir= for --config-dir, preflight=False for --no-preflight"
+                )
             return given
     raise ConfigError(
         f"overrides={given!r}: give a list of strings, e.g. ['model=cnn', 'trainer.max_epochs=5']"

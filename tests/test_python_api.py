@@ -95,6 +95,16 @@ def test_overrides_must_be_a_list_of_strings() -> None:
         submit("model=cnn data=digits")  # type: ignore[arg-type]
 
 
+def test_command_options_and_swept_values_name_the_api_call(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for option in ("-m", "--no-preflight"):  # Hydra said `LexerNoViableAltException: -m`
+        with pytest.raises(HpcdlError, match=f"^'{option}': an option of the command, not an"):
+            submit([option, "optim.lr=0.1,0.01"])
+    with pytest.raises(HpcdlError, match=r"several values are a sweep: call submit_sweep\(\)"):
+        submit(["optim.lr=0.1,0.01"])  # the command's advice was `add -m`
+    assert list(tmp_path.iterdir()) == []
+
+
 def _submitted_run(tmp_path: Path, job_id: str) -> Job:
     _, run_dir = create_run_dir(compose_config([f"run_dir={tmp_path / 'run'}"]))
     run_dir.record_submission(job_id, "devcluster", run_dir.log_dir)

@@ -71,14 +71,15 @@ def submit(
     from hpcdl.cli.compose import SweepValueError, compose_config
     from hpcdl.config.schema import Launcher
 
+    given = _overrides(overrides)
     try:
-        cfg = compose_config(_overrides(overrides), _config_dirs(config_dir))
+        cfg = compose_config(given, _config_dirs(config_dir))
     except SweepValueError as err:  # the command's advice is its -m
         err.args = (str(err).replace("add -m", "call submit_sweep()", 1),)
         raise
     if cfg.cluster.launcher != Launcher.slurm:
         _check_main_thread("submit", f"cluster={cfg.cluster.launcher.value}")
-    with _imports_from_here():
+    with _imports_from_here(), _as_command("train", given, config_dir, preflight):
         cfg, run_dir = cli.start_run(cfg, skip_preflight=not preflight)
         code = cli.launch_new(cfg, run_dir)
     return Job(run_dir.path, None if cfg.cluster.launcher == Launcher.slurm else code)
@@ -97,11 +98,13 @@ def submit_sweep(
     from hpcdl.cli.expand import plan_sweep
     from hpcdl.config.schema import Launcher
 
-    plan = plan_sweep(_overrides(overrides), _config_dirs(config_dir))
+    given = _overrides(overrides)
+    plan = plan_sweep(given, _config_dirs(config_dir))
     launchers = {t.config.cluster.launcher for t in plan.trials}
     if launchers != {Launcher.slurm}:
         _check_main_thread("submit_sweep", "a sweep on cluster=debug or cluster=local")
-    sweep_dir, _ = cli.start_sweep(plan, skip_preflight=not preflight)
+    with _as_command("train", ["-m", *given], config_dir, preflight):
+        sweep_dir, _ = cli.start_sweep(plan, skip_preflight=not preflight)
     return Sweep(sweep_dir)
 
 
@@ -155,6 +158,26 @@ def _config_dirs(config_dir: Union[PathLike, Sequence[PathLike], None]) -> list[
 def _absolute(path: PathLike) -> Path:
     """A Job's or a Sweep's folder as a Path that a later os.chdir leaves valid."""
     return Path(path).expanduser().resolve()
+
+
+@contextmanager
+def _as_command(
+    verb: str,
+    words: list[str],
+    config_dir: Union[PathLike, Sequence[PathLike], None],
+    preflight: bool,
+) -> Iterator[None]:
+    """sys.argv as the `hpcdl` command line that does what this call does, while it runs:
+    commands.log records it (it recorded the script or the notebook's kernel, `train: -c`,
+    and a sweep trial's `Job.resume(["trainer.max_epochs=50"])` was no hand resume to the
+    sweep's summary)."""
+    dirs = [w for d in _config_dirs(config_dir) for w in ("--config-dir", d)]
+    saved = sys.argv
+    sys.argv = ["hpcdl", verb, *words, *dirs, *([] if preflight else ["--no-preflight"])]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 @contextmanager
@@ -409,7 +432,14 @@ class Job:
             new_run_dir=None if new_run_dir is None else os.fspath(new_run_dir),
             program=[],
         )
-        with _imports_from_here():
+        words = [args.run_dir, *given]
+        if args.from_checkpoint is not None:
+            words += ["--from", args.from_checkpoint]
+        if args.new_run_dir is not None:
+            words += ["--new-run-dir", args.new_run_dir]
+        if from_scratch:
+            words.append("--from-scratch")
+        with _imports_from_here(), _as_command("resume", words, config_dir, preflight):
             code = cli.cmd_resume(args)
         target = self.run_dir if args.new_run_dir is None else _absolute(args.new_run_dir)
         if not target.exists():  # the checkpoint had trained to trainer.max_epochs already

@@ -262,6 +262,11 @@ def test_resume_continues_for_more_epochs_and_branches_from_an_older_checkpoint(
     first = job.result()
     assert job.resume(["trainer.max_epochs=2"]) == job
     assert job.wait()["epochs"] == 2
+    log = (tmp_path / "run" / "commands.log").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in log] == [  # was the test runner's argv
+        "train: hpcdl train run_dir=run trainer.max_epochs=1 trainer.keep_last=5",
+        f"resume: hpcdl resume {tmp_path / 'run'} trainer.max_epochs=2",
+    ]
     older, newest = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*.pt"))
     branch = job.resume(["trainer.max_epochs=3"], from_checkpoint=older, new_run_dir="branch")
     assert branch.run_dir == tmp_path / "branch" and branch.wait()["epochs"] == 3

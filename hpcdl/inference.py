@@ -71,6 +71,13 @@ def _checkpoint_for(run_dir: RunDir, which: str) -> Path:
     """--checkpoint best | last (or newest) | PATH, or the name of a file in the run's
     checkpoints/ folder (step_000000390.pt); anything else is refused listing those."""
     if which in ("best", "last", "newest"):
+        folder = run_dir.checkpoint_dir
+        if not folder.is_dir() or not any(folder.glob("*.pt")):  # it said: no best.pt in RUN_DIR
+            raise CheckpointError(
+                f"{run_dir.path}: no checkpoint in {folder}: the run has saved none (not "
+                f"started yet, or it ended before its first save; `hpcdl status {run_dir.path}` "
+                "says how it ended)"
+            )
         return resolve_checkpoint(run_dir.path, "best" if which == "best" else "last")
     given = Path(which).expanduser()
     in_run = run_dir.checkpoint_dir / which

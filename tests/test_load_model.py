@@ -66,6 +66,21 @@ def test_a_checkpoint_may_be_its_global_step_and_other_types_are_one_line(run: P
         job.load_model(1.5)  # type: ignore[arg-type]
 
 
+def test_a_run_that_saved_no_checkpoint_says_so_in_one_line(tmp_path: Path) -> None:
+    from hpcdl import Job
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.errors import CheckpointError
+    from hpcdl.rundir import create_run_dir
+
+    _, made = create_run_dir(compose_config([f"run_dir={tmp_path / 'failed'}"]))
+    job = Job.from_run_dir(made.path)  # it failed before its first save: no checkpoints/
+    for call in (job.load_model, job.evaluate, job.predict):
+        with pytest.raises(
+            CheckpointError, match=r"failed: no checkpoint in .*the run has saved none"
+        ):
+            call()  # was: no best.pt in RUN_DIR
+
+
 def test_the_client_still_imports_without_torch(run: Path) -> None:
     run_without_torch(f"from hpcdl import Job\nJob.from_run_dir({str(run)!r}).result()", run)
 

@@ -79,7 +79,9 @@ def submit(
         raise
     if cfg.cluster.launcher != Launcher.slurm:
         _check_main_thread("submit", f"cluster={cfg.cluster.launcher.value}")
-    with _imports_from_here(), _as_command("train", given, config_dir, preflight):
+    in_process = cfg.cluster.launcher == Launcher.debug
+    command = _as_command("train", given, config_dir, preflight)
+    with _imports_from_here(), command, _process_state_kept(in_process):
         cfg, run_dir = cli.start_run(cfg, skip_preflight=not preflight)
         code = cli.launch_new(cfg, run_dir)
     return Job(run_dir.path, None if cfg.cluster.launcher == Launcher.slurm else code)
@@ -178,6 +180,50 @@ def _as_command(
         yield
     finally:
         sys.argv = saved
+
+
+@contextmanager
+def _process_state_kept(in_process: bool) -> Iterator[None]:
+    """A cluster=debug run trains in this process: the global state it sets for itself
+    (trainer.seed into random, NumPy and torch's generators, or a checkpoint's states on a
+    resume; trainer.deterministic into torch's deterministic mode and cuDNN; torch's threads;
+    CUBLAS_WORKSPACE_CONFIG) is put back as it was, so the notebook's own code after it draws
+    the numbers it drew before and is not made to raise on ops without a deterministic
+    kernel. Nothing is imported for runs elsewhere (Slurm: no torch on a login node)."""
+    if not in_process:
+        yield
+        return
+    import random
+
+    import numpy as np
+    import torch
+
+    saved = (
+        random.getstate(),
+        np.random.get_state(),
+        torch.get_rng_state(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.get_num_threads(),
+        dict(os.environ),
+    )
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.set_rng_state(saved[2])
+        torch.use_deterministic_algorithms(saved[3], warn_only=saved[4])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[5:7]
+        if torch.get_num_threads() != saved[7]:
+            torch.set_num_threads(saved[7])
+        os.environ.clear()
+        os.environ.update(saved[8])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 @contextmanager
@@ -439,7 +485,9 @@ class Job:
             words += ["--new-run-dir", args.new_run_dir]
         if from_scratch:
             words.append("--from-scratch")
-        with _imports_from_here(), _as_command("resume", words, config_dir, preflight):
+        in_process = cfg.cluster.launcher == Launcher.debug
+        command = _as_command("resume", words, config_dir, preflight)
+        with _imports_from_here(), command, _process_state_kept(in_process):
             code = cli.cmd_resume(args)
         target = self.run_dir if args.new_run_dir is None else _absolute(args.new_run_dir)
         if not target.exists():  # the checkpoint had trained to trainer.max_epochs already

@@ -317,3 +317,31 @@ def test_logs_of_a_rank_the_job_did_not_have_and_a_job_that_never_ran(
     with pytest.raises(JobFailedError, match="no log: it ended before rank 0 wrote one") as failed:
         job.wait(poll_s=0)
     assert failed.value.log is None
+
+
+def test_a_debug_run_leaves_the_notebooks_generators_and_torch_modes_as_they_were(
+    tmp_path, monkeypatch
+) -> None:
+    import os
+    import random
+
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+
+    def draws() -> tuple[float, float, float]:
+        return random.random(), float(np.random.rand()), torch.rand(1).item()
+
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    expected = draws()
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    job = submit(["run_dir=run", "trainer.max_epochs=1", "trainer.deterministic=true"])
+    job.resume(["trainer.max_epochs=2"])  # restores the checkpoint's generator states
+    assert draws() == expected  # they were trainer.seed's (0), and the checkpoint's
+    assert not torch.are_deterministic_algorithms_enabled()  # was left on: ops then raised
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ

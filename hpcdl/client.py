@@ -325,10 +325,28 @@ class Job:
         """Until the job has left the queue (requeues and chained jobs included), then its
         summary.json. Raises JobFailedError naming the state and the log when it ended
         without completing, WaitTimeoutError after `timeout` seconds."""
-        from hpcdl.launch.monitor import is_active
+        from hpcdl.launch.monitor import NO_SLURM, SQUEUE_FAILED, is_active
 
         what = f"job {self.job_id} ({self.run_dir})"
-        report = _poll(self.status, lambda r: not is_active(r["state"]), timeout, poll_s, what)
+        polls = 0
+
+        def ended(report: dict[str, Any]) -> bool:
+            # Slurm not answering is no end: it said `job N ended UNKNOWN`. Refused at once
+            # (SLURM_CONF unset, another cluster's login node); later, a busy controller's
+            # timeout is waited out, as a sweep's wait() keeps its trials' states.
+            nonlocal polls
+            polls += 1
+            if report["source"] not in (NO_SLURM, SQUEUE_FAILED) or "test_metrics" in report:
+                return not is_active(report["state"])
+            if polls == 1:
+                raise HpcdlError(
+                    f"{what}: Slurm does not answer here ({report['source']}), so its state "
+                    "is not known; wait where squeue works (is SLURM_CONF set? for the dev "
+                    'cluster: eval "$(slurm/devcluster env)")'
+                )
+            return False
+
+        report = _poll(self.status, ended, timeout, poll_s, what)
         summary = RunDir(self.run_dir).read_summary()
         # status() has test_metrics only when summary.json is the newest attempt's: an
         # earlier attempt's (a completed run resumed for more epochs, then cancelled or

@@ -345,3 +345,26 @@ def test_a_debug_run_leaves_the_notebooks_generators_and_torch_modes_as_they_wer
     assert draws() == expected  # they were trainer.seed's (0), and the checkpoint's
     assert not torch.are_deterministic_algorithms_enabled()  # was left on: ops then raised
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_wait_is_no_failure_where_slurm_does_not_answer(tmp_path, monkeypatch) -> None:
+    from hpcdl.launch.monitor import SQUEUE_FAILED
+
+    job = _submitted_run(tmp_path, "41")
+    answers = iter(["UNKNOWN", "RUNNING", "UNKNOWN", "COMPLETED"])
+
+    def job_state(job_id: str) -> dict[str, str]:
+        state = next(answers)
+        if state == "COMPLETED":
+            RunDir(job.run_dir).write_summary({"outcome": "completed"})
+        return {
+            "job_id": job_id,
+            "state": state,
+            "source": SQUEUE_FAILED if state == "UNKNOWN" else "squeue",
+        }
+
+    monkeypatch.setattr("hpcdl.launch.monitor.job_state", job_state)
+    with pytest.raises(HpcdlError, match=r"job 41 .*: Slurm does not answer here") as refused:
+        job.wait(poll_s=0)  # was JobFailedError: job 41 ended UNKNOWN
+    assert not isinstance(refused.value, JobFailedError)
+    assert job.wait(poll_s=0) == {"outcome": "completed"}  # a busy controller's hiccup: waited out

@@ -17,6 +17,7 @@ sets that attribute whenever one of its modules is first imported.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -37,6 +38,10 @@ PathLike = Union[str, "os.PathLike[str]"]
 # "best", "newest", a file name in the run's checkpoints/, a path, or a global step (13).
 CheckpointRef = Union[str, int, "os.PathLike[str]"]
 T = TypeVar("T")
+
+# Hydra's composition is global state: calls from several threads (a ThreadPoolExecutor of
+# Slurm submissions) failed with `GlobalHydra is already initialized`. One at a time.
+_COMPOSING = threading.Lock()
 
 # Seconds between scheduler queries while waiting: a busy scheduler should see at most one
 # query per 10 s from us (as `hpcdl status --watch`). Lower it on a dev cluster only.
@@ -73,7 +78,8 @@ def submit(
 
     given = _overrides(overrides)
     try:
-        cfg = compose_config(given, _config_dirs(config_dir))
+        with _COMPOSING:
+            cfg = compose_config(given, _config_dirs(config_dir))
     except SweepValueError as err:  # the command's advice is its -m
         err.args = (str(err).replace("add -m", "call submit_sweep()", 1),)
         raise
@@ -101,7 +107,8 @@ def submit_sweep(
     from hpcdl.config.schema import Launcher
 
     given = _overrides(overrides)
-    plan = plan_sweep(given, _config_dirs(config_dir))
+    with _COMPOSING:
+        plan = plan_sweep(given, _config_dirs(config_dir))
     launchers = {t.config.cluster.launcher for t in plan.trials}
     if launchers != {Launcher.slurm}:
         _check_main_thread("submit_sweep", "a sweep on cluster=debug or cluster=local")
@@ -173,6 +180,9 @@ def _as_command(
     commands.log records it (it recorded the script or the notebook's kernel, `train: -c`,
     and a sweep trial's `Job.resume(["trainer.max_epochs=50"])` was no hand resume to the
     sweep's summary)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # sys.argv is the process's: calls in threads would leave each other's there
+        return
     dirs = [w for d in _config_dirs(config_dir) for w in ("--config-dir", d)]
     saved = sys.argv
     sys.argv = ["hpcdl", verb, *words, *dirs, *([] if preflight else ["--no-preflight"])]
@@ -233,6 +243,9 @@ def _imports_from_here() -> Iterator[None]:
     -c`'s) is the current folder at each import, so a model=custom module beside the
     notebook was not found once hpcdl had entered the folder the run was created from.
     Each stays after its absolute form: one found in the workdir still is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # as sys.argv above; only the main thread's calls work in another folder
+        return
     saved = list(sys.path)
     held = [p for e in saved for p in ([e] if os.path.isabs(e) else [os.path.abspath(e), e])]
     sys.path[:] = held
@@ -431,9 +444,10 @@ class Job:
         from hpcdl.workdir import reading_from
 
         check_split(split)
-        cfg, run_dir, checkpoint, applied = inference_run(
-            str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "evaluate"
-        )
+        with _COMPOSING:
+            cfg, run_dir, checkpoint, applied = inference_run(
+                str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "evaluate"
+            )
         with _imports_from_here(), reading_from(cfg.workdir):
             return evaluate_checkpoint(cfg, run_dir, checkpoint, split, applied)
 
@@ -451,9 +465,10 @@ class Job:
         from hpcdl.workdir import reading_from
 
         check_split(split)
-        cfg, run_dir, checkpoint, _ = inference_run(
-            str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "predict"
-        )
+        with _COMPOSING:
+            cfg, run_dir, checkpoint, _ = inference_run(
+                str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "predict"
+            )
         with _imports_from_here(), reading_from(cfg.workdir):
             return predictions(cfg, run_dir, checkpoint, split=split).as_dicts()
 
@@ -483,7 +498,8 @@ class Job:
         given, dirs = _overrides(overrides), _config_dirs(config_dir)
         cfg, _ = open_run_dir(self.run_dir)
         if given:
-            cfg = apply_overrides(cfg, given, dirs)
+            with _COMPOSING:
+                cfg = apply_overrides(cfg, given, dirs)
         if cfg.cluster.launcher != Launcher.slurm:
             _check_main_thread("Job.resume", f"cluster={cfg.cluster.launcher.value}")
         args = Namespace(
@@ -505,7 +521,9 @@ class Job:
             words.append("--from-scratch")
         in_process = cfg.cluster.launcher == Launcher.debug
         command = _as_command("resume", words, config_dir, preflight)
-        with _imports_from_here(), command, _process_state_kept(in_process):
+        # It composes again; a run in this process (main thread only) is not held up for.
+        composing = contextlib.nullcontext() if in_process else _COMPOSING
+        with _imports_from_here(), command, _process_state_kept(in_process), composing:
             code = cli.cmd_resume(args)
         target = self.run_dir if args.new_run_dir is None else _absolute(args.new_run_dir)
         if not target.exists():  # the checkpoint had trained to trainer.max_epochs already

@@ -368,3 +368,23 @@ def test_wait_is_no_failure_where_slurm_does_not_answer(tmp_path, monkeypatch) -
         job.wait(poll_s=0)  # was JobFailedError: job 41 ended UNKNOWN
     assert not isinstance(refused.value, JobFailedError)
     assert job.wait(poll_s=0) == {"outcome": "completed"}  # a busy controller's hiccup: waited out
+
+
+def test_slurm_submissions_from_several_threads_compose_one_at_a_time(
+    tmp_path, monkeypatch
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from hpcdl.cli import main as cli
+
+    monkeypatch.setattr(
+        cli, "start_run", lambda cfg, skip_preflight: (cfg, SimpleNamespace(path=tmp_path))
+    )
+    monkeypatch.setattr(cli, "launch_new", lambda cfg, run_dir: 0)  # no sbatch here
+
+    def one(i: int) -> Job:
+        return submit(["cluster=devcluster", f"trainer.seed={i}"], preflight=False)
+
+    with ThreadPoolExecutor(8) as pool:  # was: GlobalHydra is already initialized
+        assert len(list(pool.map(one, range(16)))) == 16

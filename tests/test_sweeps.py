@@ -1018,3 +1018,25 @@ def test_sweeps_started_in_the_same_second_get_their_own_default_dir(
     monkeypatch.setattr(launch, "default_sweep_dir", lambda: tmp_path / "multirun" / "12-00-00")
     dirs = [launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01"])).sweep_dir for _ in range(3)]
     assert [Path(d).name for d in dirs] == ["12-00-00", "12-00-00-1", "12-00-00-2"]
+
+
+def test_two_sweeps_started_at_once_each_get_their_own_default_dir(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from hpcdl.sweep import launch
+
+    monkeypatch.setattr(launch, "default_sweep_dir", lambda: tmp_path / "multirun" / "12-00-00")
+    fill, others, started = launch._fill_sweep, [], []
+
+    def another_sweep_meanwhile(plan, sweep_dir):  # a thread or process, same second
+        if not started:
+            started.append(sweep_dir)
+            others.append(launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01"])))
+        return fill(plan, sweep_dir)
+
+    monkeypatch.setattr(launch, "_fill_sweep", another_sweep_meanwhile)
+    first = launch.create_sweep(plan_sweep(["optim.lr=0.3,0.03"]))
+    assert first.sweep_dir != others[0].sweep_dir  # it took the name the first had looked at
+    for ledger in (first, others[0]):  # and neither's cleanup removed the other's trials
+        assert (Path(ledger.sweep_dir) / "sweep.json").is_file()
+        assert (Path(ledger.sweep_dir) / "1" / "config.yaml").is_file()

@@ -42,14 +42,16 @@ def default_sweep_dir() -> Path:
 
 def create_sweep(plan: SweepPlan) -> Ledger:
     sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
-    if plan.sweep_dir is None:
-        sweep_dir = free_sweep_dir(sweep_dir)
-    if sweep_dir.exists() and any(sweep_dir.iterdir()):
+    if sweep_dir.exists() and any(sweep_dir.iterdir()) and plan.sweep_dir is not None:
         raise RunDirError(
             f"hydra.sweep.dir={str(sweep_dir)!r} already exists; rerun its trials with "
             f"`hpcdl sweep rerun {sweep_dir} --failed` or choose a new hydra.sweep.dir"
         )
     made = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]
+    if plan.sweep_dir is None:
+        parents = [p for p in sweep_dir.parents if not p.exists()]
+        sweep_dir = claim_sweep_dir(sweep_dir)
+        made = [sweep_dir, *parents]
     try:
         return _fill_sweep(plan, sweep_dir)
     except (OSError, HpcdlError) as err:
@@ -67,15 +69,24 @@ def create_sweep(plan: SweepPlan) -> Ledger:
         raise
 
 
-def free_sweep_dir(base: Path) -> Path:
-    """The default sweep dir, or for sweeps started in the same second (a notebook cell run
-    twice) -1, -2, ..., as run dirs get: the second was refused as an existing
-    hydra.sweep.dir, which nobody had set."""
+def claim_sweep_dir(base: Path) -> Path:
+    """The default sweep dir made here, or for sweeps started in the same second (a notebook
+    cell run twice) -1, -2, ..., as run dirs get: the second was refused as an existing
+    hydra.sweep.dir, which nobody had set. Made, not looked for: two sweeps started at
+    once (threads, processes) each get their own, and neither's cleanup removes the
+    other's trials."""
     path = base
     for suffix in range(1, 1000):
-        if not path.exists():
+        try:
+            path.mkdir(parents=True)
             return path
-        path = base.with_name(f"{base.name}-{suffix}")
+        except FileExistsError:
+            path = base.with_name(f"{base.name}-{suffix}")
+        except OSError as err:
+            raise RunDirError(
+                f"hydra.sweep.dir={str(path)!r}: cannot create the sweep: "
+                f"{os_error_reason(err)}; nothing was kept"
+            ) from None
     raise RunDirError(f"sweep dir {base}: too many sweeps started this second; set hydra.sweep.dir")
 
 

@@ -244,7 +244,7 @@ def _imports_from_here() -> Iterator[None]:
     notebook was not found once hpcdl had entered the folder the run was created from.
     Each stays after its absolute form: one found in the workdir still is."""
     if threading.current_thread() is not threading.main_thread():
-        yield  # as sys.argv above; only the main thread's calls work in another folder
+        yield  # as sys.argv above: sys.path is the process's too
         return
     saved = list(sys.path)
     held = [p for e in saved for p in ([e] if os.path.isabs(e) else [os.path.abspath(e), e])]

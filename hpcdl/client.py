@@ -591,13 +591,20 @@ class Sweep:
         command decides it. Also writes summary.md, summary.csv and summary_<metric>.png
         into the sweep dir, as the command does."""
         from hpcdl.sweep.direction import direction
-        from hpcdl.sweep.report import refresh, summarize, write_summary
+        from hpcdl.sweep.report import refresh, summarize, trial_notes, write_summary
 
         ledger, metric = refresh(self.sweep_dir, metric)
         ranking = direction(ledger, metric, mode)
         write_summary(ledger, metric, ranking)
+        notes = trial_notes(ledger)  # the lines the command prints below its table
         return [
-            {"rank": rank, **entry, "metric": metric, "mode": ranking.mode.value}
+            {
+                "rank": rank,
+                **entry,
+                "metric": metric,
+                "mode": ranking.mode.value,
+                "notes": [line for i in entry["trials"] for line in notes.get(i, [])],
+            }
             for rank, entry in enumerate(summarize(ledger, metric, ranking), 1)
         ]
 

@@ -1040,3 +1040,23 @@ def test_two_sweeps_started_at_once_each_get_their_own_default_dir(
     for ledger in (first, others[0]):  # and neither's cleanup removed the other's trials
         assert (Path(ledger.sweep_dir) / "sweep.json").is_file()
         assert (Path(ledger.sweep_dir) / "1" / "config.yaml").is_file()
+
+
+def test_sweep_summary_rows_carry_the_notes_the_command_prints(tmp_path: Path) -> None:
+    from hpcdl import Sweep
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import launch
+    from hpcdl.sweep.report import edit_notes, refresh
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={sweep}"]))
+    for i, value in ((0, 0.9), (1, 0.8)):
+        RunDir(sweep / str(i)).write_summary({"val_accuracy": value})
+    with open(sweep / "1" / "commands.log", "a") as log:
+        log.write(f"2026-11-26T07:05:00 resume: hpcdl resume {sweep}/1 trainer.max_epochs=50\n")
+    rows = Sweep(sweep).summary()
+    assert [(r["overrides"], r["notes"]) for r in rows] == [
+        ("optim.lr=0.1", []),
+        ("optim.lr=0.01", ["trial 1: resumed by hand with trainer.max_epochs=50"]),
+    ]  # the command printed it below its table; the rows did not say
+    assert edit_notes(refresh(sweep)[0]) == "trial 1: resumed by hand with trainer.max_epochs=50\n"

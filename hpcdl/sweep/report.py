@@ -153,20 +153,26 @@ def edit_notes(ledger: Ledger) -> str:
     """A line per trial whose config.yaml no longer has a value the sweep planned, and one
     per trial resumed by hand with other settings (commands.log), which its row does not
     show: trainer.max_epochs=50 for one trial makes it no longer comparable."""
-    lines = []
+    return "".join(f"{line}\n" for lines in trial_notes(ledger).values() for line in lines)
+
+
+def trial_notes(ledger: Ledger) -> dict[int, list[str]]:
+    """edit_notes' lines by trial index (Sweep.summary() puts them in each row)."""
+    notes: dict[int, list[str]] = {}
     for t in ledger.trials:
+        lines = notes.setdefault(t.index, [])
         pairs = zip(t.overrides, t.planned, strict=True)
         edited = [(now, then) for now, then in pairs if now != then]
         if edited:
             now = " ".join(n for n, _ in edited)
             then = " ".join(p for _, p in edited)
-            lines.append(f"trial {t.index}: its config.yaml has {now} (the sweep planned {then})\n")
+            lines.append(f"trial {t.index}: its config.yaml has {now} (the sweep planned {then})")
         swept = {o.partition("=")[0] for o in t.planned}
         for words in hand_resumes(RunDir(Path(t.run_dir))):
             other = [w for w in words if w.partition("=")[0].lstrip("+~") not in swept]
             if other:
-                lines.append(f"trial {t.index}: resumed by hand with {' '.join(other)}\n")
-    return "".join(lines)
+                lines.append(f"trial {t.index}: resumed by hand with {' '.join(other)}")
+    return notes
 
 
 def hand_resumes(run_dir: RunDir) -> list[list[str]]:

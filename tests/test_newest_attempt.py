@@ -234,3 +234,26 @@ def test_a_local_trial_resumed_by_hand_then_interrupted_is_interrupted(tmp_path,
     record_end(RunDir(sweep / "0"), "local", "4711", 3)
     ledger, _ = report.refresh(sweep)
     assert [t.state for t in ledger.trials] == ["INTERRUPTED", "COMPLETED"]  # was COMPLETED
+
+
+def test_a_resume_the_job_refused_at_once_leaves_a_completed_run_completed(
+    tmp_path, capsys
+) -> None:
+    """A resume whose job refused at once (a checkpoint that does not fit a changed model,
+    exit 2) left config.yaml as it was, yet the run became FAILED (helper B); it stays
+    COMPLETED. A refused attempt that wrote a checkpoint first did change the run: FAILED."""
+    run = str(tmp_path / "run")
+    assert main(["train", f"run_dir={run}", "trainer.max_epochs=1"]) == 0
+    assert main(["resume", run, "trainer.max_epochs=2", "model.hidden_sizes=[8]"]) == 2
+    capsys.readouterr()
+    end = RunDir(Path(run)).read_attempts()[-1]
+    assert (end["reason"], end.get("exit_code")) == ("failed", 2)  # cluster=debug says why
+    status = status_lines(run, capsys)
+    assert (status["state"], status["last_end"], status["attempts"]) == (
+        "COMPLETED",
+        "completed",
+        "2",
+    )
+    newest = max(Path(run, "checkpoints").glob("step_*.pt"))
+    os.utime(newest)  # as if the refused attempt had saved it
+    assert status_lines(run, capsys)["state"] == "FAILED"

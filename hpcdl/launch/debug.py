@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hpcdl.errors import HpcdlError
+from hpcdl.exit_codes import EXIT_BAD_INPUT
 from hpcdl.rundir import RunDir
 
 
@@ -15,7 +17,10 @@ def run_in_process(run_dir: RunDir) -> int:
         record_start(run_dir, "debug", None, 1)
         try:
             code = run_job(str(run_dir.path)).exit_code
-        except BaseException:  # bad input found by the job (one line), or a traceback
+        except HpcdlError:  # bad input found by the job: one line, exit 2 (as cluster=local)
+            record_end(run_dir, "debug", None, EXIT_BAD_INPUT)
+            raise
+        except BaseException:  # a traceback
             record_end(run_dir, "debug", None, None)
             raise
     record_end(run_dir, "debug", None, code)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.errors import HpcdlError
-from hpcdl.exit_codes import EXIT_OK
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from hpcdl.launch.diagnose import describe, root_cause
 from hpcdl.launch.foreground import FOREGROUND_LAUNCHERS
 from hpcdl.launch.logtail import copy_new
@@ -64,7 +64,7 @@ def newest_launch(run_dir: RunDir) -> Launch:
     record = run_dir.read_submission()
     submitted = str(record["job_id"]) if record else None
     events = run_dir.read_attempts()
-    starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+    starts = judged_starts(events, run_dir)
     if starts:
         start = events[starts[-1]]
         launcher = start.get("launcher")
@@ -154,7 +154,7 @@ def attempt_elapsed(start: dict[str, Any], end: Optional[dict[str, Any]]) -> Opt
 def last_attempt(run_dir: RunDir) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
     """The run's newest start record and the end that followed it (None: none yet)."""
     events = run_dir.read_attempts()
-    starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+    starts = judged_starts(events, run_dir)
     if not starts:
         return None, None
     later = events[starts[-1] + 1 :]
@@ -329,7 +329,10 @@ def run_status(run_dir: Optional[RunDir], completed_unrecorded: bool = False) ->
     info["requeues"] = run_dir.requeues()
     # the newest attempt's end only: an earlier attempt's 'completed' says nothing of a
     # resume that was killed since (no end of its own: SIGKILL, out of memory, a node lost)
-    ends = [a for a in attempts[_newest_start(attempts) :] if a.get("event") == "end"]
+    first = _newest_start(attempts, run_dir)
+    after = [i for i, a in enumerate(attempts) if i > first and a.get("event") == "start"]
+    newest = attempts[first : after[0] if after else None]  # a refused attempt's aside
+    ends = [a for a in newest if a.get("event") == "end"]
     if ends:
         info["last_end"] = end_text(ends[-1])
     elif completed_unrecorded:
@@ -392,10 +395,45 @@ def end_text(end: dict[str, Any]) -> str:
     )
 
 
-def _newest_start(attempts: list[dict[str, Any]]) -> int:
-    """Where the newest attempt's records begin in attempts.jsonl (0 without a start)."""
-    starts = [i for i, a in enumerate(attempts) if a.get("event") == "start"]
+def _newest_start(attempts: list[dict[str, Any]], run_dir: Optional[RunDir] = None) -> int:
+    """Where the newest attempt's records begin in attempts.jsonl (0 without a start); with
+    run_dir, the newest that counts (judged_starts)."""
+    starts = judged_starts(attempts, run_dir) if run_dir is not None else None
+    if starts is None:
+        starts = [i for i, a in enumerate(attempts) if a.get("event") == "start"]
     return starts[-1] if starts else 0
+
+
+def judged_starts(attempts: list[dict[str, Any]], run_dir: RunDir) -> list[int]:
+    """The start records that judge the run: all but newest ones of attempts in the
+    foreground that the job refused at once (exit 2: a checkpoint that does not fit a
+    changed model, say) and that wrote nothing. `hpcdl resume` then left config.yaml as it
+    was, and the run is as it was: a completed run stays COMPLETED, not FAILED."""
+    starts = [i for i, a in enumerate(attempts) if a.get("event") == "start"]
+    while len(starts) > 1 and _refused_unchanged(attempts, starts[-1], run_dir):
+        starts.pop()
+    return starts
+
+
+def _refused_unchanged(attempts: list[dict[str, Any]], index: int, run_dir: RunDir) -> bool:
+    start = attempts[index]
+    end = next((a for a in attempts[index + 1 :] if a.get("event") == "end"), None)
+    if start.get("launcher") not in FOREGROUND_LAUNCHERS or end is None:
+        return False
+    if end.get("reason") != "failed" or end.get("exit_code") != EXIT_BAD_INPUT:
+        return False
+    started = start.get("start_time_s")
+    if not isinstance(started, (int, float)):
+        return False  # an older record: not known
+    written = [run_dir.summary_file, *run_dir.checkpoint_dir.glob("*.pt")]
+    return not any(_mtime(path) >= started for path in written)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def shown(value: Any) -> str:

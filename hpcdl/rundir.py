@@ -758,6 +758,10 @@ def _fill_empty_run_dir(cfg: Config, path: Path) -> None:
 
 def open_run_dir(ref: str | Path) -> tuple[Config, RunDir]:
     run_dir = RunDir(Path(ref).expanduser().resolve())
+    if not run_dir.path.exists():
+        raise RunDirError(
+            f"{ref}: no such folder (from {Path.cwd()}); pass the run_dir of a run"
+        )
     if not run_dir.is_run_dir():
         raise RunDirError(
             f"{ref}: not an hpcdl run dir (no {RunDir.CONFIG}); pass the run_dir of a run"

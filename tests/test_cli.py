@@ -52,6 +52,10 @@ def test_resume_and_evaluate_refuse_non_run_dirs(hpcdl, tmp_path: Path) -> None:
         out = hpcdl(verb, str(tmp_path))
         assert out.returncode == 2
         assert "not an hpcdl run dir" in out.stderr
+        # A folder that is not there is said to be missing (helper B: 'no config.yaml').
+        out = hpcdl(verb, "runs/nope")
+        assert out.returncode == 2
+        assert out.stderr == f"error: runs/nope: no such folder (from {tmp_path}); pass the run_dir of a run\n"
 
 
 @pytest.fixture(scope="module")

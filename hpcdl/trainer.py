@@ -211,9 +211,7 @@ class Trainer:
         self._start = start or Start(checkpoint=parts.store.load_latest(mmap=True))
         # An epoch's batches whose loader has started reading ahead (see Start).
         self._pending: Optional[Iterator[TrainBatch]] = self._start.batches
-        self.lagged = lagged_sync(
-            self.t.lagged_sync, parts.device, parts.optimizer, env.world_size
-        )
+        self.lagged = lagged_sync(self.t.lagged_sync, parts.device, parts.optimizer, env.world_size)
         self._in_flight: Optional[InFlight] = None  # lagged: the latest step's sums, unread
         self._copies = HostCopies()  # lagged: their pinned buffers
         self._last_loss = float("nan")  # the latest step's mean loss read on the host
@@ -400,7 +398,7 @@ class Trainer:
         """One rank, lagged: nothing to all-reduce, so nothing is packed. The skip is decided
         on the device from the loss, only the loss (and a custom task's tensor statistics)
         goes to the host, and the task's statistics are deferred as in the eager step: a
-        step costs three small kernels and a copy more than a hand-written one."""
+        step costs two small kernels (found_inf_of) and a copy more than a hand-written one."""
         p, deferred = self.p, self._deferred
         names = () if deferred is not None else p.task.stat_names
         stats = [out.stats[name] for name in names]

@@ -199,14 +199,13 @@ def test_copies_left_by_killed_branch_commands_are_removed_by_the_next_branch(
 
 def _a_dead_pid() -> int:
     """Two pids in a row that are no process here (a finished child's, and the next)."""
-    import os
     import subprocess
 
     for _ in range(100):
-        pid = subprocess.Popen(["true"]).pid
-        os.waitpid(pid, 0)
-        if not any(Path(f"/proc/{p}").exists() for p in (pid, pid + 1)):
-            return pid
+        child = subprocess.Popen(["true"])
+        child.wait()  # (not os.waitpid: where SIGCHLD is ignored, children are reaped unasked)
+        if not any(Path(f"/proc/{p}").exists() for p in (child.pid, child.pid + 1)):
+            return child.pid
     raise AssertionError("no free pid pair found")
 
 

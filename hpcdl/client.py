@@ -203,15 +203,11 @@ def _process_state_kept(in_process: bool) -> Iterator[None]:
     if not in_process:
         yield
         return
-    import random
-
-    import numpy as np
     import torch
 
+    from hpcdl.data.loader import kept_rng_states
+
     saved = (
-        random.getstate(),
-        np.random.get_state(),
-        torch.get_rng_state(),
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.backends.cudnn.benchmark,
@@ -221,17 +217,15 @@ def _process_state_kept(in_process: bool) -> Iterator[None]:
     )
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
-        yield
+        with kept_rng_states():  # Python's, NumPy's and torch's CPU generators
+            yield
     finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        torch.set_rng_state(saved[2])
-        torch.use_deterministic_algorithms(saved[3], warn_only=saved[4])
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[5:7]
-        if torch.get_num_threads() != saved[7]:
-            torch.set_num_threads(saved[7])
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2:4]
+        if torch.get_num_threads() != saved[4]:
+            torch.set_num_threads(saved[4])
         os.environ.clear()
-        os.environ.update(saved[8])
+        os.environ.update(saved[5])
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
 

@@ -211,7 +211,7 @@ class Trainer:
         self._start = start or Start(checkpoint=parts.store.load_latest(mmap=True))
         # An epoch's batches whose loader has started reading ahead (see Start).
         self._pending: Optional[Iterator[TrainBatch]] = self._start.batches
-        self.lagged = lagged_sync(self.t.lagged_sync, parts.device, parts.optimizer, env.world_size)
+        self.lagged = lagged_sync(self.t.lagged_sync, parts.device, parts.optimizer)
         self._in_flight: Optional[InFlight] = None  # lagged: the latest step's sums, unread
         self._copies = HostCopies()  # lagged: their pinned buffers
         self._last_loss = float("nan")  # the latest step's mean loss read on the host
@@ -995,19 +995,20 @@ def out_of_memory(exc: BaseException) -> Optional[str]:
     return None
 
 
-def lagged_sync(
-    choice: str, device: torch.device, optimizer: torch.optim.Optimizer, world_size: int = 1
-) -> bool:
-    """trainer.lagged_sync resolved: "auto" is on where it can pay, on CUDA with several ranks,
-    when the optimizer can skip a non-finite step on the device (a fused one). One rank on an
-    H100 was faster eager (2026-11-26, docs/performance.md): a small model's step is bound
-    by the host launching kernels, so reading one loss per step costs less than the lagged
-    step's extra kernels and bookkeeping."""
+def lagged_sync(choice: str, device: torch.device, optimizer: torch.optim.Optimizer) -> bool:
+    """trainer.lagged_sync resolved: "auto" is on where it can pay, on CUDA, when the optimizer
+    can skip a non-finite step on the device (a fused one). Measured on an H100 for one rank
+    (2026-11-26, docs/performance.md): a GPU-bound ResNet-18 in bf16 took 1.05x the
+    hand-written loop's epoch with it and 1.12-1.30x without (the host waiting for each
+    step leaves the GPU idle while it queues the next); tiny models bound by the host
+    launching kernels lose 0.05-0.15x with it (its two kernels and bookkeeping), a fraction
+    of a millisecond a step. Several ranks would otherwise also wait on the sums'
+    all-reduce every step."""
     choice = str(choice).lower()  # validated: auto, true or false
     if choice != "auto":
         return choice == "true"
     fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
-    return device.type == "cuda" and fused and world_size > 1
+    return device.type == "cuda" and fused
 
 
 def peak_rss_mb() -> float:

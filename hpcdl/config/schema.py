@@ -378,8 +378,7 @@ class TrainerConfig:
     async_checkpoint: str = "auto"
     # Read each step's loss sums and agreed flags (stop, eval/save due) one step later, so
     # the host queues the next step before waiting for this one: "auto" (on when training
-    # on CUDA with several ranks and a fused optimizer), "true" (needs optim sgd, adam or
-    # adamw) or "false".
+    # on CUDA with a fused optimizer), "true" (needs optim sgd, adam or adamw) or "false".
     lagged_sync: str = "auto"
     deterministic: bool = False
     seed: int = 0

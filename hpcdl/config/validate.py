@@ -339,9 +339,7 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
     _positive("trainer.keep_last", t.keep_last)
     _positive("trainer.keep_every_epochs", t.keep_every_epochs, allow_none=True)
     _auto_true_false("trainer.async_checkpoint", t.async_checkpoint, "on when training on CUDA")
-    _auto_true_false(
-        "trainer.lagged_sync", t.lagged_sync, "on CUDA with several ranks and a fused optimizer"
-    )
+    _auto_true_false("trainer.lagged_sync", t.lagged_sync, "on CUDA with a fused optimizer")
     _positive("trainer.max_bad_steps", t.max_bad_steps)
     _positive("trainer.log_every_steps", t.log_every_steps)
     _non_negative("trainer.early_stopping.patience", t.early_stopping.patience)

@@ -240,18 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     code = run_command(argv)
     if argv is None:  # this process's own command line (the `hpcdl` script, python -m)
+        from hpcdl.cli.process_exit import ignore_ctrl_c_while_exiting, leave_now
+
         ignore_ctrl_c_while_exiting()
+        leave_now(code)
     return code
-
-
-def ignore_ctrl_c_while_exiting() -> None:
-    """The command has finished: what is left is Python's exit (torch's teardown, about a
-    second), where a Ctrl-C ended a completed run with 130 and no word. It is ignored there
-    (SIG_IGN: Python resets its own handlers to the default while it exits), so the status
-    is the command's."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_command(argv: Optional[list[str]] = None) -> int:

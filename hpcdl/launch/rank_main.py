@@ -21,13 +21,10 @@ instead of submitit's handler, which logged it as noise in every rank's log.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import shlex
 import signal
 import sys
-import threading
 import traceback
 from typing import Any, NoReturn, Optional
 
@@ -57,23 +54,12 @@ def exit_status(code: object) -> int:
 
 def leave(code: int) -> NoReturn:
     """Exit with ``code`` once every non-daemon thread has ended (an asynchronous checkpoint
-    write, say) and every stream is flushed; no interpreter or C++ teardown runs after."""
+    write, say) and every stream is flushed; no interpreter or C++ teardown runs after, and
+    no atexit handler (hpcdl.process_end)."""
+    from hpcdl.process_end import end_process
+
     record_orphaned_end(code)  # cluster=local whose launching command was killed
-    # What the interpreter's own exit does first: threading's exit hooks (an executor left
-    # open lets its idle workers go), then a join of every non-daemon thread.
-    shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is not None:
-        shutdown()
-    else:  # an interpreter without the hook: join them ourselves
-        current = threading.current_thread()
-        for thread in threading.enumerate():
-            if thread is not current and not thread.daemon:
-                thread.join()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to write
-            stream.flush()
-    os._exit(code)
+    end_process(code, run_atexit=False)
 
 
 def run(folder: str) -> NoReturn:

@@ -35,8 +35,18 @@ def plot_learning_curves(rows: Sequence[Mapping[str, Any]], out_png: PathLike) -
             metrics.append(metric)
     if metrics == ["loss"]:
         metrics.append("accuracy")  # an empty panel rather than a different picture
-    fig = Figure(figsize=(5 * len(metrics), 4), layout="constrained")
+    # Fixed margins (in inches: tick labels and one axis label a side) instead of
+    # constrained layout, which measured every text and took more than half the time.
+    width, height = 5.0 * len(metrics), 4.0
+    fig = Figure(figsize=(width, height))
     axes = fig.subplots(1, len(metrics))
+    fig.subplots_adjust(
+        left=0.85 / width,
+        right=1 - 0.2 / width,
+        bottom=0.55 / height,
+        top=1 - 0.35 / height,
+        wspace=1.05 / 3.95,  # the gap between panels, as a share of a panel's width
+    )
     for ax, metric in zip(axes, metrics, strict=True):
         for split in ("train", "val"):
             _plot_series(ax, rows, f"{split}_{metric}", split)

@@ -121,8 +121,9 @@ def plot_predicted_vs_true(predicted: Any, true: Any, out_png: PathLike) -> None
     target = np.asarray(true, dtype=np.float64).reshape(-1)
     if pred.shape != target.shape:
         raise ValueError(f"{pred.size} predictions but {target.size} targets")
-    fig = Figure(figsize=(5.5, 5), layout="constrained")
+    fig = Figure(figsize=(5.5, 5))  # fixed margins: see plot_learning_curves
     ax = fig.subplots()
+    fig.subplots_adjust(left=0.9 / 5.5, right=1 - 0.2 / 5.5, bottom=0.55 / 5, top=1 - 0.35 / 5)
     ax.scatter(target, pred, s=8, alpha=0.6)
     if target.size:
         low = float(min(target.min(), pred.min()))

@@ -13,7 +13,7 @@ PROGRAM = """
 import atexit, sys, threading, time
 import torch  # noqa: F401  (where the teardown is slow: hpcdl leaves without it)
 
-out, own = sys.argv[1], sys.argv[2] == "own"
+out, how = sys.argv[1], sys.argv[2]
 
 
 class AtTeardown:  # a module global: its __del__ runs in the interpreter's teardown only
@@ -40,14 +40,16 @@ print("unflushed", end="")
 from hpcdl.cli.main import main
 
 args = ["status", out + "/missing"]
-if own:  # the `hpcdl` script: main() of this process's own command line
-    sys.argv = ["hpcdl", *args]
-    sys.exit(main())
-sys.exit(main(args))  # called from Python with its arguments: Python's own exit
+if how == "given":  # called from Python with its arguments: Python's own exit
+    sys.exit(main(args))
+# main() of this process's command line: the `hpcdl` script's, or another program's (a
+# notebook's kernel), which goes on after main() and so has Python's own exit
+sys.argv = ["/venv/bin/hpcdl" if how == "own" else "/venv/bin/ipykernel_launcher.py", *args]
+sys.exit(main())
 """
 
 
-@pytest.mark.parametrize("how", ["own", "given"])
+@pytest.mark.parametrize("how", ["own", "given", "other-program"])
 def test_a_finished_command_leaves_after_threads_atexit_and_flush_without_the_teardown(
     tmp_path: Path, how: str
 ) -> None:
@@ -63,5 +65,5 @@ def test_a_finished_command_leaves_after_threads_atexit_and_flush_without_the_te
     assert "neither a run dir nor a Slurm job id" in done.stderr
     assert (out / "thread").read_text() == "ran"  # the non-daemon thread ran to its end
     assert (out / "atexit").read_text() == "ran"  # the atexit handlers ran
-    # The teardown: skipped where the command is the process's own, Python's otherwise.
-    assert (out / "teardown").exists() == (how == "given")
+    # The teardown: skipped where the command is the `hpcdl` process's own only.
+    assert (out / "teardown").exists() == (how != "own")

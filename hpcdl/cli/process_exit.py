@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -17,8 +18,11 @@ def ignore_ctrl_c_while_exiting() -> None:
 def leave_now(code: int) -> None:
     """Where torch is loaded, end with `code` without the interpreter's teardown (about a
     second after the command's last line; hpcdl.process_end), the atexit handlers run.
-    Else return, and Python exits as usual (a login node's commands load no torch)."""
-    if "torch" in sys.modules:
+    Else return, and Python exits as usual (a login node's commands load no torch). Only
+    a process started as `hpcdl` or `python -m hpcdl.cli.main` leaves here: a notebook or
+    another program that calls main() goes on."""
+    program = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if "torch" in sys.modules and program in ("hpcdl", "main.py"):
         from hpcdl.process_end import end_process
 
         end_process(code, run_atexit=True)

@@ -63,7 +63,7 @@ step lagged bash -c "set -o pipefail; { rc=0; \
     for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16' \
         'model=resnet18 data=synthetic data.shape=[3,32,32] data.num_classes=10 data.num_samples=16384 data.val_fraction=0.25 data.test_fraction=0.125 trainer.batch_size=256 trainer.precision=bf16'; do \
     for sync in true false; do echo \"### \$case trainer.lagged_sync=\$sync\"; \
-    python3 -m hpcdl.cli.main bench overhead --repeats 5 \$case optim.fused=true trainer.lagged_sync=\$sync || rc=1; \
+    python3 -m hpcdl.cli.main bench overhead --repeats 3 --epochs 3 \$case optim.fused=true trainer.lagged_sync=\$sync || rc=1; \
     echo; done; done; exit \$rc; } | tee '$OUT/lagged.md'"
 step kernels bash -c "set -o pipefail; { rc=0; \
     for case in 'model=mlp data=breast_cancer' 'model=cnn data=digits trainer.precision=bf16'; do \

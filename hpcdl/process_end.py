@@ -26,8 +26,7 @@ def end_process(code: int, *, run_atexit: bool) -> NoReturn:
     if run_atexit:
         import atexit
 
-        atexit._run_exitfuncs()
-        join_threads()  # one an atexit handler started
+        atexit._run_exitfuncs()  # after the join, as the interpreter's exit runs them
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to write

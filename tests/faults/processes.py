@@ -94,8 +94,12 @@ def r2_kill_during_save(work: Path, index: int, mode: str) -> Result:
     if check.returncode != 0:
         problems.append(f"loading failed: {err.strip().splitlines()[-1:]}")
     words = verdict.split()
-    if done and (not words or words[0] == "none"):
-        problems.append(f"no loadable checkpoint after {len(done)} completed saves")
+    # A printed step is a save that returned: with save_async, its write may still be in
+    # flight at the kill; it is complete once the next save_async has returned (at most
+    # one in flight), so async guarantees a checkpoint from the second printed step on.
+    complete = done if mode != "async" else done[:-1]
+    if complete and (not words or words[0] == "none"):
+        problems.append(f"no loadable checkpoint after {len(complete)} completed saves")
     elif words and words[0] != "none":
         step = int(words[0])
         if words[1] != "consistent":

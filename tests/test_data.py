@@ -205,6 +205,25 @@ def test_cifar10_bad_batch(tmp_path):
 
 
 # ----------------------------------------------------------------------------- files
+def test_an_npz_s_other_arrays_are_never_read(tmp_path):
+    """Only x and y are read from a .npz (also by predict's --input): an array of Python
+    objects next to them, which reading would refuse (allow_pickle=False), stays unread."""
+    x = np.arange(60, dtype=np.float32).reshape(30, 2)
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(30) % 2, notes=np.array([{"a": 1}] * 30))
+    data = build_data(files_cfg(tmp_path / "d.npz", standardize=False))
+    assert data.input_shape == (2,) and len(data.x_train) + len(data.x_val) + len(data.x_test) == 30
+    rows = load_feature_rows(str(tmp_path / "d.npz"), (2,))
+    assert np.array_equal(np.asarray(rows), x)
+    np.savez(tmp_path / "one.npz", features=x)
+    assert np.array_equal(np.asarray(load_feature_rows(str(tmp_path / "one.npz"), (2,))), x)
+    np.savez(tmp_path / "two.npz", a=x, b=x)
+    with pytest.raises(DataError, match=r"no array 'x' \(has \['a', 'b'\]\)"):
+        load_feature_rows(str(tmp_path / "two.npz"), (2,))
+    np.savez(tmp_path / "noy.npz", x=x, notes=np.array([{"a": 1}] * 30))
+    with pytest.raises(DataError, match=r"no array 'y' \(has \['notes', 'x'\]\)"):
+        build_data(files_cfg(tmp_path / "noy.npz"))
+
+
 def test_npz_with_string_labels(tmp_path):
     y = indexed_npz(tmp_path / "d.npz")
     data = build_data(files_cfg(tmp_path / "d.npz"))

@@ -124,11 +124,11 @@ def numeric_targets(labels: np.ndarray, where: str, first_line: Optional[int] = 
 
 
 def read_npz(file: Path) -> tuple[np.ndarray, np.ndarray]:
-    arrays = load_npz(file, "data.path")
+    names, arrays = load_npz(file, "data.path", lambda names: [k for k in ("x", "y") if k in names])
     missing = [key for key in ("x", "y") if key not in arrays]
     if missing:
         raise DataError(
-            f"data.path='{file}': no array {missing[0]!r} (has {sorted(arrays)}); "
+            f"data.path='{file}': no array {missing[0]!r} (has {sorted(names)}); "
             "save with np.savez(path, x=features, y=labels)"
         )
     return arrays["x"], arrays["y"]
@@ -334,10 +334,15 @@ def _all_finite(x: np.ndarray) -> bool:
 
 
 # ----------------------------------------------------------------------------- readers
-def load_npz(file: Path, key: str) -> dict[str, np.ndarray]:
+def load_npz(
+    file: Path, key: str, pick: Callable[[list[str]], list[str]]
+) -> tuple[list[str], dict[str, np.ndarray]]:
+    """(every array's name, the arrays that pick(names) chose, read): a zip's other arrays,
+    whatever their size or dtype, are never read."""
     try:
         with np.load(file, allow_pickle=False) as arrays:
-            return {name: arrays[name] for name in arrays.files}
+            names = list(arrays.files)
+            return names, {name: arrays[name] for name in pick(names)}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # a cut or foreign file
         raise DataError(f"{key}: cannot read '{file}' as .npz: {_numpy_reason(exc)}") from exc
 
@@ -503,9 +508,13 @@ def load_feature_rows(
     if not file.is_file():
         raise DataError(f"--input {path!r}: no such file")
     if suffix == ".npz":
-        arrays = load_npz(file, "--input")
-        if "x" not in arrays and len(arrays) != 1:
-            raise DataError(f"--input '{file}': no array 'x' (has {sorted(arrays)})")
+        names, arrays = load_npz(
+            file,
+            "--input",
+            lambda names: ["x"] if "x" in names else names if len(names) == 1 else [],
+        )
+        if "x" not in names and len(names) != 1:
+            raise DataError(f"--input '{file}': no array 'x' (has {sorted(names)})")
         x = arrays["x"] if "x" in arrays else next(iter(arrays.values()))
     elif suffix == ".npy":
         x = load_npy(file, "--input", mapped=True)  # predict reads it a batch at a time

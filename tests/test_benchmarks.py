@@ -97,7 +97,7 @@ def test_a_failing_benchmark_leaves_the_others_rows_written_after_each(
     assert "- **incomplete**: failed: broken" in path.with_suffix(".md").read_text()
 
 
-@pytest.mark.slow  # DataLoader worker processes, fresh interpreters; about 20 s
+@pytest.mark.slow  # DataLoader worker processes, fresh interpreters; about 50 s on a 2-core VM
 def test_smoke_run_writes_every_row_with_a_finite_positive_ratio(tmp_path: Path) -> None:
     from benchmarks.registry import BENCHMARKS
 

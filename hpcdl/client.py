@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -115,6 +116,28 @@ def submit_sweep(
     with _as_command("train", ["-m", *given], config_dir, preflight):
         sweep_dir, _ = cli.start_sweep(plan, skip_preflight=not preflight)
     return Sweep(sweep_dir)
+
+
+# The sweep commands' flags, as Sweep.status()/summary() take them: keyword arguments.
+_FLAG_AS_KEYWORD = re.compile(r"--(metric|mode) ([\w./-]+)")
+
+
+@contextmanager
+def _in_api_words() -> Iterator[None]:
+    """A refusal worded for `hpcdl sweep status|summary` (`--metric val_acc`), reworded
+    for the Python caller (`metric='val_acc'`): the same one line, the same class."""
+    try:
+        yield
+    except HpcdlError as exc:
+        message = str(exc)
+        reworded = _FLAG_AS_KEYWORD.sub(lambda m: f"{m[1]}={m[2]!r}", message)
+        if reworded == message:
+            raise
+        try:
+            again = type(exc)(reworded)
+        except TypeError:  # a class built from other arguments (WriteError: path, reason)
+            again = HpcdlError(reworded)
+        raise again from None
 
 
 def _check_main_thread(call: str, what: str) -> None:
@@ -560,7 +583,8 @@ class Sweep:
         state, attempts, requeues and metric (val_accuracy unless `metric` says)."""
         from hpcdl.sweep.report import refresh
 
-        ledger, _ = refresh(self.sweep_dir, metric)
+        with _in_api_words():
+            ledger, _ = refresh(self.sweep_dir, metric)
         return [asdict(t) for t in ledger.trials]
 
     def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> list[dict[str, Any]]:
@@ -587,8 +611,9 @@ class Sweep:
         from hpcdl.sweep.direction import direction
         from hpcdl.sweep.report import refresh, summarize, trial_notes, write_summary
 
-        ledger, metric = refresh(self.sweep_dir, metric)
-        ranking = direction(ledger, metric, mode)
+        with _in_api_words():
+            ledger, metric = refresh(self.sweep_dir, metric)
+            ranking = direction(ledger, metric, mode)
         write_summary(ledger, metric, ranking)
         notes = trial_notes(ledger)  # the lines the command prints below its table
         return [

@@ -184,6 +184,18 @@ def test_local_sweep_status_summary_and_rerun_failed(tmp_path, monkeypatch) -> N
     assert [e["rank"] for e in ranked] == [1, 2] and ranked[0]["mean"] >= ranked[1]["mean"]
     assert {e["metric"] for e in ranked} == {"test_accuracy"}
     assert (tmp_path / "sw" / "summary.csv").is_file()
+    # A typo is refused as the command refuses it, in the call's words (not `--metric`).
+    with pytest.raises(HpcdlError) as refused:
+        sweep.summary(metric="test_acuracy")
+    message = str(refused.value)
+    assert message.startswith(
+        "metric='test_acuracy': no trial reports it; did you mean test_accuracy?"
+    )
+    assert "--metric" not in message and "\n" not in message
+    with pytest.raises(HpcdlError, match=r"^metric='val_acuracy': no trial reports it"):
+        sweep.status(metric="val_acuracy")
+    with pytest.raises(HpcdlError, match=r"^mode='best': choose 'min'"):
+        sweep.summary(mode="best")
     with pytest.raises(HpcdlError, match=r"no sweep\.json"):
         Sweep.from_sweep_dir(tmp_path)
 

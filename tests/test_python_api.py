@@ -19,8 +19,9 @@ def test_import_hpcdl_imports_nothing_and_the_api_imports_no_torch(tmp_path: Pat
     code = (
         "import hpcdl\n"
         "assert [m for m in sys.modules if m.startswith('hpcdl')] == ['hpcdl'], sys.modules\n"
-        "from hpcdl import Job, Sweep, submit, submit_sweep\n"
-        "from hpcdl.errors import HpcdlError\n"
+        "from hpcdl import HpcdlError, Job, Sweep, submit, submit_sweep\n"
+        "import hpcdl.errors\n"
+        "assert HpcdlError is hpcdl.errors.HpcdlError and issubclass(hpcdl.JobFailedError, HpcdlError)\n"
         "try:\n"
         "    submit(['cluster=rivanna_a100', 'trainer.batch_size=-1'])\n"
         "except HpcdlError as err:\n"

@@ -31,6 +31,7 @@ EXIT_REQUEUE = EXIT_INTERRUPTED
 
 
 _caught: list[int] = []
+_exit_hook: list[bool] = []  # the atexit hook, registered once
 
 
 def catch_stop_signals(
@@ -40,6 +41,7 @@ def catch_stop_signals(
     default action (ending the program before it can save). Call it once, early. SIGINT
     (Ctrl-C: cluster=debug passes it on as it came, and a program run by hand gets it) is a
     stop request the first time; a second one raises KeyboardInterrupt, as Ctrl-C would."""
+    import atexit
     import signal
 
     def note(signum: int, _frame: object) -> None:
@@ -47,8 +49,25 @@ def catch_stop_signals(
             raise KeyboardInterrupt
         _caught.append(signum)
 
+    note.hpcdl_stop = True  # type: ignore[attr-defined]  # what _ignore_at_exit looks for
     for name in names:
         signal.signal(signal.Signals[name], note)
+    if not _exit_hook:
+        atexit.register(_ignore_at_exit)
+        _exit_hook.append(True)
+
+
+def _ignore_at_exit() -> None:
+    """Python's exit puts every handler back to the default action before it tears down
+    its modules (a second or more after `import torch`): a stop signal arriving then (the
+    wrapper's SIGTERM to a rank that is already leaving because another rank was asked to
+    stop) would end the program with 143 instead of its status 3. So a signal that is
+    still only a stop request is ignored from here on; SIGINT (Ctrl-C, to force it) is not."""
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        if getattr(signal.getsignal(signum), "hpcdl_stop", False):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def stop_requested() -> bool:

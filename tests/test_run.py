@@ -817,3 +817,36 @@ def test_catch_stop_signals_takes_a_first_ctrl_c_as_a_stop_and_a_second_as_an_in
         proc.send_signal(signal.SIGINT)
         assert proc.stdout.readline() == "KeyboardInterrupt\n"
     assert proc.wait(timeout=30) == (130 if presses == 2 else 3)
+
+
+LATE_SIGNAL_PROGRAM = """\
+import os, signal, sys, time
+import hpcdl.api as hp
+hp.catch_stop_signals()
+hp.catch_stop_signals()  # twice, as the Lightning example does: one exit hook
+class LateSignal:
+    # Its __del__ runs as Python tears __main__ down, after Python has put every signal
+    # handler back to the default action: as a wrapper's SIGTERM that arrives while the
+    # program is already leaving (another rank asked it to stop) lands.
+    def __del__(self, kill=os.kill, pid=os.getpid(), sleep=time.sleep, sig=signal.%s):
+        kill(pid, sig)
+        sleep(0.2)
+late = LateSignal()
+sys.exit(hp.EXIT_REQUEUE)
+"""
+
+
+@pytest.mark.parametrize(("sig", "status"), [("SIGTERM", 3), ("SIGUSR1", 3), ("SIGINT", -2)])
+def test_a_stop_signal_during_python_s_exit_leaves_the_exit_status_as_it_was(
+    tmp_path: Path, sig: str, status: int
+) -> None:
+    """Seen under load on 2026-11-26 (test_run_lightning): one rank's program was leaving
+    with status 3 after the other rank's stop, and its wrapper's SIGTERM reached it during
+    Python's teardown, where the default action ended it with 143. A stop signal is ignored
+    from the exit hooks on; Ctrl-C still ends a program that hangs there."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_SIGNAL_PROGRAM % sig)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == status, done.stderr

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 from hpcdl.config.validate import check_target_form
-from hpcdl.errors import ConfigError
+from hpcdl.errors import ConfigError, raised
 
 
 def resolve_target(key: str, target: str) -> object:
@@ -24,12 +26,28 @@ def resolve_target(key: str, target: str) -> object:
             f"{where}: cannot import {module_name!r} ({exc}); install it or put its folder on "
             "PYTHONPATH"
         ) from exc
+    except Exception as exc:  # the module's own code failed: a SyntaxError, a raise at import
+        raise ConfigError(
+            f"{where}: importing {module_name!r} {raised(exc)}{_where_raised(exc)}; fix the "
+            "module so that it imports"
+        ) from exc
     found: object = module
     for attr in attr_path.split("."):
         if not hasattr(found, attr):
             raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr_path!r}")
         found = getattr(found, attr)
     return found
+
+
+def _where_raised(exc: BaseException) -> str:
+    """' (models.py line 3)': where the module's code failed ("" for a SyntaxError, whose
+    message names its file and line)."""
+    if isinstance(exc, SyntaxError):
+        return ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    return f" ({Path(frames[-1].filename).name} line {frames[-1].lineno})"
 
 
 def resolve_callable(key: str, target: str) -> Callable[..., Any]:

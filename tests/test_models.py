@@ -216,6 +216,31 @@ def test_custom_target_errors(user_module, target, kwargs, match):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("source", "match"),
+    [
+        (
+            "import math\nraise RuntimeError('no GPU here')\n",
+            r"^model.target='{m}:Net': importing '{m}' raised RuntimeError: no GPU here "
+            r"\({m}.py line 2\); fix the module so that it imports$",
+        ),
+        (
+            "def Net(:\n    pass\n",
+            r"^model.target='{m}:Net': importing '{m}' raised SyntaxError: .*\({m}.py, line 1\)",
+        ),
+    ],
+)
+def test_a_module_that_fails_as_it_is_imported_is_one_line(tmp_path, monkeypatch, source, match):
+    # Before: the import's traceback, and exit status 1 from the command.
+    name = f"broken_models_{len(source)}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = schema.CustomModelConfig(target=f"{name}:Net")
+    with pytest.raises(ConfigError, match=match.replace("{m}", name)) as info:
+        build_model(cfg, (7,), 3)
+    assert "\n" not in str(info.value)
+
+
 def test_custom_target_gets_only_the_data_arguments_it_names(user_module):
     def build(target: str, **kwargs) -> nn.Module:
         cfg = schema.CustomModelConfig(target=f"{user_module}:{target}", kwargs=kwargs)

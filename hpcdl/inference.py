@@ -36,8 +36,10 @@ from hpcdl.errors import (
     CheckpointError,
     ConfigError,
     DataError,
+    HpcdlError,
     WriteError,
     os_error_reason,
+    raised,
 )
 from hpcdl.evaluation import evaluate, load_matching_weights
 from hpcdl.models import build_model
@@ -161,7 +163,13 @@ def evaluate_checkpoint(
     num_classes, class_names = int(info["num_classes"]), list(info["class_names"])
     regression = isinstance(cfg.task, RegressionTaskConfig)
     device = torch.device("cpu")
-    result = evaluate(model, batches, task, num_classes, device, keep_predictions=regression)
+    try:
+        result = evaluate(model, batches, task, num_classes, device, keep_predictions=regression)
+    except HpcdlError:
+        raise
+    except Exception as exc:  # the user's model, step or dataset, on this data: one line
+        doing = f"evaluating the {split} split of {_whose(data_overrides, run_dir)}"
+        raise _users_code_failed(cfg, exc, model, task, doing) from exc
     report: dict[str, Any] = {
         "checkpoint": str(path),
         "split": split,
@@ -268,7 +276,21 @@ def predictions(
         batches = _predict_split_batches(cfg, state, split or "test")
     if prediction is not None:
         return _custom_rows(prediction, model, batches)
-    return _builtin_rows(cfg, state, model, batches)
+    try:
+        return _builtin_rows(cfg, state, model, batches)
+    except HpcdlError:
+        raise
+    except Exception as exc:  # the user's model or dataset, on these rows: one line
+        raise _users_code_failed(cfg, exc, model, None, f"predicting on {source}") from exc
+
+
+def _users_code_failed(
+    cfg: Config, exc: Exception, model: nn.Module, task: Any, doing: str
+) -> ConfigError:
+    """One line naming the key whose code raised (as `hpcdl train`'s probe does)."""
+    from hpcdl.probe import culprit
+
+    return ConfigError(f"{culprit(cfg, exc, model, task)}: {doing} failed: {raised(exc)}")
 
 
 def _custom_prediction(cfg: Config, run_dir: RunDir, source: str) -> Optional[CustomPrediction]:

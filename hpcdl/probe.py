@@ -23,6 +23,7 @@ from typing import Any, Optional
 from hpcdl.config.schema import (
     DATASET_SOURCES,
     Config,
+    CustomDataConfig,
     CustomModelConfig,
     CustomTaskConfig,
     Launcher,
@@ -85,7 +86,14 @@ def probe_user_code(cfg: Config) -> None:
         seed=cfg.trainer.seed,
     )
     batches = feed.train_batches(sharder, 0, 0, device)
-    _, batch, _ = next(iter(batches))
+    try:
+        _, batch, _ = next(iter(batches))
+    except HpcdlError:
+        raise
+    except Exception as exc:  # the user's dataset or collate_fn: one line naming it
+        raise ConfigError(
+            f"{_data_key(cfg)}: reading the first training batch failed: {raised(exc)}"
+        ) from None
     try:
         out = task.batch_stats(model, batch)
         loss = float(out.loss_sum.detach())
@@ -109,21 +117,41 @@ def probe_user_code(cfg: Config) -> None:
             build_prediction(cfg.task).outputs(model, batch)
 
 
+def _data_key(cfg: Config) -> str:
+    """data.collate_fn=... or data.target=... (data=custom), else data=<name>."""
+    target = getattr(cfg.data, "target", None)
+    if target is None:
+        return f"data={cfg.data.name}"
+    collate = getattr(cfg.data, "collate_fn", None)
+    return f"data.target={target!r}" + (f" (or data.collate_fn={collate!r})" if collate else "")
+
+
 def culprit(cfg: Config, exc: Optional[BaseException], model: Any, task: Any) -> str:
     """The key whose code failed: the one whose source file holds the deepest frame of the
-    traceback (model.target's forward, task.target's step), else the user's step, model or
-    data, in that order."""
+    traceback (model.target's forward, task.target's step, data.target's dataset), else the
+    user's step, model or data, in that order. task: None when no step ran."""
     mine: dict[str, str] = {}
+    if isinstance(cfg.data, CustomDataConfig):  # imported by now: its datasets ran
+        from hpcdl.targets import resolve_target
+
+        try:
+            found = resolve_target("data.target", cfg.data.target)
+        except HpcdlError:
+            found = None
+        if found is not None:
+            mine[_source(found)] = f"data.target={cfg.data.target!r}"
     if isinstance(cfg.model, CustomModelConfig):
         mine[_source(type(model))] = f"model.target={cfg.model.target!r}"
-    if isinstance(cfg.task, CustomTaskConfig):
+    if isinstance(cfg.task, CustomTaskConfig) and task is not None:
         fn = getattr(task.fn, "func", task.fn)  # task.kwargs: a partial
         mine[_source(fn)] = f"task.target={cfg.task.target!r}"
     frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
     for frame in reversed(frames):
         if frame.filename in mine:
             return mine[frame.filename]
-    return next(reversed(mine.values()), f"data={cfg.data.name}")
+    mine.pop("", None)  # no source file known
+    first = [key for key in mine.values() if not key.startswith("data.")]
+    return (first or list(mine.values()) or [f"data={cfg.data.name}"])[-1]
 
 
 # torch's refusals of index tensors of another dtype: nn.Embedding's and the losses' targets.

@@ -142,6 +142,51 @@ def test_an_empty_split_is_refused_naming_the_splits_that_have_samples(
     assert err.strip().endswith("nothing to evaluate; evaluate --split train or --split all"), err
 
 
+# A step of the user's own: cross-entropy on its batches, with no check of the labels.
+STEP = """\
+import torch.nn.functional as F
+
+
+def step(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y), {}
+"""
+
+
+def test_other_data_the_model_or_step_cannot_take_is_one_line(
+    custom_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the step's traceback (IndexError: Target 7 is out of bounds), exit status 1.
+    _, elsewhere = custom_run
+    (elsewhere / "eval_step.py").write_text(STEP)
+    monkeypatch.syspath_prepend(str(elsewhere))
+    np.save(elsewhere / "ok.npy", table(40, 4))
+    data = ["data=custom", "data.target=eval_series:series", "data.kwargs.path=ok.npy"]
+    own = ["task=custom", "task.target=eval_step:step", "model.hidden_sizes=[4]"]
+    run = elsewhere / "runs" / "step"
+    train = [*data, *own, "data.num_workers=0", "trainer.max_epochs=1", f"run_dir={run}"]
+    assert main(["train", *train]) == 0
+    before = run_files(run)
+    bad_labels = table(20, 3)
+    bad_labels[-1, -1] = 7  # class 7 of 2, in the last row
+    np.save(elsewhere / "labels7.npy", bad_labels)
+    wide = np.column_stack([np.ones((20, 4)), np.zeros(20)]).astype("float32")
+    np.save(elsewhere / "wide.npy", wide)  # 4 features: the model takes 3
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "data.kwargs.path=labels7.npy", "--split", "all"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(
+        "error: task.target='eval_step:step': evaluating the all split of "
+        f"data.kwargs.path={elsewhere / 'labels7.npy'} failed: raised IndexError: Target 7 "
+    ), err
+    assert main(["evaluate", str(run), "data.kwargs.path=wide.npy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "samples have shape (4,), the model was trained on samples of shape (3,)" in err
+    assert unchanged(run, before)
+
+
 @pytest.fixture(scope="module")
 def files_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """A data=files run on train.npz (features far from mean 0, std 1, so that a

@@ -527,6 +527,17 @@ class Nones(torch.utils.data.Dataset):
 
 def nones(root):
     return Nones(), Nones()
+
+
+class Unreadable(Nones):
+    def __getitem__(self, i):  # the first sample reads, the batch's others do not
+        if i > 0:
+            raise OSError(f"sample {i}: input/output error")
+        return {"image": torch.zeros(1, 32, 32), "mask": torch.zeros(1, 32, 32)}
+
+
+def unreadable(root):
+    return Unreadable(), Unreadable()
 """
 
 
@@ -554,6 +565,12 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         (["data.target=badcode:nones"], "data.target='badcode:nones': torch's default_collate"),
         (["data.collate_fn=badcode:samples_second"], "first tensor of shape (1, 2, 32, 32)"),
         (["task.predict=badcode:first_of"], "task.predict='badcode:first_of': raised KeyError"),
+        (
+            ["data.target=badcode:unreadable"],
+            "data.target='badcode:unreadable': reading the first training batch failed: raised "
+            "OSError: sample ",
+        ),
+        (["model.target=importfails:Net"], "model.target='importfails:Net': importing"),
     ],
     ids=[
         "ragged-samples",
@@ -571,10 +588,13 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         "sample-default-collate-cannot-batch",
         "collate-samples-not-first",
         "predict-raises",  # was the function's traceback from the probe, exit 1
+        "dataset-raises",  # was the DataLoader's traceback from the probe, exit 1
+        "module-raises-at-import",  # was the import's traceback, exit 1
     ],
 )
 def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, changes, key) -> None:
     (tmp_path / "badcode.py").write_text(BAD_CODE)
+    (tmp_path / "importfails.py").write_text("import math\n\nmath.sqrt(-1)\n")
     overrides = replaced(example(cells), changes)
     assert_refused(hpcdl("train", "run_dir=run", *overrides, env=user_env(tmp_path)), tmp_path, key)
 

@@ -29,6 +29,8 @@ from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
 from hpcdl.script_port import PortError, agreed_port
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from hpcdl.config.schema import Config, ScriptConfig
     from hpcdl.job import JobOutcome
     from hpcdl.rundir import RunDir
@@ -36,6 +38,14 @@ if TYPE_CHECKING:
 
 # How often the wrapper looks at the program and at the stop flag.
 POLL_S = 0.2
+# A rank's program that fails ends the others' (as torchrun does): its wrapper makes the
+# attempt's failed file, which every wrapper looks for this often (a stat on the shared run
+# dir); without it, a peer in init_process_group or a collective waits out its timeout
+# (30 minutes in gloo), and a peer that needs no collective runs on unaware.
+PEER_POLL_S = 1.0
+# How long a program asked to stop because a peer failed, or one whose processes outlive
+# it, has to end before SIGKILL.
+GRACE_S = 10.0
 # `$HPCDL_RUN_DIR` or `${HPCDL_RUN_DIR}` in the command, quoted so that the shell left it:
 # replaced by the run dir, the value the program's variable of that name holds. A sweep's
 # trials share the working directory; `--out '$HPCDL_RUN_DIR/ck'` gives each its own folder
@@ -54,9 +64,14 @@ def _forwarded(name: str | None, launcher: str) -> str:
 
 
 def _forced(stop: StopFlag, launcher: str) -> bool:
-    """A second Ctrl-C at a terminal (cluster=debug, cluster=local): end the program now.
-    Only there: on Slurm, srun and slurmstepd may both deliver one scancel's signal."""
-    return launcher in ("debug", "local") and stop.received.count("SIGINT") >= 2
+    """A second stop on this machine (cluster=debug, cluster=local): end the program now. A
+    second Ctrl-C (SIGINT from the terminal), or a second signal to `hpcdl` itself, which
+    the foreground command forwards as SIGTERM (one Ctrl-C under cluster=local gives one
+    of each). Only there: on Slurm, srun and slurmstepd may both deliver one scancel's
+    signal."""
+    if launcher not in ("debug", "local"):
+        return False
+    return stop.received.count("SIGINT") >= 2 or stop.received.count("SIGTERM") >= 2
 
 
 def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
@@ -93,6 +108,7 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
         # (a program that wants it installs its own handler, as hpcdl.api does).
         preexec_fn=(lambda: signal.signal(warning, signal.SIG_IGN)) if torchrun else None,
     )
+    peers = PeerFailure(run_dir, env)
     forwarded = forced = False
     while proc.poll() is None:
         if stop.requested and not forwarded:
@@ -102,17 +118,36 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
             name = "SIGTERM" if torchrun else _forwarded(stop.signal_name, env.launcher)
             _signal_group(proc.pid, name)
             forwarded = True
+            if env.launcher == "debug":  # alone at the terminal: say what a second one does
+                print(
+                    f"hpcdl: {stop.signal_name}: asking the program to stop ({name}); "
+                    "Ctrl-C again ends it now",
+                    flush=True,
+                )
         elif forwarded and not forced and _forced(stop, env.launcher):
-            print("hpcdl: Ctrl-C again: ending the program now (SIGKILL)", flush=True)
+            print("hpcdl: asked again: ending the program now (SIGKILL)", flush=True)
             _signal_group(proc.pid, "SIGKILL")
             forced = True
+        if not stop.requested:
+            peers.end_if_one_failed(proc.pid)
         time.sleep(POLL_S)
     if stop.requested:  # Slurm may have signalled (and ended) the program itself first
         _touch(stop_file)
     code = proc.returncode
+    if code not in (EXIT_OK, EXIT_INTERRUPTED) and not stop.requested and peers.failed is None:
+        peers.report(_status(code))  # first: the others end theirs meanwhile
+    _end_left_processes(proc.pid)
     wall_s = time.monotonic() - started
     if env.is_main:  # before the summary: its wall_s_total counts this attempt
         run_dir.record_program_end(wall_s, _status(code))
+    if peers.failed is not None:  # ended by us: the job's status is the failed peer's
+        peer_rank, peer_status = peers.failed
+        print(
+            f"hpcdl: the program ended with status {_status(code)}, after rank {peer_rank}'s "
+            "had failed",
+            flush=True,
+        )
+        return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=peer_status)
     stopped = stop.requested or code == EXIT_INTERRUPTED
     if code == EXIT_OK and not stop.requested:
         total_s = run_dir.program_wall_s() if env.is_main else wall_s  # only rank 0's is kept
@@ -128,8 +163,79 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
                 flush=True,
             )
         return JobOutcome(env.rank, False, stop.signal_name, {}, 0)
-    print(f"hpcdl: the program exited with status {code}", flush=True)
+    print(f"hpcdl: the program exited with status {_status(code)}", flush=True)
     return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=_status(code))
+
+
+class PeerFailure:
+    """The attempt's failed file (next to its stop file): made by the first wrapper whose
+    program fails ("<rank> <status>"), looked for by the others, which then end theirs:
+    SIGTERM, SIGKILL after GRACE_S. Only for jobs of several wrappers with a job id."""
+
+    def __init__(self, run_dir: RunDir, env: RankEnv) -> None:
+        self.rank = env.rank
+        self.path: Path | None = None
+        if env.world_size > 1 and env.job_id:
+            stop_file = run_dir.stop_file(env.job_id, env.restart_count)
+            self.path = stop_file.with_name(stop_file.name + ".failed")
+        self.failed: tuple[int, int] | None = None  # (rank, status) once it ended ours
+        self._next_look = time.monotonic() + PEER_POLL_S
+        self._kill_at: float | None = None
+
+    def report(self, status: int) -> None:
+        if self.path is None:
+            return
+        with contextlib.suppress(OSError):  # FileExistsError: another rank failed first
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "x") as f:
+                f.write(f"{self.rank} {status}\n")
+
+    def end_if_one_failed(self, pid: int) -> None:
+        now = time.monotonic()
+        if self._kill_at is not None and now >= self._kill_at:
+            print(f"hpcdl: the program did not end within {GRACE_S:.0f} s: SIGKILL", flush=True)
+            _signal_group(pid, "SIGKILL")
+            self._kill_at = float("inf")
+        if self.path is None or self.failed is not None or now < self._next_look:
+            return
+        self._next_look = now + PEER_POLL_S
+        try:
+            rank, status = (int(v) for v in self.path.read_text().split())
+        except (OSError, ValueError):  # none yet (or being written)
+            return
+        self.failed = (rank, status)
+        print(
+            f"hpcdl: rank {rank}'s program exited with status {status}: ending this rank's "
+            f"program (SIGTERM, SIGKILL after {GRACE_S:.0f} s)",
+            flush=True,
+        )
+        _signal_group(pid, "SIGTERM")
+        self._kill_at = now + GRACE_S
+
+
+def _end_left_processes(pid: int) -> None:
+    """Processes the program started that outlive it, in its process group (a data server,
+    a forgotten Popen): SIGTERM, SIGKILL after GRACE_S, as torchrun does; a job's rank
+    must not leave them running on the node."""
+    if not _group_alive(pid):
+        return
+    print("hpcdl: the program left processes running: ending them (SIGTERM)", flush=True)
+    _signal_group(pid, "SIGTERM")
+    deadline = time.monotonic() + GRACE_S
+    while _group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    if _group_alive(pid):
+        _signal_group(pid, "SIGKILL")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def program_command(script: ScriptConfig, cfg: Config, env: RankEnv) -> list[str]:

@@ -39,6 +39,22 @@ def test_a_rank_killed_without_a_word_is_named(tmp_path: Path) -> None:
     assert rank == 1 and detail.startswith("ended without an error of its own")
 
 
+def test_an_hpcdl_run_program_s_exit_status_is_its_rank_s_cause_not_the_peers_it_ended(
+    tmp_path: Path,
+) -> None:
+    # Before: "no error in the ranks' logs" (sys.exit("...") prints no error line).
+    ended = (
+        "step 3\nhpcdl: rank 1's program exited with status 7: ending this rank's program "
+        "(SIGTERM, SIGKILL after 10 s)\nhpcdl: the program ended with status 143, after "
+        "rank 1's had failed\n"
+    )
+    failed = "step 3\nno shard 1 in /data\nhpcdl: the program exited with status 7\n"
+    folder = logs(tmp_path, "31", {0: ended, 1: failed, 2: ended})
+    assert root_cause(folder, "31") == (1, "the program exited with status 7: no shard 1 in /data")
+    silent = logs(tmp_path, "32", {0: "hpcdl: the program exited with status 9\n"})
+    assert root_cause(silent, "32") == (0, "the program exited with status 9")
+
+
 def test_a_long_lost_peer_error_is_cut_between_words() -> None:
     """The cause `hpcdl status` shows is cut at a space with ' ...', not mid-word ('Conne')."""
     from hpcdl.launch.diagnose import clipped

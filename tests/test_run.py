@@ -693,7 +693,7 @@ def test_a_terminals_ctrl_c_gives_each_local_rank_one_sigterm_and_time_to_save(
     finally:
         end_programs(proc, run)
     assert proc.returncode == 3, output
-    assert "SIGINT: asking the program to stop (SIGTERM to each rank)" in output
+    assert "SIGINT: asking the program to stop (SIGTERM to each rank; again to end" in output
     assert "stopping all ranks at the next step" not in output
     if program == "catching":
         for rank in ("0", "1"):
@@ -706,31 +706,104 @@ def test_a_terminals_ctrl_c_gives_each_local_rank_one_sigterm_and_time_to_save(
     assert end["reason"] == "interrupted", end
 
 
-def test_a_second_ctrl_c_ends_a_program_that_does_not_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("to", ["terminal", "hpcdl"])
+def test_a_second_stop_ends_a_program_that_does_not_stop(tmp_path: Path, to: str) -> None:
     """The first Ctrl-C asks (SIGTERM); a second one, while the program is still saving or
-    hangs there, ends it at once (SIGKILL to its process group)."""
+    hangs there, ends it at once (SIGKILL to its process group). The same for two signals
+    to the `hpcdl` process alone (`kill PID` twice, no terminal): before, only a second
+    SIGINT from the terminal forced it, so such a program ran on."""
     import signal
     import time
+
+    def stop() -> None:
+        if to == "terminal":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
 
     (tmp_path / "prog.py").write_text(CATCHING_PROGRAM)
     proc = start_run_in_terminal(tmp_path, 1, "python", "prog.py", "--never-exit")
     run = tmp_path / "run"
     try:
-        os.killpg(proc.pid, signal.SIGINT)
+        stop()
         deadline = time.monotonic() + 60
         while not (run / "signals-0").exists():
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         time.sleep(1)
         assert proc.poll() is None  # still "saving"
-        os.killpg(proc.pid, signal.SIGINT)
+        stop()
         output, _ = proc.communicate(timeout=60)
     finally:
         end_programs(proc, run)
-    assert "hpcdl: Ctrl-C again: ending the program now (SIGKILL)" in output, output
+    assert "hpcdl: asked again: ending the program now (SIGKILL)" in output, output
     assert "the program exited with status 137 when asked to stop" in output
     assert proc.returncode == 3, output
     assert (run / "signals-0").read_text() == "SIGTERM\n"
+
+
+# Rank 1 fails (with a message, as sys.exit("...") gives one), the others would wait for it
+# forever: in init_process_group, or without any collective at all.
+FAILING_RANK_PROGRAM = """\
+import os, pathlib, sys, time
+out = pathlib.Path(os.environ["HPCDL_RUN_DIR"])
+(out / f"started-{os.environ['RANK']}").write_text(str(os.getpid()))
+time.sleep(1)
+if os.environ["RANK"] == "1":
+    sys.exit("cannot read /data/shard-1.npz")
+time.sleep(600)
+"""
+
+
+def test_a_rank_whose_program_fails_ends_the_others_and_is_named(tmp_path: Path) -> None:
+    # Before: rank 0 slept its 600 s, the terminal showed nothing of rank 1, and the run
+    # ended with rank 1's status but no word of why.
+    import time
+
+    (tmp_path / "prog.py").write_text(FAILING_RANK_PROGRAM)
+    proc = start_run_in_terminal(tmp_path, 2, "python", "prog.py")
+    run = tmp_path / "run"
+    started = time.monotonic()
+    try:
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        end_programs(proc, run)
+    assert time.monotonic() - started < 30, output
+    assert proc.returncode == 1, output
+    assert "hpcdl: rank 1's program exited with status 1: ending this rank's program" in output
+    assert (
+        "error: rank 1: the program exited with status 1: cannot read /data/shard-1.npz"
+        in output
+    ), output
+    end = json.loads((run / "attempts.jsonl").read_text().splitlines()[-1])
+    assert end["reason"] == "failed", end
+
+
+def test_processes_a_program_leaves_behind_are_ended(hpcdl, tmp_path: Path) -> None:
+    # Before: the sleep outlived the run, one per rank.
+    (tmp_path / "prog.py").write_text(
+        "import os, pathlib, subprocess, sys\n"
+        "child = subprocess.Popen(['sleep', '600'])\n"
+        "pathlib.Path(os.environ['HPCDL_RUN_DIR'], 'child-' + os.environ['RANK'])"
+        ".write_text(str(child.pid))\n"
+        "sys.exit(5)\n"
+    )
+    result = hpcdl("run", "cluster=local", "cluster.tasks_per_node=2", "run_dir=run", "--",
+                   "python", "prog.py")  # fmt: skip
+    assert result.returncode == 5, result.stdout + result.stderr
+    assert "the program left processes running: ending them" in result.stdout
+    for rank in ("0", "1"):
+        pid = int((tmp_path / "run" / f"child-{rank}").read_text())
+        assert not running(pid), f"rank {rank}'s sleep {pid} outlived the run"
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (one its new parent has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 # A script that resumes from its own checkpoint folder, relative by default (`--out out`, as

@@ -25,6 +25,10 @@ PEER_GONE = (
 COLLECTIVE_TIMEOUT = "Timed out waiting"
 ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*)$", re.M)
 STALL_LINE = re.compile(r"^hpcdl: (rank \d+ made no progress for .*?);", re.M)
+# An `hpcdl run` program's own failure (hpcdl.script_job), and a rank whose program its
+# wrapper ended because another rank's had failed: a consequence.
+PROGRAM_EXIT = re.compile(r"^hpcdl: the program exited with status (\d+)$", re.M)
+PEER_ENDED = re.compile(r"^hpcdl: rank \d+'s program exited with status \d+: ending", re.M)
 # srun's line for a task that died of a signal ("srun: error: n2: task 3: Aborted"; a
 # task that merely exited non-zero reads "Exited with exit code N" and is left to its log).
 SRUN_TASK_DIED = re.compile(r"^srun: error: (\S+): task (\d+): (?!Exited with)(.+)$", re.M)
@@ -73,9 +77,14 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
             continue
         if stalled:
             return rank, f"stalled: {stalled.group(1)} (its stacks are in its log)"
+        if PEER_ENDED.search(text):
+            continue
         found = ERROR_LINE.findall(text)
+        exited = PROGRAM_EXIT.search(text)
         if found:
             errors[rank] = found[-1]
+        elif exited:
+            errors[rank] = program_exit(text, exited)
         else:
             silent.append(rank)
     own = [(r, e) for r, e in errors.items() if not any(p in e for p in PEER_GONE)]
@@ -113,6 +122,18 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
         if shell:
             return rank, clipped(shell.group(0).strip(), 200)
     return None
+
+
+def program_exit(text: str, exited: re.Match[str]) -> str:
+    """'the program exited with status 1: <its last line>' (sys.exit("message") prints
+    the message, and no error line)."""
+    before = [
+        line.strip()
+        for line in text[: exited.start()].splitlines()
+        if line.strip() and not line.startswith(("hpcdl:", "submitit "))
+    ]
+    said = f": {clipped(before[-1], 160)}" if before else ""
+    return f"the program exited with status {exited.group(1)}{said}"
 
 
 def clipped(text: str, limit: int) -> str:

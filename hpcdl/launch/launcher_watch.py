@@ -24,6 +24,9 @@ from hpcdl.exit_codes import EXIT_INTERRUPTED
 
 FOREGROUND_VAR = "HPCDL_FOREGROUND"
 POLL_S = 1.0
+# Then a second SIGTERM: an `hpcdl run` program that ignored the first is ended (SIGKILL,
+# hpcdl.script_job), as a second Ctrl-C would; nobody is left at a terminal to give it.
+FORCE_AFTER_S = 60.0
 
 
 def describe_foreground(lock_file: Path) -> str:
@@ -53,6 +56,8 @@ def _watch(foreground: dict) -> None:
         file=sys.stderr,
         flush=True,
     )
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(FORCE_AFTER_S)  # a trainer's rank has left by then (a daemon thread)
     os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 from hpcdl.config.schema import Config, tasks_per_node
 from hpcdl.errors import HpcdlError, plural
-from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
-from hpcdl.launch.diagnose import ERROR_LINE, root_cause
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
+from hpcdl.launch.diagnose import ERROR_LINE, describe, root_cause
 from hpcdl.launch.foreground import record_end, record_start
 from hpcdl.launch.launcher_watch import FOREGROUND_VAR, describe_foreground
 from hpcdl.launch.logtail import LineEcho
@@ -143,7 +143,7 @@ def stopping_what(cfg: Config) -> str:
     boundary; an `hpcdl run` program gets SIGTERM from its rank's wrapper (hpcdl.script_job)
     and decides itself."""
     if cfg.script is not None:
-        return "asking the program to stop (SIGTERM to each rank)"
+        return "asking the program to stop (SIGTERM to each rank; again to end it now)"
     return "stopping all ranks at the next step"
 
 
@@ -251,4 +251,11 @@ def _exit_code(job: Any) -> int:
         # Also while stopping: the stop's checkpoint may not have been saved ("interrupted;
         # checkpoint saved" would say it was); resume uses the newest valid one either way.
         return EXIT_FAILED
-    return max(o.exit_code for o in outcomes)
+    code = max(o.exit_code for o in outcomes)
+    failed = [o.rank for o in outcomes if o.failed_exit_code not in (None, EXIT_INTERRUPTED)]
+    if failed and failed != [0]:  # the terminal showed rank 0's log only: name the cause
+        logs = Path(job.paths.stdout).parent
+        cause = root_cause(logs, job.job_id)
+        if cause is not None and cause[0] != 0:
+            print(f"error: {describe(cause)} (logs: {logs})", file=sys.stderr)
+    return code

@@ -10,6 +10,7 @@ import pytest
 
 from hpcdl.cli.compose import compose_config
 from hpcdl.cli.main import main
+from hpcdl.config.schema import ScriptConfig
 from hpcdl.launch.foreground import record_end, record_start
 from hpcdl.rundir import RunDir, create_run_dir
 
@@ -90,9 +91,24 @@ def test_a_local_run_is_running_while_its_lock_holder_lives(tmp_path, capsys) ->
         report = status_lines(run, capsys)
         assert report["state"] == "RUNNING" and report["where"].startswith("pid ")
         assert main(["cancel", str(run.path)]) == 2
-        assert "stop it with Ctrl-C in its terminal" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "stop it with Ctrl-C in its terminal" in err and "(it saves a checkpoint;" in err
     report = status_lines(run, capsys)  # gone without an end record: killed
     assert report["state"] == "FAILED" and "where" not in report
+
+
+def test_cancel_of_a_foreground_hpcdl_run_says_what_its_program_gets(tmp_path, capsys) -> None:
+    # Before: "(it saves a checkpoint; ...)", which hpcdl cannot promise of a program.
+    from hpcdl.runlock import hold
+
+    script = ScriptConfig(command=["python", "train.py"])
+    cfg = compose_config([f"run_dir={tmp_path / 'prog'}"], script=script)
+    run = create_run_dir(cfg)[1]
+    with hold(run):
+        local_run(run, "98", exit_code=None)
+        assert main(["cancel", str(run.path)]) == 2
+        err = capsys.readouterr().err
+        assert "(its program gets SIGTERM, and a second kill ends it;" in err, err
 
 
 def test_a_debug_run_has_no_log_files_and_says_so_in_one_line(tmp_path, capsys) -> None:

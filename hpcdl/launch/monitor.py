@@ -646,10 +646,15 @@ def cancel_foreground(run_dir: RunDir, launch: Launch) -> int:
     state = foreground_state(run_dir, launch)
     if state == "RUNNING":
         holder = last_holder(run_dir) or {}
+        what = (
+            "its program gets SIGTERM, and a second kill ends it"
+            if _runs_a_program(run_dir)
+            else "it saves a checkpoint"
+        )
         raise HpcdlError(
             f"{run_dir.path} is trained in the foreground by {describe_holder(holder)}, not "
             f"by a Slurm job: stop it with Ctrl-C in its terminal, or `kill {holder.get('pid')}` "
-            "on its host (it saves a checkpoint; `hpcdl resume` continues it)"
+            f"on its host ({what}; `hpcdl resume` continues it)"
         )
     if launch.launcher == "" and not run_dir.has_started():
         print(f"{run_dir.path}: not launched yet; nothing to cancel")
@@ -658,3 +663,13 @@ def cancel_foreground(run_dir: RunDir, launch: Launch) -> int:
         f"{run_dir.path}: its last run, in the foreground, has ended ({state}); nothing to cancel"
     )
     return EXIT_OK
+
+
+def _runs_a_program(run_dir: RunDir) -> bool:
+    """An `hpcdl run` run: its config.yaml's `script:` is a mapping, not null (read as text:
+    the login node's commands load no config schema for this)."""
+    try:
+        text = run_dir.config_file.read_text()
+    except OSError:
+        return False
+    return re.search(r"^script:\s*$", text, re.M) is not None

@@ -102,6 +102,33 @@ def test_the_login_node_decision_never_imports_torch(run: Path, tmp_path: Path) 
     assert "nothing to train" in out.stdout
 
 
+def test_another_built_in_model_is_refused_on_the_login_node(run: Path, tmp_path: Path) -> None:
+    # Before: submitted on Slurm, config.yaml saved with the new model, and every job after
+    # it failed on its first node ("... does not fit this run's model").
+    before = snapshot(run)
+    env = fake_slurm(tmp_path)
+    cases = [
+        (["model.hidden_sizes=[30,60,8]", "model.dropout=0.2"], "model.hidden_sizes=[30,60,8]: ",
+         "hold the weights of model.hidden_sizes=[30,60], which this model cannot take; resume "
+         "with model.hidden_sizes=[30,60], or train a new run (hpcdl train "
+         "model.hidden_sizes=[30,60,8] ...)"),
+        (["model.hidden_sizes=[16]"], "model.hidden_sizes=[16]: ",
+         "hold the weights of model.hidden_sizes=[30,60], which this model cannot take; "
+         "resume with model.hidden_sizes=[30,60]"),
+    ]  # fmt: skip
+    for overrides, start, middle in cases:
+        out = run_hpcdl("resume", "run", "trainer.max_epochs=4", "cluster=slurm", *overrides,
+                        cwd=tmp_path, env=env)  # fmt: skip
+        assert out.returncode == 2, out.stdout
+        assert out.stderr.startswith(f"error: {start}{run}'s checkpoints ") and middle in out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr
+    assert not (tmp_path / "slurm_called").exists()
+    assert snapshot(run) == before
+    # Dropout changes no weight: it trains on (here, on this machine).
+    out = run_hpcdl("resume", "run", "trainer.max_epochs=3", "model.dropout=0.1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+
+
 def test_more_epochs_and_from_scratch_still_train(run: Path, tmp_path: Path) -> None:
     out = run_hpcdl("resume", "run", "trainer.max_epochs=3", cwd=tmp_path)
     assert out.returncode == 0, out.stderr

@@ -45,6 +45,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
             with in_workdir(cfg.workdir):  # data.kwargs paths are the run's folder's
                 probe_user_code(cfg)  # before the changed config is saved
         refuse_another_optimizer(stored, cfg, run_dir)
+        if not args.from_scratch:
+            refuse_another_model(stored, cfg, run_dir)
     refuse_another_split(trained_data(stored, run_dir), stored, cfg, run_dir)
     if not args.from_scratch and not is_held(run_dir):  # a holder is refused below
         if chosen is None:
@@ -135,6 +137,43 @@ def refuse_another_optimizer(stored: Config, cfg: Config, run_dir: RunDir) -> No
             f"{after} cannot continue from; resume with optim={before}, or start a new run "
             f"from its weights: hpcdl train init_from={run_dir.path} optim={after}"
         )
+
+
+# Built-in models' keys that change no weight's shape: the others make weights a checkpoint
+# of the run cannot fill.
+SHAPELESS_MODEL_KEYS = ("dropout",)
+
+
+def refuse_another_model(stored: Config, cfg: Config, run_dir: RunDir) -> None:
+    """A built-in model whose weights the run's checkpoints cannot fill (another model, or
+    other layer sizes): refused on the login node, before config.yaml changes or a job
+    waits in the queue to find it out. A custom model's fit is the job's to check (its
+    code may take the same weights under another target)."""
+    from dataclasses import asdict
+
+    if cfg.model == stored.model or "custom" in (cfg.model.name, stored.model.name):
+        return
+    if not any(run_dir.checkpoint_dir.glob("step_*")):
+        return
+    if cfg.model.name != stored.model.name:
+        changed, was = f"model={cfg.model.name}", f"model={stored.model.name}"
+    else:
+        before, after = asdict(stored.model), asdict(cfg.model)
+        keys = [k for k in after if after[k] != before[k] and k not in SHAPELESS_MODEL_KEYS]
+        if not keys:
+            return
+        changed = " ".join(f"model.{k}={_value(after[k])}" for k in keys)
+        was = " ".join(f"model.{k}={_value(before[k])}" for k in keys)
+    raise HpcdlError(
+        f"{changed}: {run_dir.path}'s checkpoints hold the weights of {was}, which this "
+        f"model cannot take; resume with {was}, or train a new run (hpcdl train {changed} "
+        "...)"
+    )
+
+
+def _value(value: Any) -> str:
+    """A value as it is written on the command line: [30,60], not [30, 60]."""
+    return str(value).replace(" ", "")
 
 
 # What decides which samples are training, validation and test rows, and what the model's

@@ -129,6 +129,39 @@ def test_another_built_in_model_is_refused_on_the_login_node(run: Path, tmp_path
     assert out.returncode == 0, out.stderr
 
 
+def test_a_resume_that_waited_for_the_lock_sees_the_job_the_other_one_submitted(
+    run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Three `hpcdl resume` at once each submitted a job (60, 61, 62); two of them failed in
+    # their jobs, "being trained by Slurm job 62". Here the other resume submits job 62
+    # while this one waits for the run dir's lock.
+    import contextlib
+
+    from hpcdl.cli.main import main
+    from hpcdl.runlock import hold
+
+    @contextlib.contextmanager
+    def hold_after_the_other(run_dir: RunDir):  # type: ignore[no-untyped-def]
+        run_dir.record_submission("62", "slurm", run_dir.log_dir)
+        with hold(run_dir):
+            yield
+
+    def launched(*args: object) -> int:
+        raise AssertionError("launched a second job")
+
+    monkeypatch.setattr("hpcdl.runlock.hold", hold_after_the_other)
+    monkeypatch.setattr("hpcdl.cli.main.launch", launched)
+    monkeypatch.setattr("hpcdl.launch.monitor.job_state", lambda job: {"state": "PENDING"})
+    config = (run / "config.yaml").read_bytes()
+    assert main(["resume", str(run), "trainer.max_epochs=4"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {run}: its job 62 is still PENDING; it resumes by itself when requeued, or "
+        f"stop it first with `hpcdl cancel {run}`\n"
+    )
+    assert (run / "config.yaml").read_bytes() == config
+
+
 def test_more_epochs_and_from_scratch_still_train(run: Path, tmp_path: Path) -> None:
     out = run_hpcdl("resume", "run", "trainer.max_epochs=3", cwd=tmp_path)
     assert out.returncode == 0, out.stderr

@@ -34,6 +34,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     cfg, run_dir = open_run_dir(args.run_dir)
     refuse_if_still_queued(run_dir)
+    submitted = run_dir.read_submission()
     chosen = choose_checkpoint(cfg, run_dir, args)  # --from: None without it
     stored = cfg
     if args.overrides:
@@ -62,6 +63,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if chosen is not None and chosen.new_run_dir is not None:
         run_dir = chosen.branch(stored)  # RUN_DIR is only read; NEW_DIR is launched below
     with hold(run_dir):  # before anything is written: a second resume changes nothing
+        if run_dir.read_submission() != submitted:  # a resume beside this one submitted
+            refuse_if_still_queued(run_dir)
         if chosen is not None and chosen.new_run_dir is None:
             chosen.continue_in_place(program_records(cfg, run_dir))
         if args.from_scratch:

@@ -662,21 +662,34 @@ def create_run_dir(cfg: Config) -> tuple[Config, RunDir]:
                     pass
             path = base.with_name(f"{base.name}-{suffix}")
         raise RunDirError(f"run dir {base}: too many runs started this second; set run_dir=...")
-    path = Path(cfg.run_dir).expanduser().resolve()
+    path = check_new_run_dir(cfg.run_dir)
     key = f"run_dir={cfg.run_dir!r}"
-    if path.exists() and not path.is_dir():
-        raise RunDirError(f"{key}: {path} is a file, not a folder; choose a new run_dir")
-    if path.is_dir() and any(path.iterdir()):
-        raise RunDirError(
-            f"{key} already exists; continue it with `hpcdl resume {cfg.run_dir}` "
-            "or choose a new run_dir"
-        )
     try:
         return _create_run_dir(replace(cfg, run_dir=str(path)), key)
     except _TakenMeanwhile:
         raise RunDirError(
             f"{key}: another command created {path} meanwhile; choose a new run_dir"
         ) from None
+
+
+def check_new_run_dir(run_dir: str) -> Path:
+    """The resolved path of a run_dir given for a new run; a one-line RunDirError for a
+    file there, or a folder that holds anything (a run: resume it; else other files)."""
+    path = Path(run_dir).expanduser().resolve()
+    key = f"run_dir={run_dir!r}"
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{key}: {path} is a file, not a folder; choose a new run_dir")
+    if path.is_dir() and any(path.iterdir()):
+        if (path / RunDir.CONFIG).is_file():
+            raise RunDirError(
+                f"{key} already exists; continue it with `hpcdl resume {run_dir}` "
+                "or choose a new run_dir"
+            )
+        raise RunDirError(
+            f"{key}: {path} is a folder with other files in it, not an hpcdl run; choose a "
+            "new run_dir (a folder that does not exist yet, or an empty one)"
+        )
+    return path
 
 
 class _TakenMeanwhile(Exception):

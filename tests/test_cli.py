@@ -34,7 +34,7 @@ def test_bad_input_exits_2_with_one_line_and_touches_nothing(hpcdl, tmp_path: Pa
         (["trainer.max_epochs=abc"], "trainer.max_epochs"),
         (["trainer.batch_size=-1"], "trainer.batch_size=-1: must be > 0"),
         (["data=mnist", "data.path=/no/such/dir"], "data.path='/no/such/dir'"),
-        ([f"run_dir={existing}"], "already exists; continue it with `hpcdl resume"),
+        ([f"run_dir={existing}"], "is a folder with other files in it, not an hpcdl run;"),
         (["init_from=/no/such/ckpt.pt"], "init_from"),
     ]
     for overrides, expected in cases:

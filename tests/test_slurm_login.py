@@ -108,6 +108,26 @@ def test_a_short_time_limit_is_one_warning_line_and_submits_nothing_else_changed
     assert plain.returncode == 0 and "warning:" not in plain.stderr
 
 
+def test_a_dry_run_into_a_run_dir_that_exists_is_refused_as_the_submit_would_be(
+    hpcdl, tmp_path
+) -> None:
+    # Before: the script, "nothing submitted" and exit 0; the submit then said no.
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.yaml").write_text("model: {}\n")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    for run_dir, said in [
+        ("r", "run_dir='r' already exists; continue it with `hpcdl resume r`"),
+        ("notes", "run_dir='notes': "),
+    ]:
+        out = hpcdl("train", "cluster=devcluster", f"run_dir={run_dir}", "--no-preflight",
+                    "--dry-run")  # fmt: skip
+        assert out.returncode == 2, out.stdout
+        assert "#SBATCH" in out.stdout and "nothing submitted" in out.stdout
+        assert out.stderr.startswith(f"error: {said}") and out.stderr.count("\n") == 1
+    assert (tmp_path / "notes" / "a.txt").read_text() == "mine"
+
+
 def test_dry_run_needs_a_slurm_profile(hpcdl) -> None:
     out = hpcdl("train", "--dry-run")
     assert out.returncode == 2 and "not a Slurm profile" in out.stderr

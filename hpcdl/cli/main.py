@@ -634,7 +634,7 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     (not checked where no Slurm answers, as on a laptop)."""
     from hpcdl.config.schema import Launcher
     from hpcdl.launch.slurm import rank_environment, sbatch_text
-    from hpcdl.rundir import RunDir, default_run_dir, with_workdir
+    from hpcdl.rundir import RunDir, check_new_run_dir, default_run_dir, with_workdir
 
     if cfg.cluster.launcher != Launcher.slurm:
         raise HpcdlError(
@@ -652,6 +652,8 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
         print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
     refusal = preflight_verdict(cfg, skip_preflight)
     print("# dry run: nothing submitted", flush=True)
+    if cfg.run_dir is not None:  # the refusal `hpcdl train` would meet first
+        check_new_run_dir(cfg.run_dir)
     if refusal is not None:
         raise refusal
     return EXIT_OK

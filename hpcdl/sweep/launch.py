@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -206,6 +206,16 @@ def refused_arrays(
     )
 
 
+@dataclass
+class _Running:
+    """A trial the local pool started: its process, and what tells its attempt apart."""
+
+    proc: subprocess.Popen[Any]
+    run_dir: RunDir
+    num_starts: int  # start records in attempts.jsonl before this one
+    num_stops: int = 0  # stops passed on to it
+
+
 def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
     """Local sweeps: trials in parallel processes, bounded by this machine's cores."""
     from hpcdl.threads import THREADS_VAR, usable_cpus
@@ -224,32 +234,31 @@ def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
     print(f"running {trials} locally, {num_workers} at a time", flush=True)
     failed: list[int] = []
     waiting = list(indices)
-    running: dict[int, subprocess.Popen[Any]] = {}
-    stopping: list[int] = []
+    running: dict[int, _Running] = {}
+    stops: list[int] = []  # signals received: each goes on to every running trial
 
     def stop(signum: int, _frame: Any) -> None:
-        stopping.append(signum)
-        for proc in running.values():
-            proc.send_signal(signal.SIGTERM)
+        stops.append(signum)
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while waiting or running:
-            while waiting and len(running) < num_workers and not stopping:
+            while waiting and len(running) < num_workers and not stops:
                 i = waiting.pop(0)
                 running[i] = _start_trial(ledger, i, sweep_dir, env)
-            for i, proc in list(running.items()):
-                if proc.poll() is not None:
+            for i, trial in list(running.items()):
+                _pass_stops(trial, len(stops))
+                if trial.proc.poll() is not None:
                     del running[i]
-                    if not _finish_trial(sweep_dir, i, proc.returncode):
+                    if not _finish_trial(sweep_dir, i, trial.proc.returncode):
                         failed.append(i)
-            if stopping and not running:
+            if stops and not running:
                 break
             time.sleep(0.2)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if stopping:
+    if stops:
         return EXIT_INTERRUPTED
     if failed:  # a script (or CI) running the sweep must see it
         print(f"{len(failed)} of {trials} failed: hpcdl sweep status {sweep_dir}", flush=True)
@@ -257,14 +266,28 @@ def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
     return EXIT_OK
 
 
-def _start_trial(
-    ledger: Ledger, index: int, sweep_dir: Path, env: dict[str, str]
-) -> subprocess.Popen[Any]:
+def _pass_stops(trial: _Running, num_stops: int) -> None:
+    """One SIGTERM per stop received, once the trial listens: it has recorded its start,
+    after its launcher's handlers are in (hpcdl.cli.sweep_trial). One sent as it loads would
+    kill it (FAILED, exit -15) instead of stopping it at a step with a checkpoint."""
+    if trial.num_stops >= num_stops or trial.proc.poll() is not None:
+        return
+    starts = [a for a in trial.run_dir.read_attempts() if a.get("event") == "start"]
+    if len(starts) <= trial.num_starts:
+        return
+    for _ in range(num_stops - trial.num_stops):
+        trial.proc.send_signal(signal.SIGTERM)
+    trial.num_stops = num_stops
+
+
+def _start_trial(ledger: Ledger, index: int, sweep_dir: Path, env: dict[str, str]) -> _Running:
     record = ledger.trial(index)
-    trial_log = RunDir(Path(record.run_dir)).trial_log
-    log = open(trial_log, "a")  # noqa: SIM115 (the child holds it; closed below)
+    run_dir = RunDir(Path(record.run_dir))
+    num_starts = sum(a.get("event") == "start" for a in run_dir.read_attempts())
+    log = open(run_dir.trial_log, "a")  # noqa: SIM115 (the child holds it; closed below)
+    log_from = log.tell()  # this attempt's part of the log: its failure's cause
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hpcdl.cli.main", "resume", record.run_dir],
+        [sys.executable, "-m", "hpcdl.cli.sweep_trial", record.run_dir],
         stdout=log,
         stderr=subprocess.STDOUT,
         # Its start record and commands.log line: the sweep's attempt, not one by hand.
@@ -275,17 +298,19 @@ def _start_trial(
     with ledger_mod.locked(sweep_dir) as led:
         trial = led.trial(index)
         trial.job_id, trial.state, trial.attempts = str(proc.pid), "RUNNING", trial.attempts + 1
-        led.submissions.append({"pid": trial.job_id, "trials": [index], "time": time.time()})
+        led.submissions.append(
+            {"pid": trial.job_id, "trials": [index], "time": time.time(), "log_from": log_from}
+        )
     print(
-        f"trial {index} ({' '.join(record.overrides)}): started, log {trial_log}",
+        f"trial {index} ({' '.join(record.overrides)}): started, log {run_dir.trial_log}",
         flush=True,
     )
-    return proc
+    return _Running(proc, run_dir, num_starts)
 
 
 def _finish_trial(sweep_dir: Path, index: int, code: int) -> bool:
     """Record a trial's end; whether it completed or was interrupted (not failed)."""
-    from hpcdl.sweep.report import last_error, trial_metric
+    from hpcdl.sweep.report import local_failure_cause, trial_metric
 
     with ledger_mod.locked(sweep_dir) as led:
         trial = led.trial(index)
@@ -297,7 +322,7 @@ def _finish_trial(sweep_dir: Path, index: int, code: int) -> bool:
         warning = _first_warning(trial_log)
         if warning:
             print(f"trial {index}: {warning}", flush=True)
-        cause = last_error(trial_log) if trial.state == "FAILED" else None
+        cause = local_failure_cause(led, index) if trial.state == "FAILED" else None
         if cause:
             print(f"trial {index} failed: {cause}", flush=True)
         return trial.state != "FAILED"

@@ -17,8 +17,20 @@ from typing import Any, Optional
 from hpcdl.atomic import write_atomic
 from hpcdl.config.convert import to_plain
 from hpcdl.errors import HpcdlError, plural
-from hpcdl.launch.diagnose import describe, root_cause
-from hpcdl.launch.monitor import FAILED_STATES, is_active, own_stop, requeue_pending
+from hpcdl.launch.diagnose import (
+    ERROR_LINE,
+    FATAL_LINE,
+    STALL_LINE,
+    describe,
+    root_cause,
+)
+from hpcdl.launch.monitor import (
+    FAILED_STATES,
+    is_active,
+    newest_launch,
+    own_stop,
+    requeue_pending,
+)
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.direction import Direction
@@ -237,27 +249,81 @@ def failure_causes(ledger: Ledger) -> list[tuple[int, str]]:
     for t in ledger.trials:
         if t.state not in FAILED_STATES or not t.job_id:
             continue
-        run_dir = RunDir(Path(t.run_dir))
-        stop = own_stop(run_dir, t.job_id) if ledger.launcher == "slurm" else None
-        if stop is not None:  # it saved and stopped (exit 3: FAILED to Slurm); no error
-            found.append((t.index, f"stopped: {stop}"))
-            continue
-        log_dir = run_dir.rank_log(t.job_id, 0).parent
-        cause = describe(root_cause(log_dir, t.job_id)) or last_error(run_dir.trial_log)
+        cause = (
+            slurm_failure_cause(RunDir(Path(t.run_dir)), t.job_id)
+            if ledger.launcher == "slurm"
+            else local_failure_cause(ledger, t.index)
+        )
         if cause:
             found.append((t.index, cause))
     return found
 
 
-def last_error(trial_log: Path) -> Optional[str]:
-    """The last `error:` line of a local trial's log (its `hpcdl resume` command's output:
-    bad input found in the job, a rank's failure), without the prefix."""
+def slurm_failure_cause(run_dir: RunDir, job_id: str) -> Optional[str]:
+    """Why an array task failed: the stop it recorded (a time limit past
+    cluster.max_requeues: exit 3, FAILED to Slurm; no error), else its ranks' logs."""
+    stop = own_stop(run_dir, job_id)
+    if stop is not None:
+        return f"stopped: {stop}"
+    return describe(root_cause(run_dir.rank_log(job_id, 0).parent, job_id))
+
+
+def local_failure_cause(ledger: Ledger, index: int) -> Optional[str]:
+    """Why a local sweep's trial failed in its newest attempt: hpcdl's own `error:` line in
+    its log (bad input found in the job; cluster=local naming the rank), else the rank that
+    made its cluster=local job fail (root_cause), else the last exception in its log (a
+    traceback of cluster=debug, an `hpcdl run` program's), else hpcdl's last word on it
+    (`the program exited with status 1`). Only the pool's attempts log to trial.log: after
+    a resume by hand, only that job's rank logs can tell."""
+    run_dir = RunDir(Path(ledger.trial(index).run_dir))
+    starts = [a for a in run_dir.read_attempts() if a.get("event") == "start"]
+    text = ""
+    if not starts or starts[-1].get("sweep"):
+        text = _attempt_log(run_dir.trial_log, _log_from(ledger, index))
+    said = [line[len("error: ") :] for line in text.splitlines() if line.startswith("error: ")]
+    if said:
+        return said[-1]
+    launch = newest_launch(run_dir)
+    if launch.launcher != "slurm" and launch.job_id is not None:
+        cause = describe(root_cause(run_dir.log_dir, launch.job_id))
+        if cause:
+            return cause
+    return last_exception(text)
+
+
+def _log_from(ledger: Ledger, index: int) -> int:
+    """Where the pool's newest attempt of a trial begins in its trial.log (0: a ledger from
+    before the pool recorded it, or none yet)."""
+    starts = [s for s in ledger.submissions if "pid" in s and index in s["trials"]]
+    return int(starts[-1].get("log_from", 0)) if starts else 0
+
+
+def _attempt_log(trial_log: Path, offset: int) -> str:
     try:
-        lines = trial_log.read_text(errors="replace").splitlines()
+        with open(trial_log, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
     except OSError:
-        return None
-    errors = [line[len("error: ") :] for line in lines if line.startswith("error: ")]
-    return errors[-1] if errors else None
+        return ""
+
+
+def last_exception(text: str) -> Optional[str]:
+    """A log's last word on a failure without an `error:` line: a stall the watchdog
+    reported, else the last exception (a traceback's last line), else a fatal line (a
+    crash in C code), else hpcdl's last line that is no warning."""
+    stalled = STALL_LINE.findall(text)
+    if stalled:
+        return f"stalled: {stalled[-1]} (its stacks are in its log)"
+    for pattern in (ERROR_LINE, FATAL_LINE):
+        found = pattern.findall(text)
+        if found:
+            return str(found[-1]).strip()
+    said = [
+        line[len("hpcdl: ") :]
+        for line in text.splitlines()
+        if line.startswith("hpcdl: ") and not line.startswith("hpcdl: warning:")
+    ]
+    return said[-1] if said else None
 
 
 def _markdown(rows: list[list[str]]) -> str:

@@ -126,6 +126,12 @@ def test_a_dry_run_into_a_run_dir_that_exists_is_refused_as_the_submit_would_be(
         assert "#SBATCH" in out.stdout and "nothing submitted" in out.stdout
         assert out.stderr.startswith(f"error: {said}") and out.stderr.count("\n") == 1
     assert (tmp_path / "notes" / "a.txt").read_text() == "mine"
+    for cluster in ("cluster=devcluster", "cluster=debug"):  # and a sweep's dir
+        out = hpcdl("train", "-m", cluster, "optim.lr=0.1,0.2", "hydra.sweep.dir=notes",
+                    "--no-preflight", "--dry-run")  # fmt: skip
+        assert out.returncode == 2, out.stdout
+        assert "1: optim.lr=0.2" in out.stdout
+        assert out.stderr.startswith(f"error: hydra.sweep.dir='{tmp_path / 'notes'}' already")
 
 
 def test_dry_run_needs_a_slurm_profile(hpcdl) -> None:

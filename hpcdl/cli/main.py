@@ -448,6 +448,10 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
         for t in plan.trials:
             print(f"  {t.index}: {' '.join(t.overrides)}")
         if plan.trials[0].config.cluster.launcher != Launcher.slurm:
+            if plan.sweep_dir is not None:  # the refusal the sweep would meet
+                from hpcdl.sweep.launch import check_new_sweep_dir
+
+                check_new_sweep_dir(Path(plan.sweep_dir).expanduser().resolve())
             return EXIT_OK
         return dry_run_sweep(plan, args.no_preflight)
     return start_sweep(plan, args.no_preflight)[1]
@@ -687,7 +691,7 @@ def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
     """`train -m --dry-run`: the job array's sbatch script, one per distinct cluster config
     (trials that differ in `cluster.*` cannot share an array's header), then the
     preflight's verdict on each, as the submission would meet it."""
-    from hpcdl.sweep.launch import default_sweep_dir
+    from hpcdl.sweep.launch import check_new_sweep_dir, default_sweep_dir
 
     sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
     print(f"# sweep dir (not created): {sweep_dir}")
@@ -702,6 +706,8 @@ def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
             refusal.args = (f"trial {trial.index} ({' '.join(trial.overrides)}): {refusal}",)
             break
     print("# dry run: nothing submitted", flush=True)
+    if plan.sweep_dir is not None:  # the refusal `train -m` would meet first
+        check_new_sweep_dir(sweep_dir)
     if refusal is not None:
         raise refusal
     return EXIT_OK

@@ -40,13 +40,19 @@ def default_sweep_dir() -> Path:
     return default_run_dir(root="multirun")
 
 
-def create_sweep(plan: SweepPlan) -> Ledger:
-    sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
-    if sweep_dir.exists() and any(sweep_dir.iterdir()) and plan.sweep_dir is not None:
+def check_new_sweep_dir(sweep_dir: Path) -> None:
+    """A hydra.sweep.dir given for a new sweep that holds anything: one-line RunDirError."""
+    if sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise RunDirError(
             f"hydra.sweep.dir={str(sweep_dir)!r} already exists; rerun its trials with "
             f"`hpcdl sweep rerun {sweep_dir} --failed` or choose a new hydra.sweep.dir"
         )
+
+
+def create_sweep(plan: SweepPlan) -> Ledger:
+    sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
+    if plan.sweep_dir is not None:
+        check_new_sweep_dir(sweep_dir)
     made = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]
     if plan.sweep_dir is None:
         parents = [p for p in sweep_dir.parents if not p.exists()]

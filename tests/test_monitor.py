@@ -4,6 +4,7 @@ without a cluster: the scheduler's answers are scripted (hpcdl.launch.monitor.jo
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -265,6 +266,42 @@ def test_a_sweep_dir_is_pointed_to_sweep_status_or_its_arrays(tmp_path, capsys, 
         assert f"error: {sweep} is a sweep dir: cancel all its trials with `scancel 41 57`" in err
     else:
         assert f"error: {sweep} is a sweep dir: `hpcdl sweep status {sweep}` shows" in err
+
+
+def test_status_where_slurm_does_not_answer_warns_and_exits_1(tmp_path, monkeypatch, capsys):
+    # Before: `state: UNKNOWN` (a run) or the ledger's stale RUNNING/PENDING (a sweep), with
+    # no word of why, and exit status 0.
+    from hpcdl.sweep.ledger import Ledger, TrialRecord, save
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("squeue", "sacct"):  # as without SLURM_CONF: installed, but no controller
+        (bin_dir / tool).write_text("#!/bin/sh\necho 'fatal: no configuration' >&2\nexit 1\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    run = new_run(tmp_path)
+    run.record_submission("8", "devcluster", run.log_dir)
+    assert main(["status", str(run.path)]) == 1
+    out, err = capsys.readouterr()
+    assert "state: UNKNOWN" in out
+    assert err == (
+        "warning: Slurm does not answer here (squeue and sacct failed), so the job's state is "
+        "not known; run this where Slurm answers (is SLURM_CONF set? for the dev cluster: "
+        'eval "$(slurm/devcluster env)")\n'
+    )
+    sweep = tmp_path / "sw"
+    trials = [TrialRecord(i, [f"optim.lr={i}"], str(sweep / str(i))) for i in range(2)]
+    ledger = Ledger(str(sweep), "devcluster", "slurm", ["optim.lr"], [], trials=trials)
+    for t in ledger.trials:
+        new_run(tmp_path, f"sw/{t.index}")
+        t.job_id, t.state = f"41_{t.index}", "RUNNING"
+    ledger.submissions.append({"array_job_id": "41", "trials": [0, 1]})
+    save(ledger)
+    assert main(["sweep", "status", str(sweep)]) == 1
+    out, err = capsys.readouterr()
+    assert "RUNNING" in out
+    assert err.startswith("warning: Slurm does not answer here (squeue and sacct failed), so the "
+                          "trial states shown are the last ones seen; run this where")  # fmt: skip
 
 
 @pytest.mark.parametrize("command", [["status", "--watch", "10"], ["logs", "-f"]])

@@ -521,7 +521,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from hpcdl.sweep.report import (
         edit_notes,
         no_metric_hint,
-        refresh,
+        refresh_states,
         status_table,
         write_summary,
     )
@@ -529,14 +529,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep_dir = Path(args.sweep_dir).expanduser().resolve()
     if args.sweep_command == "rerun":
         return rerun_failed(sweep_dir, dry_run=args.dry_run)[1]
-    ledger, metric = refresh(sweep_dir, getattr(args, "metric", None))
+    ledger, metric, silent = refresh_states(sweep_dir, getattr(args, "metric", None))
+    if silent is not None:
+        from hpcdl.launch.monitor import unanswered
+
+        print(f"warning: {unanswered(silent, 'the trial states shown are the last ones seen')}",
+              file=sys.stderr)  # fmt: skip
     if args.sweep_command == "status":
         from hpcdl.sweep.ledger import ENDED_UNFINISHED
 
         print(status_table(ledger, metric), end="")
-        # A script polling the sweep: 1 once a trial has ended without completing.
+        # A script polling the sweep: 1 once a trial has ended without completing, or when
+        # the states are not the scheduler's.
         failed = any(t.state in ENDED_UNFINISHED for t in ledger.trials)
-        return EXIT_FAILED if failed else EXIT_OK
+        return EXIT_FAILED if failed or silent is not None else EXIT_OK
     if args.sweep_command == "summary":
         ranking = direction(ledger, metric, args.mode)  # refused before anything is written
         text, files = write_summary(ledger, metric, ranking)

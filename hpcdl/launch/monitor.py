@@ -13,13 +13,14 @@ import datetime as dt
 import json
 import re
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.errors import HpcdlError
-from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from hpcdl.launch.diagnose import describe, root_cause
 from hpcdl.launch.foreground import FOREGROUND_LAUNCHERS
 from hpcdl.launch.logtail import copy_new
@@ -191,6 +192,18 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
     report["source"] = "run dir (" + report["source"].removeprefix("none (")
     report = {**verdict, **{k: v for k, v in report.items() if k not in verdict}}
     return with_killed_line(report) if verdict["state"] == "FAILED" else report
+
+
+def unanswered(source: str, what: str = "the job's state is not known") -> str:
+    """Why a state shown is not Slurm's, and the fix: one line."""
+    if source == NO_SLURM:
+        why = "Slurm's commands are not on PATH here"
+    else:
+        why = "Slurm does not answer here (squeue and sacct failed)"
+    return (
+        f"{why}, so {what}; run this where Slurm answers (is SLURM_CONF set? for the dev "
+        'cluster: eval "$(slurm/devcluster env)")'
+    )
 
 
 def no_scheduler_error(job_id: str, source: str) -> HpcdlError:
@@ -479,6 +492,9 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
         for key, value in report.items():
             if value is not None and value != {}:
                 print(f"{key:>15}: {shown(value)}")
+        if report.get("source") in (SQUEUE_FAILED, NO_SLURM):
+            print(f"warning: {unanswered(report['source'])}", file=sys.stderr, flush=True)
+            return EXIT_FAILED  # the state is not known: a script must not read it as RUNNING
         if watch_s is None or not is_active(report["state"]):
             return EXIT_OK
         time.sleep(max(watch_s, MIN_REFRESH_S))

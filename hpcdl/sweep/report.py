@@ -9,6 +9,7 @@ import difflib
 import io
 import math
 import shlex
+import shutil
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -26,6 +27,8 @@ from hpcdl.launch.diagnose import (
 )
 from hpcdl.launch.monitor import (
     FAILED_STATES,
+    NO_SLURM,
+    SQUEUE_FAILED,
     is_active,
     newest_launch,
     own_stop,
@@ -96,7 +99,17 @@ def default_metric(ledger: Ledger) -> str:
 
 
 def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]:
-    """Update every trial's state, attempts, requeue count and metric in the ledger.
+    """refresh_states() without the scheduler's silence."""
+    ledger, metric, _ = refresh_states(sweep_dir, metric)
+    return ledger, metric
+
+
+def refresh_states(
+    sweep_dir: Path, metric: Optional[str] = None
+) -> tuple[Ledger, str, Optional[str]]:
+    """Update every trial's state, attempts, requeue count and metric in the ledger; the
+    third value: why Slurm's states are missing (a slurm_state source: neither squeue nor
+    sacct answered, so the trials keep their last states), else None.
 
     Also the metric the trials are shown with: `metric`, else default_metric(). The
     scheduler decides while a task is queued or running; once it has left the queue,
@@ -104,12 +117,15 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
     (task_state). The run dir has the last word once a trial has left the queue: a
     newest attempt that recorded a completed end is COMPLETED whatever the scheduler says
     (settled_state)."""
+    silent = None
     with ledger_mod.locked(sweep_dir) as ledger:
         if ledger.launcher == "slurm":
             for t in ledger.trials:  # a chained trial (cluster.requeue=chain) has moved on
                 t.job_id = current_job(RunDir(Path(t.run_dir))) or t.job_id
             arrays = sorted({t.job_id.split("_")[0] for t in ledger.trials if t.job_id})
             view = slurm_states(arrays)
+            if arrays and view.queued is None and view.accounted is None:
+                silent = NO_SLURM if shutil.which("squeue") is None else SQUEUE_FAILED
             for t in ledger.trials:
                 state = task_state(view, t.job_id, RunDir(Path(t.run_dir))) if t.job_id else None
                 t.state = state or t.state
@@ -129,7 +145,7 @@ def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]
             t.metric = trial_metric(RunDir(Path(t.run_dir)), metric)
         if chosen and all(t.metric is None for t in ledger.trials):
             refuse_unknown_metric(ledger, chosen)  # before the ledger is saved
-    return ledger, metric
+    return ledger, metric, silent
 
 
 def refuse_unknown_metric(ledger: Ledger, metric: str) -> None:

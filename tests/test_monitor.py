@@ -248,6 +248,21 @@ def test_the_rank_past_an_ended_jobs_world_size_is_named(tmp_path, monkeypatch, 
     assert "no log yet (job 3 may still be pending; try -f)" in capsys.readouterr().err
 
 
+def test_the_rank_past_a_running_jobs_world_size_is_named(tmp_path, monkeypatch, capsys) -> None:
+    # Before: `logs --rank 3 -f` of a running one-rank job waited for the log forever.
+    run = new_run(tmp_path)
+    run.record_submission("5", "devcluster", run.log_dir)
+    run.append_attempt({"event": "start", "job_id": "5", "world_size": 1, "start": "now"})
+    run.log_dir.mkdir()
+    run.rank_log("5", 0).write_text("epoch 1\n")
+    scheduler(monkeypatch, "RUNNING")
+    for follow in ([], ["-f"]):
+        assert main(["logs", str(run.path), "--rank", "3", *follow]) == 2
+        assert capsys.readouterr().err == (
+            "error: --rank 3: job 5 (RUNNING) has world size 1, ranks 0-0; pass one of those\n"
+        )
+
+
 @pytest.mark.parametrize("command", ["status", "logs", "cancel"])
 def test_a_sweep_dir_is_pointed_to_sweep_status_or_its_arrays(tmp_path, capsys, command) -> None:
     from hpcdl.sweep.ledger import Ledger, TrialRecord, save
@@ -424,6 +439,42 @@ def test_a_failed_scancel_is_one_line(tmp_path, monkeypatch, capsys) -> None:
     assert main(["cancel", "123"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: scancel 123 failed: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("ref", "state", "source", "code", "says"),
+    [
+        # Before: "cancelled job 99999", exit 0, for an id nothing knew.
+        ("99999", "UNKNOWN", "none (not queued; sacct does not know it)", 2,
+         "error: job 99999: neither squeue nor sacct knows it; nothing to cancel"),
+        ("99999", "UNKNOWN", "none (not queued; no accounting)", 0,
+         "job 99999 is not in Slurm's queue (it has ended, or the id is wrong); nothing"),
+        # Before: "cancelled job 3" again, a moment after the first cancel.
+        ("3", "COMPLETING", "squeue", 0, "job 3 is ending (COMPLETING); nothing to cancel"),
+        # Before: scancel's own "fatal: Could not establish a configuration source".
+        ("3", "UNKNOWN", "none (squeue failed)", 2,
+         "error: job 3: Slurm does not answer here (squeue and sacct failed), so nothing was "
+         "cancelled; run this where Slurm answers (is SLURM_CONF set?"),
+    ],
+)  # fmt: skip
+def test_cancel_says_what_it_did_not_cancel_and_why(
+    tmp_path, monkeypatch, capsys, ref, state, source, code, says
+) -> None:
+    from hpcdl.launch import slurm_state
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\ntouch {tmp_path / 'scancelled'}\n")
+    (bin_dir / "scancel").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    answer = {"job_id": ref, "state": state, "source": source}
+    monkeypatch.setattr("hpcdl.launch.monitor.job_state", lambda job_id: answer)
+    assert source in (slurm_state.SQUEUE_FAILED, slurm_state.NOT_IN_ACCOUNTING,
+                      slurm_state.NO_ACCOUNTING, "squeue")  # fmt: skip
+    assert main(["cancel", ref]) == code
+    out, err = capsys.readouterr()
+    assert says in (err if code else out), (out, err)
+    assert not (tmp_path / "scancelled").exists()
 
 
 def test_elapsed_is_shown_in_one_format_whoever_ran_the_job(tmp_path, monkeypatch, capsys) -> None:

@@ -605,6 +605,17 @@ def no_such_log(run_dir: RunDir, launch: Launch, rank: int, state: str) -> Hpcdl
     )
 
 
+def started_world_size(run_dir: RunDir, launch: Launch) -> Optional[int]:
+    """The world size this job's newest start record gives (None: not started yet)."""
+    starts = [
+        a
+        for a in run_dir.read_attempts()
+        if a.get("event") == "start" and str(a.get("job_id")) == str(launch.job_id)
+    ]
+    size = starts[-1].get("world_size") if starts else None
+    return int(size) if isinstance(size, int) else None
+
+
 def logs(ref: str, rank: int, follow: bool) -> int:
     run_dir, launch = resolve(ref, "logs")
     if run_dir is None:
@@ -614,6 +625,12 @@ def logs(ref: str, rank: int, follow: bool) -> int:
         active, state = is_running(run_dir, launch)
         if not active and state != "UNKNOWN":  # UNKNOWN: squeue failed, nothing to go by
             raise no_such_log(run_dir, launch, rank, state)
+        world = started_world_size(run_dir, launch)
+        if world is not None and rank >= world:  # running: its ranks are known
+            raise HpcdlError(
+                f"--rank {rank}: job {launch.job_id} ({state}) has world size {world}, ranks "
+                f"0-{world - 1}; pass one of those"
+            )
         if not follow:
             who = f"job {launch.job_id}" if launch.job_id else "the run"
             raise HpcdlError(f"{path}: no log yet ({who} may still be pending; try -f)")
@@ -638,8 +655,23 @@ def cancel(ref: str) -> int:
         return cancel_foreground(run_dir, launch)
     assert launch.job_id is not None
     job_id = launch.job_id
-    state = job_state(job_id)["state"]
-    if state != "UNKNOWN" and not is_active(state):  # scancel says nothing about those
+    known = job_state(job_id)
+    state, source = known["state"], known["source"]
+    if source in (SQUEUE_FAILED, NO_SLURM):
+        raise HpcdlError(f"job {job_id}: {unanswered(source, 'nothing was cancelled')}")
+    if state == "UNKNOWN":  # the controller answers, and has no such job in its queue
+        if run_dir is None and source == NOT_IN_ACCOUNTING:
+            raise HpcdlError(
+                f"job {job_id}: neither squeue nor sacct knows it; nothing to cancel (check "
+                "the id: `squeue --me` lists your jobs)"
+            )
+        why = "it has ended" if run_dir is not None else "it has ended, or the id is wrong"
+        print(f"job {job_id} is not in Slurm's queue ({why}); nothing to cancel")
+        return EXIT_OK
+    if state == "COMPLETING":  # cancelled a moment ago, say
+        print(f"job {job_id} is ending (COMPLETING); nothing to cancel")
+        return EXIT_OK
+    if not is_active(state):  # scancel says nothing about those
         print(f"job {job_id} has already ended ({state}); nothing to cancel")
         return EXIT_OK
     try:

@@ -657,3 +657,14 @@ def test_a_monitor_without_a_split_is_shown_an_example_of_the_tasks_own_metrics(
     for task, example in [("regression", "val_mae"), ("classification", "val_accuracy")]:
         with pytest.raises(ConfigError, match=f"e.g. val_loss, {example} or train_loss$"):
             _check_monitor("r2", SimpleNamespace(name=task))
+
+
+def test_a_kwargs_entry_given_twice_takes_the_last_value_as_other_keys_do() -> None:
+    # Before: Hydra's "Could not append to config. An item is already at 'data.kwargs.root'".
+    from hpcdl.cli.compose import compose_config
+
+    common = ["data=custom", "data.target=mylab.data:build", "data.kwargs.root=/a"]
+    cfg = compose_config([*common, "data.kwargs.seed=1", "data.kwargs.root=/b"])
+    assert cfg.data.kwargs == {"root": "/b", "seed": 1}  # type: ignore[union-attr]
+    cfg = compose_config(["optim.lr=0.1", "optim.lr=0.2"])
+    assert cfg.optim.lr == 0.2

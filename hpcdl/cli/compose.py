@@ -244,7 +244,12 @@ def _as_addition(message: str, overrides: list[str]) -> Optional[list[str]]:
     # A known key, or an entry of a known mapping key (model.kwargs.depth, cluster.env.X).
     if key not in known and key.rsplit(".", 1)[0] not in known:
         return None
-    return [f"+{o}" if o.split("=", 1)[0] == key else o for o in overrides]
+    # Given twice (a shell variable of defaults, then one more): the last wins, as for
+    # any other key; two additions would be Hydra's "Could not append to config".
+    same = [i for i, o in enumerate(overrides) if o.split("=", 1)[0] == key]
+    return [
+        f"+{o}" if i == same[-1] else o for i, o in enumerate(overrides) if i not in same[:-1]
+    ]
 
 
 def hydra_message(err: Exception) -> str:

@@ -668,3 +668,21 @@ def test_a_kwargs_entry_given_twice_takes_the_last_value_as_other_keys_do() -> N
     assert cfg.data.kwargs == {"root": "/b", "seed": 1}  # type: ignore[union-attr]
     cfg = compose_config(["optim.lr=0.1", "optim.lr=0.2"])
     assert cfg.optim.lr == 0.2
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        # Before: "did you mean model.width?", which model=custom then refused too.
+        ("model.kwarg.width=8", "model.kwarg.width: not a key of model=custom; arguments for "
+         "your code go in model.kwargs: model.kwargs.width=..."),
+        ("model.widht=8", "model.widht: not a key of model=custom; arguments for your code go "
+         "in model.kwargs: model.kwargs.widht=..."),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_of_a_custom_option_points_at_its_kwargs(override: str, says: str) -> None:
+    from hpcdl.cli.compose import compose_config
+
+    with pytest.raises(ConfigError) as info:
+        compose_config(["model=custom", "model.target=mylab.models:Net", override])
+    assert str(info.value) == says

@@ -10,7 +10,7 @@ import contextlib
 import copy
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -168,7 +168,7 @@ def _with_additions(overrides: list[str], attempt: Callable[[list[str]], DictCon
                 raise SweepValueError(swept.group(1) or swept.group(2)) from None
             retry = _as_addition(str(err), overrides)
             if retry is None:
-                raise ConfigError(_naming(hydra_message(err), overrides)) from None
+                raise ConfigError(_naming(hydra_message(err, overrides), overrides)) from None
             overrides = retry
     raise ConfigError("could not compose the config")  # unreachable: each retry fixes one key
 
@@ -252,12 +252,16 @@ def _as_addition(message: str, overrides: list[str]) -> Optional[list[str]]:
     ]
 
 
-def hydra_message(err: Exception) -> str:
-    """One line out of Hydra's multi-line errors."""
+def hydra_message(err: Exception, overrides: Sequence[str] = ()) -> str:
+    """One line out of Hydra's multi-line errors (overrides: the command line's, for the
+    options it chose)."""
     text = str(err)
     match = re.search(r"Could not override '([^']+)'", text)
     if match:
-        return unknown_key_message(match.group(1))
+        key = match.group(1)
+        group = key.split(".", 1)[0]
+        chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == group]
+        return unknown_key_message(key, chosen[-1] if chosen else None)
     match = re.search(r"In '[^']*': Could not find '([^/']+)/([^']+)'", text) or re.search(
         r"Could not find '([^/']+)/([^']+)'", text
     )

@@ -295,14 +295,29 @@ def known_keys(group: str) -> list[str]:
     return sorted(keys)
 
 
-def unknown_key_message(key: str) -> str:
+def unknown_key_message(key: str, chosen: Optional[str] = None) -> str:
+    """chosen: the group's option the command line picked (model=custom), if any: its keys
+    are the ones to suggest (model.width is resnet18's, not custom's)."""
     if key in RECORDED_KEYS:  # `hpcdl train workdir=...`
         return (
             f"{key}: recorded when the run is created, the folder hpcdl runs in; cd to the "
             "folder the run should start in (hpcdl resume RUN_DIR workdir=FOLDER moves it)"
         )
-    group = key.split(".", 1)[0]
-    valid = known_keys(group) if group in GROUPS else [*GROUPS, *TOP_LEVEL_KEYS]
+    group, _, name = key.partition(".")
+    options = NAMED_GROUPS.get(group, {})
+    if chosen in options and "kwargs" in _field_names(options[chosen]):
+        head, _, rest = name.partition(".")
+        if rest and head != "kwargs" and difflib.get_close_matches(head, ["kwargs"], n=1):
+            name = rest  # model.kwarg.width: meant model.kwargs.width
+        if name.split(".")[0] not in _field_names(options[chosen]):
+            return (
+                f"{key}: not a key of {group}={chosen}; arguments for your code go in "
+                f"{group}.kwargs: {group}.kwargs.{name}=..."
+            )
+    if chosen in options:
+        valid = [f"{group}.{field}" for field in _field_names(options[chosen])]
+    else:
+        valid = known_keys(group) if group in GROUPS else [*GROUPS, *TOP_LEVEL_KEYS]
     return _unknown_key_message(key, valid)
 
 

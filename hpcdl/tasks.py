@@ -391,6 +391,10 @@ def _scalar(where: str, name: str, value: Any) -> Any:
         return value.detach().reshape(())
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if type(value).__module__ == "numpy" and getattr(value, "size", 0) == 1:
+        kind = getattr(getattr(value, "dtype", None), "kind", "")
+        if kind and kind in "iuf":  # a NumPy number (np.float32, a 0-d array), not a bool or string
+            return float(value)
     raise ConfigError(f"{where}: metric {name!r} is {value!r}; return a number or scalar tensor")
 
 

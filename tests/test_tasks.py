@@ -84,6 +84,19 @@ def test_custom_task_bad_returns_are_one_line_errors(returned, message) -> None:
     assert "task.target='mylab.tasks:step'" in str(err.value) and "\n" not in str(err.value)
 
 
+def test_custom_task_metrics_may_be_numpy_numbers() -> None:
+    # Before: "metric 'acc' is np.float32(0.5); return a number or scalar tensor".
+    values = {"acc": np.float32(0.5), "hits": np.int64(3), "auc": np.array(0.25)}
+    task = custom(lambda m, b: (torch.tensor(1.0), values))
+    out = task.batch_stats(nn.Identity(), (torch.zeros(4, 3), torch.zeros(4)))
+    assert {k: float(v) for k, v in out.stats.items()} == {"acc": 2.0, "hits": 12.0, "auc": 1.0}
+    for bad in (np.bool_(True), np.array([0.5, 0.5]), np.str_("high")):
+        with pytest.raises(ConfigError, match="metric 'acc' is"):
+            custom(lambda m, b, v=bad: (torch.tensor(1.0), {"acc": v})).batch_stats(
+                nn.Identity(), (torch.zeros(4, 3), torch.zeros(4))
+            )
+
+
 def test_custom_task_metrics_are_weighted_by_samples_and_names_are_fixed() -> None:
     task = custom(lambda m, b: (b[1].float().mean(), {"label_mean": b[1].float().mean()}))
     sums = {"label_mean": 0.0}

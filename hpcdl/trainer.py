@@ -136,7 +136,8 @@ def resumed_progress(
     consumed = min(progress.step_in_epoch * saved, sharder.num_samples)
     step = sharder.step_starting_at(consumed)
     if step is None:
-        fits = " or ".join(map(str, sharder.batch_sizes_starting_at(consumed)))
+        others = [size for size in sharder.batch_sizes_starting_at(consumed) if size != saved]
+        fits = " or ".join(map(str, others))
         raise CheckpointError(
             f"{path} was saved {consumed} samples into epoch {progress.epoch + 1} with "
             f"trainer.batch_size={saved}; batches of {sharder.global_batch_size} cannot start "

@@ -926,3 +926,19 @@ def test_where_batches_of_another_size_start_in_an_epoch() -> None:
     assert wide.step_starting_at(160) is None
     assert wide.batch_sizes_starting_at(160) == [40, 80]
     assert EpochSharder(398, 48, rank=0, world_size=8, seed=0).batch_sizes_starting_at(7) == []
+
+
+def test_a_refused_batch_size_names_the_saved_one_once() -> None:
+    # Before: "resume with trainer.batch_size=32 or 32" (the saved size is also a neighbour).
+    from hpcdl.config.schema import EarlyStoppingConfig
+    from hpcdl.errors import CheckpointError
+    from hpcdl.state import Progress
+    from hpcdl.trainer import resumed_progress
+
+    progress = Progress(epoch=0, step_in_epoch=2, global_step=2)  # 64 samples into the epoch
+    state = {"progress": progress.to_dict(), "batch_size": 32}
+    sharder = EpochSharder(398, 48, rank=0, world_size=1, seed=0)
+    assert sharder.batch_sizes_starting_at(64) == [32, 64]
+    with pytest.raises(CheckpointError) as info:
+        resumed_progress(Path("c.pt"), state, sharder, EarlyStoppingConfig())
+    assert "resume with trainer.batch_size=32 or 64, and change it" in str(info.value)

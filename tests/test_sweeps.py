@@ -1060,3 +1060,18 @@ def test_sweep_summary_rows_carry_the_notes_the_command_prints(tmp_path: Path) -
         ("optim.lr=0.01", ["trial 1: resumed by hand with trainer.max_epochs=50"]),
     ]  # the command printed it below its table; the rows did not say
     assert edit_notes(refresh(sweep)[0]) == "trial 1: resumed by hand with trainer.max_epochs=50\n"
+
+
+def test_a_sweep_ranked_by_hpcdls_own_wall_time_says_so(tmp_path: Path) -> None:
+    # Before: "ranked by wall_s, lowest first (a metric hpcdl does not define: guessed ...)".
+    from hpcdl.sweep import launch
+    from hpcdl.sweep.direction import direction
+    from hpcdl.sweep.report import refresh
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={sweep}"]))
+    ledger, _ = refresh(sweep)
+    assert direction(ledger, "wall_s").header("wall_s") == (
+        "ranked by wall_s, lowest first (wall_s: hpcdl's wall time, lower is better); "
+        "--mode max reverses it"
+    )

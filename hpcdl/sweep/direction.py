@@ -64,8 +64,15 @@ def direction(ledger: Ledger, metric: str, mode: Union[str, Mode, None] = None) 
     if builtin is not None:
         better = "lower" if builtin == Mode.min else "higher"
         return Direction(builtin, f"{unprefixed(metric)}: {better} is better")
+    if metric in OWN_DURATIONS:  # hpcdl's own: summary.json's wall times
+        return Direction(Mode.min, f"{metric}: hpcdl's wall time, lower is better")
     guessed = Mode.min if lower_by_name(metric) else Mode.max
     return Direction(guessed, "a metric hpcdl does not define: guessed from its name")
+
+
+# summary.json's own durations, which a sweep of `hpcdl run` programs without a metrics
+# file is ranked by.
+OWN_DURATIONS = ("wall_s", "wall_s_total")
 
 
 def refuse_mixed_monitors(ledger: Ledger) -> None:

@@ -542,6 +542,10 @@ class RunDir(JobDir):
             {"job_id": job_id, "log_dir": str(log_dir), "history": history},
         )
 
+    def is_sweep_trial(self) -> bool:
+        """A trial of a sweep: its folder is in a sweep dir (one with a ledger)."""
+        return SweepDir(self.path.parent).ledger_file.is_file()
+
     def job_base(self) -> JobDir:
         """Where this run's jobs take their code and write their logs: the run dir, or for
         a sweep trial (which has no code of its own) the sweep dir around it."""

@@ -326,22 +326,24 @@ def _summary(cfg: Config, run_dir: RunDir, wall_s: float, wall_s_total: float) -
         path = run_dir.path / cfg.script.metrics_file
         metrics = read_program_metrics(path)
         if not metrics:
-            print(f"hpcdl: warning: {missing_metrics(cfg.script.metrics_file, path)}", flush=True)
+            in_sweep = run_dir.is_sweep_trial()
+            line = missing_metrics(cfg.script.metrics_file, path, in_sweep)
+            print(f"hpcdl: warning: {line}", flush=True)
         summary.update(metrics)
     return summary
 
 
-def missing_metrics(name: str, path: Any) -> str:
-    """One line on a metrics file that gave nothing, and where the program must write it."""
+def missing_metrics(name: str, path: Any, in_sweep: bool = False) -> str:
+    """One line on a metrics file that gave nothing, and where the program must write it
+    (in_sweep: the run is a sweep's trial, whose working directory the others share)."""
     what = "holds no JSON object or CSV row" if os.path.exists(path) else "was not written"
     line = (
         f"metrics_file={name}: {path} {what}; a relative metrics_file is read from the run dir: "
         f"write it to $HPCDL_RUN_DIR/{name} (hpcdl.api.run_dir() / {name!r})"
     )
     if not os.path.isabs(name) and os.path.exists(name):
-        line += (
-            f" ({os.path.abspath(name)} exists in the working directory, which trials running "
-            "at once share)"
+        line += f" ({os.path.abspath(name)} exists in the working directory" + (
+            ", which trials running at once share)" if in_sweep else ")"
         )
     return line
 

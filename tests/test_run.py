@@ -452,8 +452,15 @@ def test_a_metrics_file_written_outside_the_run_dir_is_named_with_the_fix(
     expected = f"metrics_file=m.json: {run_dir / 'm.json'} was not written"
     assert f"trial 0: hpcdl: warning: {expected}" in out.stdout
     assert "write it to $HPCDL_RUN_DIR/m.json" in out.stdout
-    assert f"{tmp_path / 'm.json'} exists in the working directory" in out.stdout
+    assert (
+        f"{tmp_path / 'm.json'} exists in the working directory, which trials running at once "
+        "share)" in out.stdout
+    )
     assert "score" not in json.loads((run_dir / "summary.json").read_text())
+    # A run alone has no trials beside it: the line says no more than it knows.
+    alone = hpcdl("run", "metrics_file=m.json", "run_dir=alone", "--", "python", "fit.py")
+    assert alone.returncode == 0, alone.stderr
+    assert f"{tmp_path / 'm.json'} exists in the working directory)" in alone.stdout
     at_once = min(2, usable_cpus())  # two 1-rank trials
     log = (run_dir / "trial.log").read_text()
     assert f"omp {max(1, usable_cpus() // at_once)}" in log

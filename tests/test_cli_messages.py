@@ -20,9 +20,14 @@ OPTIMS = "choose one of adam, adamw, rmsprop, sgd"
         (["model=transformer"], f"model=transformer: unknown option; {MODELS}"),
         (
             ["task=regresion"],
-            "task=regresion: unknown option; choose one of classification, custom, regression",
+            "task=regresion: unknown option; did you mean task=regression? (or choose one of "
+            "classification, custom, regression)",
         ),
-        (["trainer.max_epochs=2", "optim=adamm"], f"optim=adamm: unknown option; {OPTIMS}"),
+        (
+            ["trainer.max_epochs=2", "optim=adamm"],
+            f"optim=adamm: unknown option; did you mean optim=adam? (or {OPTIMS})",
+        ),
+        (["cluster=lcoal"], "cluster=lcoal: unknown option; did you mean cluster=local? (or "),
     ],
 )
 def test_a_bad_group_choice_on_the_command_line_names_the_override(
@@ -31,16 +36,20 @@ def test_a_bad_group_choice_on_the_command_line_names_the_override(
     """Not conf/config.yaml, whose defaults list Hydra names as the place of the choice."""
     with pytest.raises(ConfigError) as info:
         compose_config(overrides)
-    assert str(info.value) == expected
+    assert str(info.value) == expected or (
+        expected.endswith("(or ") and str(info.value).startswith(expected)
+    )
 
 
 def test_a_bad_group_choice_in_a_sweep_or_resume_names_the_override() -> None:
     with pytest.raises(ConfigError) as info:
         plan_sweep(["optim=sgd,sgdd"])
-    assert str(info.value) == f"trial 1 (optim=sgdd): optim=sgdd: unknown option; {OPTIMS}"
+    assert str(info.value) == (
+        f"trial 1 (optim=sgdd): optim=sgdd: unknown option; did you mean optim=sgd? (or {OPTIMS})"
+    )
     with pytest.raises(ConfigError) as info:
         apply_overrides(compose_config([]), ["optim=adamm"])
-    assert str(info.value) == f"optim=adamm: unknown option; {OPTIMS}"
+    assert str(info.value) == f"optim=adamm: unknown option; did you mean optim=adam? (or {OPTIMS})"
 
 
 def test_a_bad_group_choice_as_the_user_meets_it(hpcdl, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -269,6 +270,9 @@ def hydra_message(err: Exception, overrides: Sequence[str] = ()) -> str:
         group, option = match.groups()
         options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
         valid = f"; choose one of {', '.join(options)}" if options else ""
+        close = difflib.get_close_matches(option, options, n=1, cutoff=0.6)
+        if close:
+            valid = f"; did you mean {group}={close[0]}?{valid.replace('; c', ' (or c', 1)})"
         return f"{group}={option}: unknown option{valid}"
     merging = re.match(r"Error merging override (([^=]+)=.*)", text)
     kind = re.search(r"object_type=(dict|list)", str(err.__cause__ or ""))

@@ -205,6 +205,27 @@ def test_bad_programs_are_refused_in_one_line_before_anything(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_module_here_but_not_on_pythonpath_is_named_with_both_fixes(tmp_path: Path) -> None:
+    # Before: "-m runme: no such module here", with runme.py right there. (The `hpcdl`
+    # command has no current folder on sys.path; `python -m hpcdl.cli.main` would.)
+    from hpcdl.config.validate import _check_command
+    from hpcdl.errors import ConfigError
+
+    (tmp_path / "runme.py").write_text("print('hi')\n")
+    (tmp_path / "lab").mkdir()
+    with pytest.raises(ConfigError) as info:
+        _check_command([sys.executable, "-m", "runme"], tmp_path, "")
+    assert str(info.value) == (
+        f"-m runme: {tmp_path / 'runme.py'} is here, but hpcdl finds -m modules on PYTHONPATH "
+        f"(to freeze them with the run), which does not hold {tmp_path}; run PYTHONPATH=. "
+        "hpcdl run ..., or give the script: python runme.py"
+    )
+    with pytest.raises(ConfigError, match=r"lab is here, but .* PYTHONPATH=\. hpcdl run \.\.\.$"):
+        _check_command([sys.executable, "-m", "lab.train"], tmp_path, "")
+    with pytest.raises(ConfigError, match=r"^-m nothere_xyz: no such module here; check PYTHONPATH$"):
+        _check_command([sys.executable, "-m", "nothere_xyz"], tmp_path, "")
+
+
 def test_dry_run_and_the_login_path_never_import_torch(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print('hi')\n")
     code = (

@@ -232,7 +232,7 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
             return  # python -c CODE
         if rest[:1] == ["-m"] and len(rest) > 1:
             if not locatable(rest[1]):
-                raise ConfigError(f"-m {rest[1]}: no such module here; check PYTHONPATH")
+                raise ConfigError(_module_not_found(rest[1], base))
             return
         values = {i + 1 for i, t in enumerate(rest) if t in PYTHON_OPTIONS_WITH_VALUE}
         script = next(
@@ -260,6 +260,24 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
         return
     if shutil.which(program) is None:
         raise ConfigError(f"{program}: command not found on PATH; give its full path")
+
+
+def _module_not_found(module: str, base: Path) -> str:
+    """`-m MODULE` not found on PYTHONPATH: one line, saying so when it is in `base` (where
+    plain `python -m` would find it, as it puts the current folder first)."""
+    parts = module.split(".")
+    here = [base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts)]
+    here += [(base / parts[0]).with_suffix(".py"), base / parts[0]]  # its package, at least
+    found = next((path for path in here if path.exists()), None)
+    if found is None:
+        return f"-m {module}: no such module here; check PYTHONPATH"
+    script = here[0] if here[0].is_file() else None
+    instead = f", or give the script: python {script.relative_to(base)}" if script else ""
+    return (
+        f"-m {module}: {found} is here, but hpcdl finds -m modules on PYTHONPATH (to freeze "
+        f"them with the run), which does not hold {base}; run PYTHONPATH=. hpcdl run ..."
+        f"{instead}"
+    )
 
 
 def locatable(module: str) -> bool:

@@ -109,7 +109,7 @@ def build_trainer(
         config_hash=config_hash(cfg),
         model_config=to_plain(cfg)["model"],
         data_config=to_plain(cfg)["data"],
-        task=build_task(cfg.task, feed.target_stats),
+        task=build_task(cfg.task, feed.target_stats, feed.num_classes),
         step_hooks=load_step_hooks(t.step_hooks),
         logger=build_logger(cfg, env),
         telemetry=Telemetry(

@@ -77,7 +77,7 @@ def probe_user_code(cfg: Config) -> None:
 
         ckpt = warm_start_checkpoint(cfg.init_from)
         load_matching_weights(model, read_checkpoint(ckpt, mmap=True)["model"], str(ckpt))
-    task = build_task(cfg.task, feed.target_stats)
+    task = build_task(cfg.task, feed.target_stats, feed.num_classes)
     sharder = EpochSharder(
         num_samples=feed.num_samples("train"),
         global_batch_size=cfg.trainer.batch_size,

@@ -84,6 +84,9 @@ class ClassificationTask(Task):
     name = "classification"
     defers_stats = True
 
+    def __init__(self, num_classes: Optional[int] = None) -> None:
+        self.num_classes = num_classes  # the data's: the model's outputs per sample
+
     def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
         out = self.batch_loss(model, batch)
         assert out.outputs is not None and out.targets is not None
@@ -98,6 +101,14 @@ class ClassificationTask(Task):
             raise ConfigError(
                 f"task=classification: the model returned shape {tuple(logits.shape)}; it must "
                 "return logits [batch, num_classes] (or use task=custom)"
+            )
+        if self.num_classes is not None and logits.shape[1] != self.num_classes:
+            # More outputs trained, then failed the evaluation (a predicted class the data
+            # does not have); fewer failed as "a label is outside".
+            raise ConfigError(
+                f"task=classification: the model gives {logits.shape[1]} outputs per sample "
+                f"for data with {self.num_classes} classes; make its last layer "
+                f"{self.num_classes} wide (a custom model gets num_classes={self.num_classes})"
             )
         try:
             loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
@@ -411,11 +422,16 @@ def check_monitor(monitor: str, task: Task) -> None:
         )
 
 
-def build_task(cfg: TaskConfig, target_stats: Optional[tuple[float, float]] = None) -> Task:
+def build_task(
+    cfg: TaskConfig,
+    target_stats: Optional[tuple[float, float]] = None,
+    num_classes: Optional[int] = None,
+) -> Task:
     """target_stats: (mean, std) of the training targets, for task=regression's
-    standardize_target (the feed's; None for datasets, which are not standardized)."""
+    standardize_target (the feed's; None for datasets, which are not standardized).
+    num_classes: the data's, which a classifier's outputs must match (None: unchecked)."""
     if isinstance(cfg, ClassificationTaskConfig):
-        return ClassificationTask()
+        return ClassificationTask(num_classes)
     if isinstance(cfg, RegressionTaskConfig):
         mean, std = target_stats if cfg.standardize_target and target_stats else (0.0, 1.0)
         return RegressionTask(cfg.loss, mean, std)

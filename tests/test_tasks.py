@@ -62,6 +62,20 @@ def test_classification_refuses_labels_out_of_range_in_one_line() -> None:
         ClassificationTask().batch_stats(model, [torch.zeros(4, 3)])
 
 
+def test_a_classifier_with_other_than_one_output_per_class_is_one_line() -> None:
+    # Before: 5 outputs for 2 classes trained, then the evaluation failed with a traceback
+    # ("preds holds a class outside [0, 2)"); 1 output failed as "a label is outside".
+    batch = (torch.zeros(4, 3), torch.tensor([0, 1, 1, 0]))
+    for width in (5, 1):
+        with pytest.raises(ConfigError) as info:
+            ClassificationTask(num_classes=2).batch_stats(nn.Linear(3, width), batch)
+        assert str(info.value) == (
+            f"task=classification: the model gives {width} outputs per sample for data with 2 "
+            "classes; make its last layer 2 wide (a custom model gets num_classes=2)"
+        )
+    ClassificationTask(num_classes=2).batch_stats(nn.Linear(3, 2), batch)
+
+
 def custom(fn):
     return CustomTask("mylab.tasks:step", fn)
 

@@ -108,7 +108,8 @@ class ClassificationTask(Task):
             raise ConfigError(
                 f"task=classification: the model gives {logits.shape[1]} outputs per sample "
                 f"for data with {self.num_classes} classes; make its last layer "
-                f"{self.num_classes} wide (a custom model gets num_classes={self.num_classes})"
+                f"{self.num_classes} wide (a custom model gets num_classes={self.num_classes}), "
+                "or set data.num_classes if that count is wrong"
             )
         try:
             loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")

@@ -71,7 +71,8 @@ def test_a_classifier_with_other_than_one_output_per_class_is_one_line() -> None
             ClassificationTask(num_classes=2).batch_stats(nn.Linear(3, width), batch)
         assert str(info.value) == (
             f"task=classification: the model gives {width} outputs per sample for data with 2 "
-            "classes; make its last layer 2 wide (a custom model gets num_classes=2)"
+            "classes; make its last layer 2 wide (a custom model gets num_classes=2), or set "
+            "data.num_classes if that count is wrong"
         )
     ClassificationTask(num_classes=2).batch_stats(nn.Linear(3, 2), batch)
 

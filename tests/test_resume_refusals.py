@@ -314,6 +314,18 @@ def test_custom_kwargs_and_the_label_column_are_the_dataset(tmp_path: Path) -> N
         refuse_another_split(plain_data(files), files, other, run_dir)
     moved = replace(files, data=replace(files.data, path="moved/a.csv", labels_path="b.npy"))
     refuse_another_split(plain_data(files), files, moved, run_dir)  # free to change
+    # data=custom's files moved (to scratch): a path to one that exists is free, as data.path
+    # is (before: refused as another dataset, with no way to go on).
+    scratch = tmp_path / "scratch" / "cells"
+    scratch.mkdir(parents=True)
+    at_scratch = replace(custom, data=replace(custom.data, kwargs={"root": str(scratch), "n": 3}))
+    refuse_another_split(plain_data(custom), custom, at_scratch, run_dir)
+    gone = replace(custom, data=replace(custom.data, kwargs={"root": "/nowhere/b", "n": 3}))
+    with pytest.raises(HpcdlError, match="another dataset"):  # not there: not a move
+        refuse_another_split(plain_data(custom), custom, gone, run_dir)
+    with pytest.raises(HpcdlError, match="another dataset"):  # n too: another dataset
+        refuse_another_split(plain_data(custom), custom, replace(custom, data=replace(
+            custom.data, kwargs={"root": str(scratch), "n": 4})), run_dir)  # fmt: skip
 
 
 def plain_data(cfg: Config) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from hpcdl.errors import HpcdlError, plural
@@ -217,6 +218,8 @@ def refuse_another_split(
     keys = (*SPLIT_KEYS, *DATASET_KEYS.get(str(after.get("name")), ()))
     # Keys a record of an older hpcdl lacks are not known: not compared.
     changed = [key for key in keys if key in trained and trained[key] != after.get(key)]
+    if changed == ["kwargs"] and moved_paths_only(trained["kwargs"], after.get("kwargs")):
+        return  # its files moved, as data.path may (the job warns of the change)
     if not changed or run_dir.newest_checkpoint() is None:
         return
     if "name" in changed:  # another dataset: its other keys are another dataset's
@@ -243,6 +246,22 @@ def refuse_another_split(
         f"{new}{where}: {run_dir.path}'s checkpoints were trained {trained_on}; resume with "
         f"{old}, or start a new run: hpcdl train {new} (init_from={run_dir.path} for its "
         "weights only)"
+    )
+
+
+def moved_paths_only(before: Any, after: Any) -> bool:
+    """data.kwargs that differ only in paths (a value with a '/' on both sides) to folders or
+    files that exist: the dataset moved (to scratch, another mount), not another dataset."""
+    if not isinstance(before, dict) or not isinstance(after, dict) or before.keys() != after.keys():
+        return False
+    differ = [key for key in after if after[key] != before[key]]
+
+    def path_like(value: Any) -> bool:
+        return isinstance(value, str) and "/" in value
+
+    return bool(differ) and all(
+        path_like(before[key]) and path_like(after[key]) and Path(after[key]).exists()
+        for key in differ
     )
 
 

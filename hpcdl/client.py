@@ -122,6 +122,10 @@ def submit_sweep(
 _FLAG_AS_KEYWORD = re.compile(r"--(metric|mode) ([\w./-]+)")
 
 
+# `hpcdl predict RUN task.predict=... --split test` in a refusal: Job.predict() says it as a call.
+_PREDICT_COMMAND = re.compile(r"hpcdl predict \S+ (task\.predict=\S+) --split \S+")
+
+
 @contextmanager
 def _in_api_words() -> Iterator[None]:
     """A refusal worded for `hpcdl sweep status|summary` (`--metric val_acc`), reworded
@@ -486,8 +490,16 @@ class Job:
             cfg, run_dir, checkpoint, _ = inference_run(
                 str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "predict"
             )
-        with _imports_from_here(), reading_from(cfg.workdir):
-            return predictions(cfg, run_dir, checkpoint, split=split).as_dicts()
+        try:
+            with _imports_from_here(), reading_from(cfg.workdir):
+                return predictions(cfg, run_dir, checkpoint, split=split).as_dicts()
+        except ConfigError as exc:  # the command's advice, in this call's words
+            said = _PREDICT_COMMAND.sub(
+                lambda m: f"job.predict(split={split!r}, overrides=[{m[1]!r}])", str(exc)
+            )
+            if said == str(exc):
+                raise
+            raise ConfigError(said) from None
 
     def resume(
         self,

@@ -258,6 +258,15 @@ def test_predict_without_task_predict_says_how_to_add_it(mylab, cells, tmp_path,
     assert err.startswith(f"error: task.predict is not set: {run_dir} was trained with task=custom")
     fix = f"hpcdl predict {run_dir} task.predict=package.module:function --split test"
     assert err.strip().endswith(fix), err
+    # From Python, the advice is a call (before: the command, to a notebook's user).
+    from hpcdl.client import Job
+    from hpcdl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        Job.from_run_dir(run_dir).predict(split="val")
+    assert str(info.value).endswith(
+        "e.g. job.predict(split='val', overrides=['task.predict=package.module:function'])"
+    )
     # Rows from a file cannot go through images: that first, not advice that names --input.
     code = main(["predict", str(run_dir), "--input", str(tmp_path / "rows.csv")])
     err = capsys.readouterr().err

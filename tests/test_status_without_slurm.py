@@ -53,10 +53,12 @@ def test_a_run_dir_and_an_answering_slurm_are_reported_as_before(
     run = create_run_dir(compose_config([f"run_dir={tmp_path / 'run'}"]))[1]
     run.record_submission("77", "devcluster", run.log_dir)
     slurm_commands(tmp_path, monkeypatch, squeue=FAILING, sacct=FAILING)
-    # A run dir's report goes on without the scheduler (Job.status() polls it too).
-    assert main(["status", str(run.path)]) == 0
-    out = capsys.readouterr().out
+    # A run dir's report goes on without the scheduler (Job.status() polls it too), with a
+    # warning and exit status 1: a script must not take it for an answer.
+    assert main(["status", str(run.path)]) == 1
+    out, err = capsys.readouterr()
     assert "state: UNKNOWN" in out and "source: none (squeue failed)" in out, out
+    assert err.startswith("warning: Slurm does not answer here") and err.count("\n") == 1
     # A Slurm that answers: its state, exit status 0.
     slurm_commands(tmp_path, monkeypatch, squeue="echo '77|RUNNING|0:06|1:00:00|1|n1'")
     assert main(["status", "77"]) == 0

@@ -47,7 +47,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
             with in_workdir(cfg.workdir):  # data.kwargs paths are the run's folder's
                 probe_user_code(cfg)  # before the changed config is saved
         refuse_another_optimizer(stored, cfg, run_dir)
-        if not args.from_scratch:
+        if not args.from_scratch and cfg.cluster.launcher.value == "slurm":
+            # Here, the job says it at once, naming the first weight that does not fit.
             refuse_another_model(stored, cfg, run_dir)
     refuse_another_split(trained_data(stored, run_dir), stored, cfg, run_dir)
     if not args.from_scratch and not is_held(run_dir):  # a holder is refused below
@@ -150,8 +151,8 @@ SHAPELESS_MODEL_KEYS = ("dropout",)
 
 def refuse_another_model(stored: Config, cfg: Config, run_dir: RunDir) -> None:
     """A built-in model whose weights the run's checkpoints cannot fill (another model, or
-    other layer sizes): refused on the login node, before config.yaml changes or a job
-    waits in the queue to find it out. A custom model's fit is the job's to check (its
+    other layer sizes), resumed on Slurm: refused on the login node, before config.yaml
+    changes or a job waits in the queue to find it out. A custom model's fit is the job's to check (its
     code may take the same weights under another target)."""
     from dataclasses import asdict
 

@@ -942,3 +942,21 @@ def test_a_refused_batch_size_names_the_saved_one_once() -> None:
     with pytest.raises(CheckpointError) as info:
         resumed_progress(Path("c.pt"), state, sharder, EarlyStoppingConfig())
     assert "resume with trainer.batch_size=32 or 64, and change it" in str(info.value)
+
+
+def test_a_numeric_target_given_as_class_labels_is_pointed_to_regression() -> None:
+    # Before: "fix or drop that row (is it outside your classes?)" for house prices, and
+    # "got non-integer numbers (e.g. 194524)" for 194524.13.
+    from hpcdl.data.files import encode_labels
+
+    prices = (np.random.default_rng(0).integers(100, 600, 400) * 1000).astype(str)
+    with pytest.raises(DataError) as info:
+        encode_labels(prices, "data.path", 2)
+    assert str(info.value).endswith(
+        "distinct numbers, 179 of them once: for a numeric target use task=regression"
+    ), info.value
+    with pytest.raises(DataError, match=r"non-integer numbers \(e\.g\. 194524\.13\)"):
+        encode_labels(np.array(["194524.13", "3"]), "data.path", 2)
+    stray = np.array(["0"] * 10 + ["1"] * 10 + ["7"])  # a typo among real classes
+    with pytest.raises(DataError, match=r"fix or drop that row \(is it outside your classes\?\)$"):
+        encode_labels(stray, "data.path", 2)

@@ -266,7 +266,7 @@ def encode_labels(
         if fractional.size:
             raise DataError(
                 f"{where}: labels must be integers or class names, got non-integer numbers "
-                f"(e.g. {fractional[0]:g}); use task=regression for a numeric target (or "
+                f"(e.g. {fractional[0]:.12g}); use task=regression for a numeric target (or "
                 "task.labels=numbers with task=custom and your own loss)"
             )
         labels = labels.astype(np.int64)
@@ -288,9 +288,16 @@ def encode_labels(
             f"{c!r} (row {r})" if first_line is None else f"{c!r} (line {first_line + r})"
             for c, r in zip(lone[:3], rows, strict=True)
         )
+        fix = "fix or drop that row (is it outside your classes?)"
+        if labels.dtype.kind in "iu" and len(lone) > len(classes) // 2:
+            # Mostly classes of one sample: a numeric target (prices, counts), not classes.
+            fix = (
+                f"{len(classes)} distinct numbers, {len(lone)} of them once: for a numeric "
+                "target use task=regression"
+            )
         raise DataError(
             f"{where}: label {found} occurs in one sample only, the other classes in "
-            f"up to {int(counts.max())}; fix or drop that row (is it outside your classes?)"
+            f"up to {int(counts.max())}; {fix}"
         )
     return y.astype(np.int64).reshape(-1), [str(c) for c in classes.tolist()]
 

@@ -411,8 +411,11 @@ def test_csv_header_names_are_recorded_for_predict(tmp_path):
         ("one_class", "need at least two classes"),
         ("unknown_suffix", "unknown file type '.txt'"),
         ("missing_file", "no such file"),
+        # Before: "'utf-8' codec can't decode byte 0x80 in position 6", no line, no fix.
+        ("csv_cp1252", r"d.csv' line 3 \(byte 0x80\) is not UTF-8 text \(Excel's plain \"CSV\" "
+         r"is Windows-1252\); save it as \"CSV UTF-8\", or convert it: iconv -f cp1252"),
     ],
-)
+)  # fmt: skip
 def test_files_errors(tmp_path, setup, match):
     x, y = np.ones((50, 3)), np.arange(50) % 2
     cfg = files_cfg(tmp_path / "x.npy", labels_path=str(tmp_path / "y.npy"))
@@ -443,6 +446,9 @@ def test_files_errors(tmp_path, setup, match):
         cfg = files_cfg(tmp_path / "d.txt")
     elif setup == "missing_file":
         cfg = files_cfg(tmp_path / "nope.npz")
+    elif setup == "csv_cp1252":
+        (tmp_path / "d.csv").write_text("a,label\n1,0\n2 \u20ac,1\n", encoding="cp1252")
+        cfg = files_cfg(tmp_path / "d.csv")
     # a missing file is caught by the config check, as on the login node
     expected = ConfigError if setup == "missing_file" else DataError
     with pytest.raises(expected, match=match) as info:

@@ -435,12 +435,30 @@ def read_csv(
                 if wanted.label is not None:
                     labels.append(np.array([row[wanted.label].strip() for row in chunk], str))
                 line += len(chunk)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+    except UnicodeDecodeError:
+        raise DataError(_not_utf8(file, key)) from None
+    except (OSError, csv.Error) as exc:
         raise DataError(f"{key}: cannot read '{file}' as CSV: {exc}") from exc
     x = np.concatenate(parts) if parts else np.zeros((0, len(wanted.picks)))
     if wanted.label is None:
         return header, x, None
     return header, x, np.concatenate(labels) if labels else np.zeros(0, str)
+
+
+def _not_utf8(file: Path, key: str) -> str:
+    """A CSV that is not UTF-8 (Excel's plain "CSV" is Windows-1252): its first such line,
+    and how to convert it."""
+    data = file.read_bytes()
+    try:
+        data.decode("utf-8-sig")
+        where = ""
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        where = f" line {line} (byte 0x{data[exc.start]:02x})"
+    return (
+        f"{key}: '{file}'{where} is not UTF-8 text (Excel's plain \"CSV\" is Windows-1252); "
+        f"save it as \"CSV UTF-8\", or convert it: iconv -f cp1252 -t utf-8 '{file}' > new.csv"
+    )
 
 
 def _check_widths(rows: list[list[str]], width: int, file: Path, key: str, first_line: int) -> None:

@@ -280,3 +280,19 @@ def test_ctrl_c_while_python_exits_after_a_completed_run_keeps_its_status(tmp_pa
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert (tmp_path / "r" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "prix (€)",  # before: cut at the space, "quote it: data.label_column='prix'"
+        "price (usd)",  # before: Hydra's "Error parsing override ...", no fix
+    ],
+)
+def test_a_value_hydra_cannot_read_is_quoted_whole_in_the_fix(value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        compose_config(["data=files", "data.path=/tmp/x.csv", f"data.label_column={value}"])
+    assert str(info.value) == (
+        f"data.label_column={value}: Hydra cannot read this value unquoted; quote it: "
+        f"\"data.label_column='{value}'\" (the double quotes are for the shell)"
+    )

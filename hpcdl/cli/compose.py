@@ -279,9 +279,14 @@ def hydra_message(err: Exception, overrides: Sequence[str] = ()) -> str:
     if merging and kind:  # a list given for a mapping (cluster.env), or the other way round
         line, key = merging.groups()
         return shape_message(line, key, mapping=kind.group(1) == "dict")
-    match = re.search(r"LexerNoViableAltException: (\S+?)=(\S+)", text)
-    if match:  # a value with characters the override grammar keeps for itself (# : , ...)
+    match = re.search(r"LexerNoViableAltException: (\S+?)=(\S+)", text) or re.match(
+        r"Error parsing override '([^=']+)=(.*)'$", text.splitlines()[0] if text else ""
+    )
+    if match:  # a value with characters the override grammar keeps for itself (# : , ( ...)
         key, value = match.groups()
+        # The whole value as typed: the lexer's stops at a space ("prix (€)" read as "prix").
+        typed = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
+        value = typed[-1] if typed else value
         return (
             f"{key}={value}: Hydra cannot read this value unquoted; quote it: "
             f"\"{key}='{value}'\" (the double quotes are for the shell)"

@@ -391,6 +391,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         compose_config(args.overrides, args.config_dir)
         return EXIT_OK
     cfg = compose_config(args.overrides, args.config_dir)
+    warn_regression_dropout(cfg, args.overrides)
     if args.dry_run:
         return dry_run(cfg, args.no_preflight)
     cfg, run_dir = start_run(cfg, args.no_preflight)
@@ -614,6 +615,26 @@ def preflight(cfg: Config, skip: bool) -> None:
         from hpcdl.launch.preflight import check
 
         check(cfg.cluster, slurm_tasks_per_node(cfg))
+
+
+def warn_regression_dropout(cfg: Config, overrides: list[str]) -> None:
+    """task=regression with the MLP's or CNN's dropout left at its default (0.5, 0.25): the
+    dropout biases a regressor's outputs (on an exactly linear target, 10 epochs: val_r2
+    0.83 with the MLP's 0.5, 0.9997 with 0). Said once; giving model.dropout silences it."""
+    dropout = getattr(cfg.model, "dropout", 0.0)
+    default = getattr(type(cfg.model)(), "dropout", None) if dropout else None
+    if cfg.task.name != "regression" or not dropout or dropout != default:
+        return  # an experiment file or a user config chose it
+    if any(o.lstrip("+").split("=", 1)[0] == "model.dropout" for o in overrides):
+        return
+    warnings.warn(
+        HpcdlWarning(
+            f"task=regression with model.dropout={dropout}, model={cfg.model.name}'s default: "
+            "dropout biases a regressor's outputs (on a linear target, val_r2 0.83 against "
+            "0.9997 without it); set model.dropout=0, or give the dropout you mean"
+        ),
+        stacklevel=1,
+    )
 
 
 def warn_short_time_limit(cfg: Config) -> None:

@@ -314,6 +314,14 @@ def test_custom_kwargs_and_the_label_column_are_the_dataset(tmp_path: Path) -> N
         refuse_another_split(plain_data(files), files, other, run_dir)
     moved = replace(files, data=replace(files.data, path="moved/a.csv", labels_path="b.npy"))
     refuse_another_split(plain_data(files), files, moved, run_dir)  # free to change
+    # Column names with spaces: one pasteable word each (it was '...'"'"'area sqft'"'"'...).
+    spaced = replace(files, data=replace(files.data, feature_columns=["rooms", "area sqft"]))
+    fewer = replace(files, data=replace(files.data, feature_columns=["rooms"]))
+    with pytest.raises(HpcdlError) as refused:
+        refuse_another_split(plain_data(spaced), spaced, fewer, run_dir)
+    assert "trained on \"data.feature_columns=[rooms,'area sqft']\", another dataset" in str(
+        refused.value
+    )
     # data=custom's files moved (to scratch): a path to one that exists is free, as data.path
     # is (before: refused as another dataset, with no way to go on).
     scratch = tmp_path / "scratch" / "cells"

@@ -230,7 +230,7 @@ def refuse_another_split(
     def setting(data: dict[str, Any], key: str) -> str:
         if key == "name":
             return f"data={data.get(key)}"
-        return shlex.quote(f"data.{key}={override_value(data.get(key))}")
+        return shell_word(f"data.{key}={override_value(data.get(key))}")
 
     old = " ".join(setting(trained, key) for key in changed)
     new = " ".join(setting(after, key) for key in changed)
@@ -264,6 +264,16 @@ def moved_paths_only(before: Any, after: Any) -> bool:
         path_like(before[key]) and path_like(after[key]) and Path(after[key]).exists()
         for key in differ
     )
+
+
+def shell_word(text: str) -> str:
+    """`text` as one shell word to paste: as is when safe, else in single quotes, or in
+    double quotes when it holds single quotes (Hydra's quoted strings: [rooms,'area sqft'])
+    and nothing a shell expands there."""
+    quoted = shlex.quote(text)
+    if quoted == text or "'" not in text or any(c in text for c in '"$`\\!'):
+        return quoted
+    return f'"{text}"'
 
 
 def trained_data(stored: Config, run_dir: RunDir) -> dict[str, Any]:

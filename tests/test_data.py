@@ -966,3 +966,19 @@ def test_a_numeric_target_given_as_class_labels_is_pointed_to_regression() -> No
     stray = np.array(["0"] * 10 + ["1"] * 10 + ["7"])  # a typo among real classes
     with pytest.raises(DataError, match=r"fix or drop that row \(is it outside your classes\?\)$"):
         encode_labels(stray, "data.path", 2)
+
+
+def test_predict_input_with_semicolons_or_another_case_says_so(tmp_path: Path) -> None:
+    # Before: "line 1 (...) is neither a header naming the training columns ... nor numbers"
+    # for both, where training names the separator and a name's case.
+    from hpcdl.data.files import _is_named_header
+
+    file = tmp_path / "new.csv"
+    names = ["rooms", "area", "year"]
+    with pytest.raises(DataError, match=r"line 1 is one cell: the file seems separated by ';'"):
+        _is_named_header(file, ["rooms;area;year"], names, "price")
+    with pytest.raises(DataError, match=r"training columns in other letter case \(ROOMS, AREA"):
+        _is_named_header(file, ["ROOMS", "AREA", "YEAR"], names, "price")
+    assert _is_named_header(file, ["year", "rooms", "area"], names, "price")
+    with pytest.raises(DataError, match="is neither a header naming the training columns"):
+        _is_named_header(file, ["width", "depth", "age"], names, "price")

@@ -624,6 +624,19 @@ def _is_named_header(
         return False
     if {*names, label_column} & set(cells):
         return True
+    separator = next((sep for sep in ";\t|" if len(cells) == 1 and sep in cells[0]), None)
+    if separator is not None:  # as training says it (_label_column_hint)
+        raise DataError(
+            f"--input '{file}': line 1 is one cell: the file seems separated by {separator!r}; "
+            "hpcdl reads comma-separated files, save it with commas"
+        )
+    lower = {name.lower(): name for name in names}
+    recased = [lower[cell.lower()] for cell in cells if cell.lower() in lower]
+    if recased and not set(recased) & set(cells):
+        raise DataError(
+            f"--input '{file}': line 1 names the training columns in other letter case "
+            f"({_names(cells)}); write them as training did: {_names(names)}"
+        )
     col = next(j for j, cell in enumerate(cells) if not is_number(cell))
     shown = [cell if len(cell) <= 20 else cell[:17] + "..." for cell in cells]
     raise DataError(

@@ -391,10 +391,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         compose_config(args.overrides, args.config_dir)
         return EXIT_OK
     cfg = compose_config(args.overrides, args.config_dir)
-    warn_regression_dropout(cfg, args.overrides)
     if args.dry_run:
         return dry_run(cfg, args.no_preflight)
     cfg, run_dir = start_run(cfg, args.no_preflight)
+    warn_regression_dropout(cfg, args.overrides)  # once it starts: a refusal stays one line
     if args.no_launch:
         if cfg.cluster.launcher == Launcher.slurm:
             from hpcdl.launch.slurm import freeze_code

@@ -263,32 +263,41 @@ def test_preemption_by_the_urgent_partition_requeues_and_resumes_exactly(
     assert s["weights_sha256"] == reference_sha(tmp_path, *LONG)
 
 
+# The same model, but each training step takes 50 ms more inside a Slurm job (a sleep: no
+# CPU). The run's length is then wall time that the machine's load barely changes, and the
+# reference in-process run (no SLURM_JOB_ID) trains the same weights in seconds.
+SLOW_NET = (
+    "import os, time\n"
+    "from labcode.nets import Net\n"
+    "class SlowNet(Net):\n"
+    "    def forward(self, x):\n"
+    "        if self.training and os.environ.get('SLURM_JOB_ID'):\n"
+    "            time.sleep(0.05)\n"
+    "        return super().forward(x)\n"
+)
+
+
 def test_too_short_time_limit_requeues_itself_until_done(devcluster, tmp_path) -> None:
-    # A 2-minute limit with the warning 30 s before it; Slurm may send it up to 60 s early,
-    # so each attempt trains 30-90 s. The run needs over 90 s of training even alone on
-    # a quiet 2-core machine (36 epochs at ~2.9 s there; 24 were done in 73 s): at least
-    # one time-limit stop, save, self-requeue and exact resume.
-    longer = [
-        "data=synthetic",
-        "data.num_samples=40000",
-        "trainer.batch_size=4",
-        "trainer.max_epochs=36",
-        "trainer.checkpoint_every_steps=2000",
-        "trainer.log_every_steps=5000",
-    ]
+    # A 2-minute limit with the warning 30 s before it; Slurm may send it up to 60 s early
+    # and ~30 s late, so each attempt trains 30-120 s. The run sleeps 150 s in its 3000
+    # training steps (4 epochs of 750): at least one time-limit stop, save, self-requeue
+    # and exact resume (mid-epoch, with a DataLoader worker's random augmentation).
+    src = tmp_path / "src"
+    for name, text in {**USER_PACKAGE, "labcode/slow.py": SLOW_NET}.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    env = {"PYTHONPATH": str(src), **ONE_THREAD}
+    run = [o.replace("labcode.nets:Net", "labcode.slow:SlowNet") for o in USER_RUN]
     limits = ["cluster.timeout_min=2", "cluster.signal_delay_s=30", "cluster.max_requeues=6"]
-    _, run_dir, _ = submit(tmp_path, *limits, *longer)
-    # The uninterrupted reference trains meanwhile (one thread each; the box has two cores).
-    ref = tmp_path / "reference"
-    reference = subprocess.Popen(
-        [sys.executable, "-m", "hpcdl.cli.main", "train", f"run_dir={ref}", *longer],
-        cwd=tmp_path,
-        env={**os.environ, **ONE_THREAD},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    run_dir = tmp_path / "run"
+    out = run_hpcdl(
+        "train", "cluster=devcluster", f"run_dir={run_dir}", *limits, *run, cwd=tmp_path, env=env
     )
+    assert out.returncode == 0, out.stderr + out.stdout
+    ref = tmp_path / "reference"
+    out = run_hpcdl("train", f"run_dir={ref}", *run, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
     s = wait_done(run_dir, timeout_s=540)
-    assert reference.wait(timeout=300) == 0
     ends = [a for a in attempts(run_dir) if a["event"] == "end"]
     timeouts = [a for a in ends if a["reason"] == "timeout"]
     assert timeouts and all(a["action"] == "requeued" for a in timeouts), ends

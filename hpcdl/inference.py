@@ -270,18 +270,25 @@ def predictions(
         _refuse_input_without_rows(state, input_path)  # before task.predict's advice names it
     prediction = _custom_prediction(cfg, run_dir, source)
     model = _model_from_checkpoint(state, str(path))
+    feed: Optional[Feed] = None
     if input_path is not None:
         batches = _row_batches(state, input_path)
     else:
-        batches = _predict_split_batches(cfg, state, split or "test")
+        feed = _inference_feed(cfg, state, split or "test")
+        batches = _predict_split_batches(cfg, feed, split or "test")
     if prediction is not None:
-        return _custom_rows(prediction, model, batches)
-    try:
-        return _builtin_rows(cfg, state, model, batches)
-    except HpcdlError:
-        raise
-    except Exception as exc:  # the user's model or dataset, on these rows: one line
-        raise _users_code_failed(cfg, exc, model, None, f"predicting on {source}") from exc
+        table = _custom_rows(prediction, model, batches)
+    else:
+        try:
+            table = _builtin_rows(cfg, state, model, batches)
+        except HpcdlError:
+            raise
+        except Exception as exc:  # the user's model or dataset, on these rows: one line
+            raise _users_code_failed(cfg, exc, model, None, f"predicting on {source}") from exc
+    places = None if feed is None else _source_rows(feed, split or "test")
+    if places is not None:  # `row` joins a split's predictions to the file they came from
+        table.rows = [[int(r), *row[1:]] for r, row in zip(places, table.rows, strict=True)]
+    return table
 
 
 def _users_code_failed(
@@ -379,12 +386,21 @@ def _row_batches(state: dict[str, Any], input_path: str) -> Iterator[tuple[torch
     )
 
 
-def _predict_split_batches(cfg: Config, state: dict[str, Any], split: str) -> Iterator[Any]:
+def _predict_split_batches(cfg: Config, feed: Feed, split: str) -> Iterator[Any]:
     """Every sample of one split, rebuilt from `cfg` and prepared as in training, in order."""
-    feed = _inference_feed(cfg, state, split)
     if _num_samples(feed, split) == 0:
         raise ConfigError(f"--split {split}: the {split} split is empty")
     return _split_batches(feed, split, cfg.trainer.batch_size)
+
+
+def _source_rows(feed: Feed, split: str) -> Optional[np.ndarray]:
+    """The samples' rows in their data file, for one split of a built-in source; None for
+    --split all (its rows are the file's, in order, already) and for datasets (a split's
+    own index is all hpcdl knows of them)."""
+    if split == ALL_SPLIT or not isinstance(feed, TensorFeed):
+        return None
+    rows = feed.data.source_rows
+    return None if rows is None else rows[split]
 
 
 def _inference_feed(cfg: Config, state: dict[str, Any], split: str) -> Feed:

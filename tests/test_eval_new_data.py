@@ -351,5 +351,13 @@ def test_feature_columns_leave_ids_out_in_training_evaluate_predict_and_resume(
     plain = hpcdl("predict", "r", "--input", "plain.csv")
     assert with_id.returncode == plain.returncode == 0, with_id.stderr + plain.stderr
     assert with_id.stdout == plain.stdout and len(plain.stdout.splitlines()) == 6
+    # A split's `row` is the sample's row in the file: it joins the predictions to its IDs.
+    out = hpcdl("predict", "r", "--split", "test")
+    assert out.returncode == 0, out.stderr
+    predicted = read_csv(out.stdout)
+    places = [int(r["row"]) for r in predicted]
+    assert len(places) == round(0.15 * 120) and places != list(range(len(places)))
+    assert places == sorted(set(places)) and max(places) < 120
+    assert [int(r["true"]) for r in predicted] == [y[i] for i in places]
     out = hpcdl("resume", "r", "data.feature_columns=[b,a,c]", "trainer.max_epochs=3")
     assert out.returncode == 2 and "trained on 'data.feature_columns=[a,b,c]'" in out.stderr

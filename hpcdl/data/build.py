@@ -40,6 +40,9 @@ class DataSplits:
     # The training CSV's feature column names and label column (RawData's); else None.
     feature_columns: Optional[list[str]] = None
     label_column: Optional[str] = None
+    # Each split's samples' places in their source, in the splits' order: rows of the data
+    # file (the official test file for the test split of a source with one), from 0.
+    source_rows: Optional[dict[str, np.ndarray]] = None
 
 
 def build_data(
@@ -79,6 +82,7 @@ def build_data(
         target_stats=target_stats(raw.y[split.train]) if raw.is_regression else None,
         feature_columns=raw.feature_columns,
         label_column=raw.label_column,
+        source_rows={"train": split.train, "val": split.val, "test": test_idx},
     )
 
 

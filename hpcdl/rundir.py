@@ -780,6 +780,11 @@ def open_run_dir(ref: str | Path) -> tuple[Config, RunDir]:
             f"{ref}: no such folder (from {Path.cwd()}); pass the run_dir of a run"
         )
     if not run_dir.is_run_dir():
+        if SweepDir(run_dir.path).ledger_file.is_file():
+            raise RunDirError(
+                f"{ref}: a sweep dir, whose trials are run dirs: pass one of them, "
+                f"{Path(ref) / 'N'} for trial N (`hpcdl sweep summary {ref}` ranks them)"
+            )
         raise RunDirError(
             f"{ref}: not an hpcdl run dir (no {RunDir.CONFIG}); pass the run_dir of a run"
         )

@@ -269,6 +269,12 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
     assert [t["state"] for t in ledger["trials"]] == ["COMPLETED"] * 6
     assert [t["attempts"] for t in ledger["trials"]] == [1, 1, 1, 2, 2, 2]
     assert {i: (sweep / str(i) / "summary.json").stat().st_mtime for i in range(3)} == mtimes
+    # A trial is a run dir; the sweep dir is not, and says where its trials are.
+    predict = hpcdl("predict", str(sweep), "--split", "test")
+    assert predict.returncode == 2 and predict.stderr == (
+        f"error: {sweep}: a sweep dir, whose trials are run dirs: pass one of them, {sweep}/N "
+        f"for trial N (`hpcdl sweep summary {sweep}` ranks them)\n"
+    )
 
     summary = hpcdl("sweep", "summary", str(sweep), "--metric", "val_accuracy")
     assert summary.returncode == 0, summary.stderr

@@ -114,6 +114,20 @@ def _lock_soon(handle: IO[str], run_dir: RunDir) -> bool:
     return True
 
 
+def busy(run_dir: RunDir, holder: Optional[dict[str, Any]]) -> RunDirBusy:
+    """What a second writer of a held run dir is told."""
+    return RunDirBusy(
+        f"{run_dir.path} is being trained by {describe(holder)}; wait for it to end, or "
+        f"stop it first (Ctrl-C there, or `hpcdl cancel {run_dir.path}` for a Slurm job)"
+    )
+
+
+def refuse_if_held(run_dir: RunDir) -> None:
+    """hold()'s refusal, without taking the lock or writing anything (a dry run)."""
+    if is_held(run_dir):
+        raise busy(run_dir, last_holder(run_dir))
+
+
 @contextmanager
 def hold(run_dir: RunDir) -> Iterator[None]:
     """Hold the run dir's lock, or raise RunDirBusy at once."""
@@ -125,11 +139,7 @@ def hold(run_dir: RunDir) -> Iterator[None]:
         ) from None
     with handle:
         if not _lock_soon(handle, run_dir):
-            raise RunDirBusy(
-                f"{run_dir.path} is being trained by {describe(_read_holder(handle))}; "
-                "wait for it to end, or stop it first (Ctrl-C there, or "
-                f"`hpcdl cancel {run_dir.path}` for a Slurm job)"
-            )
+            raise busy(run_dir, _read_holder(handle))
         _name_holder(handle)
         try:
             yield

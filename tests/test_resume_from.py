@@ -375,3 +375,69 @@ def test_a_script_runs_metrics_file_is_set_aside_with_the_checkpoints(run: Path)
     outside.write_text("{}")
     elsewhere = replace(script, script=replace(script.script, metrics_file=str(outside)))
     assert program_records(elsewhere, run_dir) == ()
+
+
+# ----------------------------------------------------------------------------- --dry-run
+DRY_END = "# dry run: nothing submitted, nothing written"
+
+
+def test_a_dry_run_says_where_the_resume_goes_on_and_what_changes_and_writes_nothing(
+    run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcdl.cli.main import main
+
+    before = snapshot(run)
+    monkeypatch.chdir(run.parent)
+    assert main(["resume", "run", "trainer.max_epochs=6", NEW_LR, "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"# run dir: {run}",
+        "# goes on from: step_000000024.pt (epoch 5, step 0 of the epoch, global step 24)",
+        "# config.yaml: these keys change",
+        "  optim.lr: 0.01 -> 0.05",
+        "  trainer.max_epochs: 4 -> 6",
+        "# trains here, in the foreground: cluster=debug, 1 rank",
+        DRY_END,
+    ]
+    assert main(["resume", "run", "--from", EPOCH_2, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "# goes on from: step_000000012.pt (epoch 3, step 0 of the epoch, global step 12), "
+        "--from; 2 later checkpoints would move aside\n"
+    ) in out
+    assert "# config.yaml: unchanged\n" in out
+    assert main(["resume", "run", "--from", EPOCH_2, "--new-run-dir", "b", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# new run dir (not created): {run.parent / 'b'}, from {run}\n")
+    assert "move aside" not in out and not (run.parent / "b").exists()
+    assert main(["resume", "run", "--from-scratch", "--dry-run"]) == 0
+    assert "# goes on from: epoch 1, --from-scratch (its checkpoints would move aside)\n" in (
+        capsys.readouterr().out
+    )
+    assert snapshot(run) == before  # config.yaml, commands.log, checkpoints: as they were
+
+
+def test_a_dry_run_ends_with_the_refusal_the_resume_would_meet(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpcdl.cli.main import main
+
+    with hold(open_run_dir(run)[1]):  # a writer training it now
+        assert main(["resume", str(run), "trainer.max_epochs=6", "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert out.endswith(DRY_END + "\n") and f"error: {run} is being trained by pid" in err
+    for step_file in (run / "checkpoints").glob("step_*"):
+        step_file.unlink()
+    assert main(["resume", str(run), "trainer.max_epochs=6", "--dry-run"]) == 2
+    assert "holds no checkpoint to continue from" in capsys.readouterr().err
+
+
+def test_a_dry_run_on_a_slurm_profile_prints_the_job_without_torch(run: Path) -> None:
+    code = (
+        "from hpcdl.cli.main import main\n"
+        "args = ['resume', 'run', 'cluster=devcluster', 'trainer.max_epochs=6']\n"
+        "assert main([*args, '--no-preflight', '--dry-run']) == 0\n"
+    )
+    out = run_without_torch(code, cwd=run.parent).stdout
+    assert "  cluster.launcher: debug -> slurm\n" in out and "#SBATCH --time=10\n" in out
+    assert f"#SBATCH --output={run}/logs/%j_0_log.out\n" in out
+    assert out.endswith(f"# preflight: skipped (--no-preflight)\n{DRY_END}\n")

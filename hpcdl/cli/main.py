@@ -139,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks"
     )
     resume.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say where it would go on from, which config keys change, and (Slurm) print the "
+        "job; write and submit nothing",
+    )
+    resume.add_argument(
         "--from-scratch",
         action="store_true",
         help="retrain from epoch 1: clears its metrics and summary, and moves any checkpoints "
@@ -664,7 +670,6 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     verdict: a request the cluster would refuse is refused here too, in one line after them
     (not checked where no Slurm answers, as on a laptop)."""
     from hpcdl.config.schema import Launcher
-    from hpcdl.launch.slurm import rank_environment, sbatch_text
     from hpcdl.rundir import RunDir, check_new_run_dir, default_run_dir, with_workdir
 
     if cfg.cluster.launcher != Launcher.slurm:
@@ -674,13 +679,7 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     run_dir = RunDir(Path(cfg.run_dir or default_run_dir()).expanduser().resolve())
     print(f"# run dir (not created): {run_dir.path}")
     cfg = with_workdir(cfg)  # as the run would record it
-    print(sbatch_text(cfg, run_dir))
-    if cfg.script is not None:
-        print("# program (what each Slurm task runs, its script from the frozen copy)")
-        print("  " + program_line(cfg, run_dir))
-    print("# per-rank environment")
-    for row in rank_environment(cfg):
-        print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
+    print_job(cfg, run_dir)
     refusal = preflight_verdict(cfg, skip_preflight)
     print("# dry run: nothing submitted", flush=True)
     if cfg.run_dir is not None:  # the refusal `hpcdl train` would meet first
@@ -688,6 +687,19 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     if refusal is not None:
         raise refusal
     return EXIT_OK
+
+
+def print_job(cfg: Config, run_dir: RunDir) -> None:
+    """A dry run's Slurm job: the sbatch script, the program and each rank's environment."""
+    from hpcdl.launch.slurm import rank_environment, sbatch_text
+
+    print(sbatch_text(cfg, run_dir))
+    if cfg.script is not None:
+        print("# program (what each Slurm task runs, its script from the frozen copy)")
+        print("  " + program_line(cfg, run_dir))
+    print("# per-rank environment")
+    for row in rank_environment(cfg):
+        print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
 
 
 def preflight_verdict(cfg: Config, skip_preflight: bool) -> Optional[ConfigError]:

@@ -59,6 +59,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if line is not None:  # what the job would say once it had waited in the queue
             print(line, flush=True)
             return EXIT_OK
+    if args.dry_run:
+        from hpcdl.cli.resume_dry import dry_run_resume
+
+        return dry_run_resume(
+            stored,
+            cfg,
+            run_dir,
+            chosen,
+            from_scratch=args.from_scratch,
+            skip_preflight=args.no_preflight,
+        )
     preflight(cfg, args.no_preflight)
     if not args.from_scratch:
         refuse_lost_checkpoints(run_dir)

@@ -132,6 +132,14 @@ def test_a_dry_run_into_a_run_dir_that_exists_is_refused_as_the_submit_would_be(
         assert out.returncode == 2, out.stdout
         assert "1: optim.lr=0.2" in out.stdout
         assert out.stderr.startswith(f"error: hydra.sweep.dir='{tmp_path / 'notes'}' already")
+    (tmp_path / "afile").write_text("mine")  # a file where the sweep dir would go
+    for how in ("--dry-run", "--no-preflight"):
+        out = hpcdl("train", "-m", "optim.lr=0.1,0.2", "hydra.sweep.dir=afile", how)
+        assert out.returncode == 2 and out.stderr == (
+            f"error: hydra.sweep.dir='{tmp_path / 'afile'}' is a file, not a folder; choose a "
+            "new hydra.sweep.dir\n"
+        )
+    assert (tmp_path / "afile").read_text() == "mine"
 
 
 def test_dry_run_needs_a_slurm_profile(hpcdl) -> None:

@@ -106,7 +106,14 @@ def test_sweep_composer_gives_what_compose_config_gives(overrides) -> None:
         ),
         (["optim.lr=0.1,-1"], "trial 1 (optim.lr=-1): optim.lr=-1.0: must be > 0"),
         (["model=mlp,cnn"], "trial 1 (model=cnn): model=cnn needs image samples"),
-        (["trainer.max_epochs=2"], "-m: no swept key"),
+        (["trainer.max_epochs=2"], "no swept key; give the values to try as a=1,2"),
+        (
+            ["optim.lr=[0.1,0.01]"],
+            "no swept key: optim.lr=[0.1,0.01] is one value (a list); to try each, write "
+            "optim.lr=0.1,0.01",
+        ),
+        (["optim.lr=interval(0.01,0.1)"], "interval() is a range for an adaptive search"),
+        (["optim.lr=tag(log,interval(0.01,0.1))"], "interval() is a range for an adaptive"),
         (["run_dir=x", "optim.lr=1,2"], "run_dir: a sweep gives each trial its own run dir"),
         (["model=glob(zz*)"], "the glob matches no model option"),
     ],

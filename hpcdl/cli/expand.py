@@ -94,6 +94,12 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
             rewritten.append(text)
             common.append(text)
             continue
+        if ov.is_interval_sweep():
+            raise ConfigError(
+                f"{text}: interval() is a range for an adaptive search to sample from, "
+                "which hpcdl's sweeps do not do; give the values to try, e.g. "
+                f"{key}=0.01,0.03,0.1 or tag(log,...) around such a list"
+            )
         value = ov.value()
         if isinstance(value, Glob):
             if key not in GROUPS and key not in PRESET_GROUPS:
@@ -110,8 +116,15 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
             rewritten.append(text)
         swept.append(key)
     if not swept:
+        lists = [t for ov, t in zip(parsed, rest, strict=True) if isinstance(ov.value(), list)]
+        if lists:  # optim.lr=[0.1,0.01]: one value, a list
+            key, values = lists[0].split("=", 1)
+            raise ConfigError(
+                f"no swept key: {lists[0]} is one value (a list); to try each, write "
+                f"{key}={values.strip('[]')}"
+            )
         raise ConfigError(
-            "-m: no swept key; give a list (a=1,2), range(0,5), choice(...) or glob(*)"
+            "no swept key; give the values to try as a=1,2, range(0,5), choice(...) or glob(*)"
         )
     batches = BasicSweeper.split_arguments(parser.parse_overrides(rewritten), None)
     combos = [c for batch in batches for c in batch]

@@ -42,6 +42,11 @@ def default_sweep_dir() -> Path:
 
 def check_new_sweep_dir(sweep_dir: Path) -> None:
     """A hydra.sweep.dir given for a new sweep that holds anything: one-line RunDirError."""
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise RunDirError(
+            f"hydra.sweep.dir={str(sweep_dir)!r} is a file, not a folder; choose a new "
+            "hydra.sweep.dir"
+        )
     if sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise RunDirError(
             f"hydra.sweep.dir={str(sweep_dir)!r} already exists; rerun its trials with "

@@ -261,6 +261,16 @@ def test_the_rank_past_a_running_jobs_world_size_is_named(tmp_path, monkeypatch,
         assert capsys.readouterr().err == (
             "error: --rank 3: job 5 (RUNNING) has world size 1, ranks 0-0; pass one of those\n"
         )
+    # A sweep's array task: its start record has Slurm's own id beside ARRAY_TASK.
+    trial = new_run(tmp_path, "trial")
+    trial.record_submission("42_0", "devcluster", trial.log_dir)
+    start = {"event": "start", "job_id": "43", "array_job": "42", "array_task": "0"}
+    trial.append_attempt({**start, "world_size": 1, "start": "now"})
+    for follow in ([], ["-f"]):
+        assert main(["logs", str(trial.path), "--rank", "1", *follow]) == 2
+        assert capsys.readouterr().err == (
+            "error: --rank 1: job 42_0 (RUNNING) has world size 1, ranks 0-0; pass one of those\n"
+        )
 
 
 @pytest.mark.parametrize("command", ["status", "logs", "cancel"])

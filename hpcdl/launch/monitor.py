@@ -610,7 +610,7 @@ def started_world_size(run_dir: RunDir, launch: Launch) -> Optional[int]:
     starts = [
         a
         for a in run_dir.read_attempts()
-        if a.get("event") == "start" and str(a.get("job_id")) == str(launch.job_id)
+        if a.get("event") == "start" and str(launch.job_id) in job_refs(a)
     ]
     size = starts[-1].get("world_size") if starts else None
     return int(size) if isinstance(size, int) else None

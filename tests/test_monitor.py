@@ -893,3 +893,25 @@ def test_max_requeues_counts_per_submission(tmp_path, monkeypatch) -> None:
         end = run.read_attempts()[-1]
         assert (end["reason"], end["action"]) == ("timeout", action)
     assert came_back == ["22", "22"]
+
+
+def test_an_array_task_cancelled_while_queued_is_cancelled_not_pending(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    # Before: PENDING from its array's sacct record while other tasks waited, then UNKNOWN.
+    from hpcdl.launch.slurm_state import ARRAY_RECORD, NOT_IN_ACCOUNTING
+
+    trial = new_run(tmp_path, "trial")
+    trial.record_submission("38_2", "devcluster", trial.log_dir)
+    answers = [
+        {"state": "PENDING", "source": f"{ARRAY_RECORD} 38_[1-2%1]: it never ran)"},
+        {"state": "UNKNOWN", "source": NOT_IN_ACCOUNTING},
+    ]
+    for answer in answers:
+        monkeypatch.setattr(
+            "hpcdl.launch.monitor.job_state", lambda job_id, a=answer: {"job_id": job_id, **a}
+        )
+        assert status_lines(trial, capsys)["state"] == "CANCELLED"
+    # The same task once it has run: the scheduler's word, then the run dir's, as before.
+    trial.append_attempt({"event": "start", "job_id": "40", "array_job": "38", "array_task": "2"})
+    assert status_lines(trial, capsys)["state"] != "CANCELLED"

@@ -118,10 +118,10 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
     if not swept:
         lists = [t for ov, t in zip(parsed, rest, strict=True) if isinstance(ov.value(), list)]
         if lists:  # optim.lr=[0.1,0.01]: one value, a list
-            key, values = lists[0].split("=", 1)
+            name, listed = lists[0].split("=", 1)
             raise ConfigError(
                 f"no swept key: {lists[0]} is one value (a list); to try each, write "
-                f"{key}={values.strip('[]')}"
+                f"{name}={listed.strip('[]')}"
             )
         raise ConfigError(
             "no swept key; give the values to try as a=1,2, range(0,5), choice(...) or glob(*)"

@@ -25,6 +25,7 @@ from hpcdl.launch.diagnose import describe, root_cause
 from hpcdl.launch.foreground import FOREGROUND_LAUNCHERS
 from hpcdl.launch.logtail import copy_new
 from hpcdl.launch.slurm_state import (
+    ARRAY_RECORD,
     NO_ACCOUNTING,
     NO_SLURM,
     NOT_IN_ACCOUNTING,
@@ -168,6 +169,8 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
     report = {**job_state(job_id), **run_status(run_dir)}
     if run_dir is not None and is_active(report["state"]) and requeue_pending(run_dir, job_id):
         report["requeues"] += 1  # requeued (or chained), not started again yet
+    if run_dir is not None and left_the_queue_unrun(report, run_dir):
+        return {**report, "state": "CANCELLED", "source": f"{report['source']}; cancelled"}
     if run_dir is None and report["source"] in (SQUEUE_FAILED, NO_SLURM):
         raise no_scheduler_error(job_id, report["source"])
     if report["source"] not in (NO_ACCOUNTING, NOT_IN_ACCOUNTING):
@@ -192,6 +195,23 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
     report["source"] = "run dir (" + report["source"].removeprefix("none (")
     report = {**verdict, **{k: v for k, v in report.items() if k not in verdict}}
     return with_killed_line(report) if verdict["state"] == "FAILED" else report
+
+
+def left_the_queue_unrun(report: dict[str, Any], run_dir: RunDir) -> bool:
+    """An array task cancelled while it waited: squeue no longer lists it, sacct has only
+    its array's record (still PENDING while other tasks wait) or none, and the run dir
+    never saw it start. `hpcdl sweep status` judges such a task the same way."""
+    job_id, source = str(report["job_id"]), str(report["source"])
+    if "_" not in job_id or ran_as(run_dir, job_id):
+        return False
+    return source == NOT_IN_ACCOUNTING or (
+        source.startswith(ARRAY_RECORD) and is_active(report["state"])
+    )
+
+
+def ran_as(run_dir: RunDir, job_id: str) -> bool:
+    """Whether the run dir records a start of job `job_id` (ARRAYID_TASKID or a job id)."""
+    return any(a.get("event") == "start" and job_id in job_refs(a) for a in run_dir.read_attempts())
 
 
 def unanswered(source: str, what: str = "the job's state is not known") -> str:

@@ -130,6 +130,10 @@ def job_state(job_id: str) -> dict[str, str]:
     return {"job_id": job_id, "state": "UNKNOWN", "source": source}
 
 
+# The source of an array task's state read from its array's sacct record.
+ARRAY_RECORD = "sacct (the array's record"
+
+
 def _in_array_record(job_id: str) -> Optional[dict[str, str]]:
     """An array task that never ran as a job of its own (cancelled while it waited): sacct
     has no record of it, only its array's for such tasks (`52_[1-2%1] CANCELLED`)."""
@@ -141,7 +145,7 @@ def _in_array_record(job_id: str) -> Optional[dict[str, str]]:
             return {
                 "job_id": job_id,
                 "state": state.split()[0] if state.strip() else "UNKNOWN",
-                "source": f"sacct (the array's record {record}: it never ran)",
+                "source": f"{ARRAY_RECORD} {record}: it never ran)",
             }
     return None
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from hpcdl.launch.monitor import foreground_state, newest_launch, state_from_run_dir
+from hpcdl.launch.monitor import foreground_state, newest_launch, ran_as, state_from_run_dir
 from hpcdl.launch.slurm_state import is_active, query, task_ids
 from hpcdl.rundir import RunDir
 from hpcdl.sweep.ledger import CANCELLED, COMPLETED, Ledger
@@ -111,15 +111,6 @@ def local_state(run_dir: RunDir) -> Optional[str]:
         return None
     launch = newest_launch(run_dir)
     return foreground_state(run_dir, launch) if launch.in_foreground else None
-
-
-def ran_as(run_dir: RunDir, job_id: str) -> bool:
-    """Whether the run dir records a start of job `job_id` (ARRAYID_TASKID or a job id)."""
-    for a in run_dir.read_attempts():
-        ids = (str(a.get("job_id")), f"{a.get('array_job')}_{a.get('array_task')}")
-        if a.get("event") == "start" and job_id in ids:
-            return True
-    return False
 
 
 def current_job(run_dir: RunDir) -> Optional[str]:

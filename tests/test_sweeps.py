@@ -169,6 +169,36 @@ def test_new_sweep_arrays_come_from_its_plan_and_a_rerun_reads_its_run_dirs(
     assert [t.attempts for t in ledger.trials] == [2, 2, 2, 2]
 
 
+def test_two_reruns_at_once_submit_a_failed_trial_once(tmp_path: Path, monkeypatch, capsys) -> None:
+    # Before: both decided from the states before either submitted, and both submitted.
+    from hpcdl.cli import main as cli
+    from hpcdl.sweep import launch, report
+    from hpcdl.sweep import ledger as ledger_mod
+
+    plan = plan_sweep(
+        ["cluster=rivanna_a100", "optim.lr=0.1,0.01", f"hydra.sweep.dir={tmp_path}/sw"]
+    )
+    ledger = launch.create_sweep(plan)
+    ledger.trials[0].state, ledger.trials[1].state = "COMPLETED", "FAILED"
+    ledger_mod.save(ledger)
+    real_refresh = report.refresh
+
+    def refresh_then_the_other_rerun_submits(sweep_dir: Path, metric=None):
+        seen = real_refresh(sweep_dir, metric)
+        with ledger_mod.locked(sweep_dir) as led:
+            led.trials[1].job_id, led.trials[1].state = "7_0", "PENDING"
+        return seen
+
+    submitted: list[list[int]] = []
+    monkeypatch.setattr(report, "refresh", refresh_then_the_other_rerun_submits)
+    monkeypatch.setattr(launch, "submit_arrays", lambda _led, idx: submitted.append(idx) or [])
+    assert cli.rerun_failed(tmp_path / "sw") == ([], 0)
+    assert submitted == []
+    assert capsys.readouterr().out == (
+        "no failed trials to rerun (a rerun beside this one submitted them)\n"
+    )
+
+
 def test_an_array_sbatch_refuses_is_one_line_and_a_sweep_never_submitted_is_removed(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -593,14 +593,20 @@ def rerun_failed(sweep_dir: Path, dry_run: bool = False) -> tuple[list[int], int
             print_array_scripts(configs, sweep_dir)
         print("# dry run: nothing submitted")
         return failed, EXIT_OK
-    print(f"rerunning trials {failed}", flush=True)
     if ledger.launcher == "slurm":
         from hpcdl.sweep.launch import submit_arrays
 
         with ledger_mod.locked(sweep_dir) as led:
+            # As the ledger is now: a rerun beside this one may have submitted some of them.
+            failed = [i for i in failed if led.trial(i).state in RERUNNABLE]
+            if not failed:
+                print("no failed trials to rerun (a rerun beside this one submitted them)")
+                return failed, EXIT_OK
+            print(f"rerunning trials {failed}", flush=True)
             arrays = submit_arrays(led, failed)
         print(submitted_line(arrays, len(failed)))
         return failed, EXIT_OK
+    print(f"rerunning trials {failed}", flush=True)
     from hpcdl.sweep.launch import run_local_pool
 
     return failed, run_local_pool(ledger, failed)

@@ -199,6 +199,37 @@ def test_two_reruns_at_once_submit_a_failed_trial_once(tmp_path: Path, monkeypat
     )
 
 
+def test_a_trial_resumed_by_hand_runs_its_sweeps_frozen_code(tmp_path: Path, monkeypatch) -> None:
+    # Before: its job froze the code of the moment into the trial's own code/, so a
+    # resume ran other code than `sweep rerun` and the trial's array task did.
+    from hpcdl.launch import slurm
+    from hpcdl.rundir import RunDir, SweepDir, open_run_dir
+    from hpcdl.sweep import launch
+
+    plan = plan_sweep(
+        ["cluster=rivanna_a100", "optim.lr=0.1,0.01", f"hydra.sweep.dir={tmp_path}/sw"]
+    )
+    launch.create_sweep(plan)
+    sweep = SweepDir(tmp_path / "sw")
+    bases: list[Path] = []
+
+    class Executor:
+        def submit(self, _fn, _run_dir):
+            return SimpleNamespace(job_id="9")
+
+    def make_executor(_cfg, base, job_name=None):
+        bases.append(base.path)
+        return Executor()
+
+    monkeypatch.setattr(slurm, "make_executor", make_executor)
+    cfg, trial = open_run_dir(sweep.path / "1")
+    slurm.submit(cfg, trial)
+    assert bases == [sweep.path] and not trial.code_dir.exists()
+    assert RunDir(trial.path).rank_log("9", 0) == sweep.log_dir / "9_0_log.out"
+    text = slurm.sbatch_text(cfg, trial.job_base())
+    assert f"export PYTHONPATH={sweep.code_dir}$" in text
+
+
 def test_an_array_sbatch_refuses_is_one_line_and_a_sweep_never_submitted_is_removed(
     tmp_path: Path, monkeypatch
 ) -> None:

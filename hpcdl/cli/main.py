@@ -30,7 +30,7 @@ from hpcdl.exit_codes import (
 
 if TYPE_CHECKING:
     from hpcdl.config.schema import Config
-    from hpcdl.rundir import RunDir
+    from hpcdl.rundir import JobDir, RunDir
     from hpcdl.sweep.plan import SweepPlan
 
 
@@ -695,7 +695,7 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     return EXIT_OK
 
 
-def print_job(cfg: Config, run_dir: RunDir) -> None:
+def print_job(cfg: Config, run_dir: JobDir) -> None:
     """A dry run's Slurm job: the sbatch script, the program and each rank's environment."""
     from hpcdl.launch.slurm import rank_environment, sbatch_text
 
@@ -773,7 +773,7 @@ def print_array_scripts(configs: list[Config], sweep_dir: Path) -> None:
         print(sbatch_text(with_workdir(members[0]), SweepDir(sweep_dir), array_size=size))
 
 
-def program_line(cfg: Config, run_dir: RunDir) -> str:
+def program_line(cfg: Config, run_dir: JobDir) -> str:
     """`hpcdl run --dry-run`: the user's command as the job will start it."""
     import shlex
     from dataclasses import replace

@@ -51,7 +51,7 @@ def dry_run_resume(
         print(f"  {line}")
     refusal: Optional[HpcdlError] = None
     if cfg.cluster.launcher == Launcher.slurm:
-        print_job(cfg, target)
+        print_job(cfg, target.job_base())  # a sweep trial's job: its sweep's code and logs
         refusal = preflight_verdict(cfg, skip_preflight)
     else:
         ranks = plural(cfg.world_size, "rank")

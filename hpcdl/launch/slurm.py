@@ -294,7 +294,7 @@ def with_frozen_script(cfg: Config, base_dir: JobDir) -> Config:
     return replace(cfg, script=replace(cfg.script, command=command))
 
 
-def _remove_submission_files(run_dir: RunDir) -> None:
+def _remove_submission_files(run_dir: JobDir) -> None:
     """What submitit left of a job sbatch refused: the batch script and the pickled call,
     both still under the temporary names (a uuid) they get before sbatch answers."""
     for path in run_dir.log_dir.glob("*"):
@@ -311,19 +311,21 @@ def submit(cfg: Config, run_dir: RunDir) -> Submission:
     why = sbatch_options_refusal(cfg.cluster)  # also with --no-preflight: never submitted
     if why:
         raise SubmitError(why)
-    freeze_code(run_dir, cfg)
-    frozen = with_frozen_script(cfg, run_dir)
+    # A sweep trial (resumed by hand) runs its sweep's frozen code, as its array task did.
+    base = run_dir.job_base()
+    freeze_code(base, cfg)
+    frozen = with_frozen_script(cfg, base)
     if frozen != cfg:
         cfg = run_dir.save_config(frozen)
-    executor = make_executor(cfg, run_dir)
+    executor = make_executor(cfg, base)
     try:
         # submitit prints sbatch's stderr before raising it: it goes in our one line instead
         with outside_job_env(), contextlib.redirect_stderr(io.StringIO()):
             job = executor.submit(job_main, str(run_dir.path))
     except FailedJobError as err:
-        _remove_submission_files(run_dir)
+        _remove_submission_files(base)
         raise SubmitError(sbatch_refusal(str(err), cfg.cluster)) from None
-    run_dir.record_submission(job.job_id, cfg.cluster.name, run_dir.log_dir)
+    run_dir.record_submission(job.job_id, cfg.cluster.name, base.log_dir)
     return Submission(
         job_id=job.job_id, run_dir=run_dir.path, log_pattern=run_dir.rank_log(job.job_id, "<rank>")
     )

@@ -218,7 +218,7 @@ def test_sigterm_is_an_outside_requeue_when_slurm_already_counts_the_restart(mon
 def test_snapshot_freezes_the_users_model_module_but_not_installed_ones(
     tmp_path, monkeypatch, capsys
 ) -> None:
-    from hpcdl.launch.snapshot import snapshot_code
+    from hpcdl.launch.snapshot import changed_since_frozen, snapshot_code
 
     src = tmp_path / "src"
     (src / "mypkg_frz").mkdir(parents=True)
@@ -240,6 +240,24 @@ def test_snapshot_freezes_the_users_model_module_but_not_installed_ones(
     (src / "mymod_frz.py").write_text("raise ImportError('edited')\n")
     snapshot_code(code, targets)
     assert (code / "mymod_frz.py").read_text() == "def build(**kw): ...\n"
+    # ... and the resume (or a sweep's rerun) says which of them were edited since.
+    from hpcdl.launch.slurm import warn_edited_code
+    from hpcdl.rundir import RunDir
+
+    capsys.readouterr()
+    assert changed_since_frozen(code) == ["mymod_frz"]
+    (src / "mypkg_frz" / "extra.py").write_text("")  # a module added to the package
+    assert changed_since_frozen(code) == ["mymod_frz", "mypkg_frz"]
+    warn_edited_code(RunDir(base), "its job", "start a new run")
+    assert capsys.readouterr().err == (
+        f"warning: mymod_frz, mypkg_frz changed since {code} was frozen; its job runs that "
+        "frozen copy, not your edits (start a new run)\n"
+    )
+    (src / "mymod_frz.py").write_text("def build(**kw): ...\n")
+    (src / "mypkg_frz" / "extra.py").unlink()
+    (src / "mypkg_frz" / "__pycache__").mkdir()  # bytecode is no edit
+    (src / "mypkg_frz" / "__pycache__" / "nets.cpython-311.pyc").write_bytes(b"x")
+    assert changed_since_frozen(code) == []
 
 
 def test_a_module_missing_from_the_users_package_is_refused_at_submit(hpcdl, tmp_path) -> None:
@@ -449,3 +467,28 @@ def test_an_attempt_that_raises_records_its_end(hpcdl, tmp_path) -> None:
     assert records[-1]["reason"] == "failed"
     broken = tmp_path / "broken.npz"  # made absolute at compose
     assert records[-1]["error"].startswith(f"DataError: data.path: cannot read '{broken}'")
+
+
+def test_a_resume_of_a_slurm_run_whose_model_code_was_edited_warns(hpcdl, tmp_path) -> None:
+    """The job runs the module frozen at the first submission: an edit since (a bug fixed)
+    does not reach it, and the resume says so instead of rerunning the bug silently."""
+    (tmp_path / "edited_net.py").write_text(
+        "from torch import nn\ndef build(input_shape, num_classes):\n"
+        "    return nn.Linear(input_shape[0], num_classes)\n"
+    )
+    train = ["cluster=rivanna_a100", "model=custom", "model.target=edited_net:build"]
+    out = hpcdl("train", *train, "run_dir=r", "--no-launch", "--no-preflight",
+                env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    resume = ["resume", "r", "--no-preflight", "--dry-run"]
+    quiet = hpcdl(*resume, env={"PYTHONPATH": str(tmp_path)})
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+    with (tmp_path / "edited_net.py").open("a") as f:
+        f.write("# fixed\n")
+    told = hpcdl(*resume, env={"PYTHONPATH": str(tmp_path)})
+    assert told.returncode == 0, told.stderr
+    assert told.stderr == (
+        f"warning: edited_net changed since {tmp_path / 'r' / 'code'} was frozen; its job runs "
+        f"that frozen copy, not your edits (a fix to them reaches a new run: hpcdl train "
+        f"init_from={tmp_path / 'r'} ...)\n"
+    )

@@ -594,8 +594,12 @@ def rerun_failed(sweep_dir: Path, dry_run: bool = False) -> tuple[list[int], int
         print("# dry run: nothing submitted")
         return failed, EXIT_OK
     if ledger.launcher == "slurm":
+        from hpcdl.launch.slurm import warn_edited_code
+        from hpcdl.rundir import SweepDir
         from hpcdl.sweep.launch import submit_arrays
 
+        fix = "a fix to them reaches a new sweep: hpcdl train -m ..."
+        warn_edited_code(SweepDir(Path(ledger.sweep_dir)), "the rerun", fix)
         with ledger_mod.locked(sweep_dir) as led:
             # As the ledger is now: a rerun beside this one may have submitted some of them.
             failed = [i for i in failed if led.trial(i).state in RERUNNABLE]

@@ -73,8 +73,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     preflight(cfg, args.no_preflight)
     if not args.from_scratch:
         refuse_lost_checkpoints(run_dir)
+    origin = run_dir
     if chosen is not None and chosen.new_run_dir is not None:
         run_dir = chosen.branch(stored)  # RUN_DIR is only read; NEW_DIR is launched below
+    if cfg.cluster.launcher.value == "slurm":
+        from hpcdl.cli.resume_dry import warn_edited
+
+        warn_edited(origin, run_dir)
     with hold(run_dir):  # before anything is written: a second resume changes nothing
         if run_dir.read_submission() != submitted:  # a resume beside this one submitted
             refuse_if_still_queued(run_dir)

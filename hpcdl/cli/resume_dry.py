@@ -51,6 +51,7 @@ def dry_run_resume(
         print(f"  {line}")
     refusal: Optional[HpcdlError] = None
     if cfg.cluster.launcher == Launcher.slurm:
+        warn_edited(run_dir, target)  # a branch's job freezes the code anew
         print_job(cfg, target.job_base())  # a sweep trial's job: its sweep's code and logs
         refusal = preflight_verdict(cfg, skip_preflight)
     else:
@@ -67,6 +68,14 @@ def dry_run_resume(
     if refusal is not None:
         raise refusal
     return EXIT_OK
+
+
+def warn_edited(run_dir: RunDir, launched: RunDir) -> None:
+    """A Slurm resume whose frozen modules were edited since: its job runs the copy."""
+    from hpcdl.launch.slurm import warn_edited_code
+
+    fix = f"a fix to them reaches a new run: hpcdl train init_from={run_dir.path} ..."
+    warn_edited_code(launched.job_base(), "its job", fix)
 
 
 def starting_point(run_dir: RunDir, chosen: Optional[ChosenCheckpoint], from_scratch: bool) -> str:

@@ -285,6 +285,21 @@ def freeze_code(base_dir: JobDir, *configs: Config) -> None:
     snapshot_code(base_dir.code_dir, custom_targets(*configs))
 
 
+def warn_edited_code(base_dir: JobDir, job: str, fix: str) -> None:
+    """A resume or rerun whose own modules were edited since they were frozen: its job runs
+    the frozen copy (one warning line, naming them, and where an edit does reach)."""
+    from hpcdl.launch.snapshot import changed_since_frozen
+
+    changed = changed_since_frozen(base_dir.code_dir)
+    if changed:
+        print(
+            f"warning: {', '.join(changed)} changed since {base_dir.code_dir} was frozen; "
+            f"{job} runs that frozen copy, not your edits ({fix})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def with_frozen_script(cfg: Config, base_dir: JobDir) -> Config:
     """`hpcdl run -- python train.py`: the script's folder frozen into the code dir, and the
     command pointing at that copy (so later edits never reach a queued or requeued job)."""

@@ -148,6 +148,32 @@ def installed(path: Path) -> bool:
     )
 
 
+def changed_since_frozen(code: Path) -> list[str]:
+    """The user's modules frozen in `code` (code/FROZEN) whose .py files differ now from
+    their frozen copy, by name: a resume or rerun runs the copy, not the edit."""
+    try:
+        lines = (code / FROZEN_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    changed = []
+    for line in lines:
+        name, _, source = line.partition(" ")
+        if source and _python_files(Path(source)) != _python_files(code / Path(source).name):
+            changed.append(name)
+    return changed
+
+
+def _python_files(root: Path) -> dict[str, bytes]:
+    """A module file, or a package folder's .py files, by relative path ({} if gone)."""
+    try:
+        if root.is_file():
+            return {root.name: root.read_bytes()}
+        files = (p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+        return {str(p.relative_to(root)): p.read_bytes() for p in files}
+    except OSError:
+        return {}
+
+
 def copy_module(source: Path, code: Path) -> None:
     if source.is_dir():
         shutil.copytree(source, code / source.name, ignore=IGNORED)

@@ -343,6 +343,12 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
         f"error: {sweep}: a sweep dir, whose trials are run dirs: pass one of them, {sweep}/N "
         f"for trial N (`hpcdl sweep summary {sweep}` ranks them)\n"
     )
+    # ... and a trial is not the sweep dir.
+    trial_status = hpcdl("sweep", "status", str(sweep / "0"))
+    assert trial_status.returncode == 2 and trial_status.stderr == (
+        f"error: {sweep / '0'}: no sweep.json, so not a sweep dir; it is trial 0 of the sweep "
+        f"{sweep}: pass that, or `hpcdl status {sweep / '0'}` for this trial alone\n"
+    )
 
     summary = hpcdl("sweep", "summary", str(sweep), "--metric", "val_accuracy")
     assert summary.returncode == 0, summary.stderr

@@ -89,6 +89,11 @@ def check_sweep_dir(sweep_dir: Path) -> None:
     if not sweep_dir.is_dir():
         raise HpcdlError(f"{sweep_dir}: a file, not a sweep dir; {fix}")
     if not SweepDir(sweep_dir).ledger_file.is_file():
+        if SweepDir(sweep_dir.parent).ledger_file.is_file():  # one of its trials
+            fix = (
+                f"it is trial {sweep_dir.name} of the sweep {sweep_dir.parent}: pass that, or "
+                f"`hpcdl status {sweep_dir}` for this trial alone"
+            )
         raise HpcdlError(f"{sweep_dir}: no {SweepDir.LEDGER}, so not a sweep dir; {fix}")
 
 

@@ -668,11 +668,17 @@ def refuse_missing_modules(cfg: Config) -> None:
     package, which would be frozen without it, is found by looking at its files instead."""
     from hpcdl.launch.slurm import named_targets
     from hpcdl.launch.snapshot import missing_submodule
+    from hpcdl.launch.static_kwargs import refuse_unknown_kwargs
 
     for key, target in named_targets(cfg):
         why = missing_submodule(target)
         if why:
             raise ConfigError(f"{key}={target!r}: {why}; check the module path")
+    groups = {"model": cfg.model, "data": cfg.data, "task": cfg.task}
+    for key, group in groups.items():  # kwargs keys the callable's source rules out
+        called, kwargs = getattr(group, "target", None), getattr(group, "kwargs", None)
+        if group.name == "custom" and isinstance(called, str) and kwargs:
+            refuse_unknown_kwargs(key, called, kwargs)
 
 
 def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
@@ -720,6 +726,10 @@ def preflight_verdict(cfg: Config, skip_preflight: bool) -> Optional[ConfigError
     from hpcdl.launch.preflight import SlurmUnreachable, check_request
 
     warn_short_time_limit(cfg)
+    try:  # the user's code, looked at (not run) as a submission does, also without Slurm
+        refuse_missing_modules(cfg)
+    except ConfigError as err:
+        return err
     if skip_preflight:
         print("# preflight: skipped (--no-preflight)")
         return None

@@ -92,6 +92,17 @@ def _train_model(cfg: Config, path: RunDir, stop: StopFlag) -> JobOutcome:
         os.environ.update(torchrun_variables(env, tasks_per_node(cfg.cluster)))
     _share_cpus(cfg, env)
     device = pick_device(cfg.trainer.device.value, env.local_rank)
+    if cfg.cluster.gpus_per_node and device.type == "cpu" and env.is_main:
+        import torch
+
+        print(
+            f"hpcdl: warning: cluster.gpus_per_node={cfg.cluster.gpus_per_node}, but torch "
+            f"{torch.__version__} sees no CUDA GPU here, so the ranks train on the CPU "
+            "(a CPU-only torch build, or a node without GPUs?); trainer.device=cuda makes "
+            "this an error",
+            file=sys.stderr,
+            flush=True,
+        )
     # Until the first step is done (the trainer then sets trainer.stall_timeout_s), the
     # collectives wait as long as the watchdog's first-step allowance.
     first = first_step_allowance(cfg.trainer.stall_timeout_s, cfg.trainer.stall_first_step_s)

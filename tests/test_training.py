@@ -246,3 +246,18 @@ def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path: Path, capsys) 
         "GPUs (cluster.gpus_per_node); the checkpoints are intact (CUDA out of memory. Tried to "
         "allocate 2.00 GiB)"
     ]
+
+
+def test_gpus_asked_for_where_torch_sees_none_is_said(tmp_path: Path, capsys) -> None:
+    """A CPU-only torch build on a GPU node (or the FAQ's local GPU command on a laptop)
+    trained on the CPU without a word."""
+    from hpcdl.cli.main import main
+
+    run = ["cluster=debug", "cluster.gpus_per_node=2", "trainer.max_epochs=1"]
+    assert main(["train", *run, f"run_dir={tmp_path / 'run'}"]) == 0
+    err = capsys.readouterr().err
+    said = "hpcdl: warning: cluster.gpus_per_node=2, but torch "
+    if torch.cuda.is_available():
+        assert said not in err
+    else:
+        assert said in err and "sees no CUDA GPU here, so the ranks train on the CPU" in err

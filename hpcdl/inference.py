@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hpcdl.atomic import write_atomic, write_json_atomic
-from hpcdl.checkpoint import read_checkpoint, resolve_checkpoint
+from hpcdl.checkpoint import BEST_NAME, read_checkpoint, resolve_checkpoint
 from hpcdl.config.convert import model_from_dict
 from hpcdl.config.schema import (
     Config,
@@ -79,6 +79,12 @@ def _checkpoint_for(run_dir: RunDir, which: str) -> Path:
                 f"{run_dir.path}: no checkpoint in {folder}: the run has saved none (not "
                 f"started yet, or it ended before its first save; `hpcdl status {run_dir.path}` "
                 "says how it ended)"
+            )
+        if which == "best" and not (folder / BEST_NAME).is_file():
+            raise CheckpointError(
+                f"{run_dir.path}: no {BEST_NAME} in {folder} (a run saves it at its best "
+                "validated epoch: this one has no validation split, or none so far); use its "
+                "newest checkpoint: --checkpoint last"
             )
         return resolve_checkpoint(run_dir.path, "best" if which == "best" else "last")
     given = Path(which).expanduser()

@@ -224,6 +224,23 @@ def test_an_unknown_checkpoint_lists_what_is_accepted(
     assert str(info.value) == expected.replace("bset", "step_999.pt")
 
 
+def test_a_run_without_best_pt_is_pointed_at_its_newest_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A run with data.val_fraction=0 saves no best.pt, and `evaluate` asks for it by default.
+    from hpcdl.cli.main import main
+
+    run = fake_run(tmp_path, [16, 32])
+    (run / "checkpoints" / "best.pt").unlink()
+    monkeypatch.chdir(tmp_path)
+    assert main(["evaluate", "run"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {run}: no best.pt in {run / 'checkpoints'} (a run saves it at its best "
+        "validated epoch: this one has no validation split, or none so far); use its newest "
+        "checkpoint: --checkpoint last\n"
+    )
+
+
 def test_a_long_list_of_checkpoints_is_shortened(tmp_path: Path) -> None:
     from hpcdl import Job
     from hpcdl.errors import CheckpointError

@@ -148,6 +148,13 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
             "trainer.max_epoch: unknown key; did you mean trainer.max_epochs?",
         ),
         (["model=foo"], "model=foo: unknown option; choose one of cnn, custom, mlp, resnet18"),
+        # A key of another group, or by another library's name: the key it is (it said
+        # "did you mean trainer.seed?" for trainer.lr), and an option in other letter case.
+        (["trainer.lr=0.1"], "trainer.lr: unknown key; did you mean optim.lr?"),
+        (["optim.learning_rate=0.1"], "optim.learning_rate: unknown key; did you mean optim.lr?"),
+        (["max_epochs=5"], "max_epochs: unknown key; did you mean trainer.max_epochs?"),
+        (["trainer.epochs=5"], "trainer.epochs: unknown key; did you mean trainer.max_epochs?"),
+        (["model=CNN"], "model=CNN: unknown option; did you mean model=cnn? (or choose one of"),
         (
             # data=files forgotten: the key is another option's, not a typo of data.name
             ["task=regression", "data.path=d.csv", "data.label_column=price"],

@@ -270,7 +270,8 @@ def hydra_message(err: Exception, overrides: Sequence[str] = ()) -> str:
         group, option = match.groups()
         options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
         valid = f"; choose one of {', '.join(options)}" if options else ""
-        close = difflib.get_close_matches(option, options, n=1, cutoff=0.6)
+        same = [o for o in options if o.lower() == option.lower()]  # model=CNN
+        close = same or difflib.get_close_matches(option, options, n=1, cutoff=0.6)
         if close:
             valid = f"; did you mean {group}={close[0]}?{valid.replace('; c', ' (or c', 1)})"
         return f"{group}={option}: unknown option{valid}"

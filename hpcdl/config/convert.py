@@ -363,9 +363,30 @@ def _unknown_key_message(key: str, valid: list[str]) -> str:
         name = key.partition(".")[2]
         option = f"-{name}" if len(name) == 1 else f"--{name.replace('_', '-')}"
         return f"{key}: unknown key; sbatch's {option} is set by {ours}"
-    close = difflib.get_close_matches(key, valid, n=1)
+    leaves = {k.rsplit(".", 1)[-1] for k in valid}
+    moved = _in_another_group(key) if key.rsplit(".", 1)[-1] not in leaves else None
+    close = [moved] if moved else difflib.get_close_matches(key, valid, n=1)
     hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(valid)}"
     return f"{key}: unknown key; {hint}"
+
+
+# What people call hpcdl's keys elsewhere (Lightning, Keras, argparse scripts).
+KEY_ALIASES = {
+    "learning_rate": "lr",
+    "epochs": "max_epochs",
+    "num_epochs": "max_epochs",
+    "n_epochs": "max_epochs",
+    "bs": "batch_size",
+}
+
+
+def _in_another_group(key: str) -> Optional[str]:
+    """trainer.lr -> optim.lr, max_epochs -> trainer.max_epochs, optim.learning_rate ->
+    optim.lr: the one key of any group with that last name (or its usual alias)."""
+    leaf = key.rsplit(".", 1)[-1]
+    leaf = KEY_ALIASES.get(leaf, leaf)
+    found = {k for group in GROUPS for k in known_keys(group) if k.rsplit(".", 1)[-1] == leaf}
+    return found.pop() if len(found) == 1 and key not in found else None
 
 
 def to_plain(cfg: schema.Config) -> dict[str, Any]:

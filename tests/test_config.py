@@ -156,6 +156,10 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
         (["trainer.epochs=5"], "trainer.epochs: unknown key; did you mean trainer.max_epochs?"),
         (["model=CNN"], "model=CNN: unknown option; did you mean model=cnn? (or choose one of"),
         (
+            ["trainer.max_epochs", "5"],
+            "trainer.max_epochs: no value; write trainer.max_epochs=VALUE",
+        ),
+        (
             # data=files forgotten: the key is another option's, not a typo of data.name
             ["task=regression", "data.path=d.csv", "data.label_column=price"],
             "data.path: not a key of data=breast_cancer; it is one of data=mnist, cifar10, "

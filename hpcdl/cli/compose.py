@@ -292,6 +292,10 @@ def hydra_message(err: Exception, overrides: Sequence[str] = ()) -> str:
             f"{key}={value}: Hydra cannot read this value unquoted; quote it: "
             f"\"{key}='{value}'\" (the double quotes are for the shell)"
         )
+    bare = re.match(r"Error parsing override '([\w.]+)'$", text.splitlines()[0] if text else "")
+    if bare:  # `trainer.max_epochs 5`: a key without a value
+        key = bare.group(1)
+        return f"{key}: no value; write {key}=VALUE, one word (e.g. trainer.max_epochs=5)"
     match = re.search(r"mismatched input|no viable alternative|extraneous input", text)
     if match:
         return (

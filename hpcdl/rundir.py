@@ -43,12 +43,18 @@ from hpcdl.errors import RunDirError, WriteError, os_error_reason
 # lists it. A test checks the docs' table against this.
 RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("config.yaml", "the resolved config the job reads; rewritten by `hpcdl resume` overrides"),
-    ("commands.log", "every `hpcdl train`/`run`/`resume` command line that touched the run (`sweep: trial N of SWEEP_DIR`: a local sweep started the trial)"),
+    (
+        "commands.log",
+        "every `hpcdl train`/`run`/`resume` command line that touched the run (`sweep: trial N of SWEEP_DIR`: a local sweep started the trial)",
+    ),
     (
         "metrics.csv",
         "one row per epoch: train/val loss and the task's metrics, lr, seconds, samples/s",
     ),
-    ("checkpoints/", "step_<N>.pt (the newest keep_last, and milestones: keep_every_epochs) and best.pt"),
+    (
+        "checkpoints/",
+        "step_<N>.pt (the newest keep_last, and milestones: keep_every_epochs) and best.pt",
+    ),
     (
         "checkpoints.set-aside-<N>/",
         "`hpcdl resume --from-scratch`: the checkpoints it found there, and eval/; `--from`: those after the chosen one, with the records of their epochs and eval/ of those checkpoints (nothing deleted)",
@@ -67,7 +73,10 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
         "predicted_vs_true.png",
         "regression: test-set predictions of the final model against the truth",
     ),
-    ("eval/<checkpoint>/", "`hpcdl evaluate` output: metrics.json and the test plot (eval/<checkpoint>[-<split>][-<hash>]/ for another split or other data)"),
+    (
+        "eval/<checkpoint>/",
+        "`hpcdl evaluate` output: metrics.json and the test plot (eval/<checkpoint>[-<split>][-<hash>]/ for another split or other data)",
+    ),
     (
         "trackers.json",
         "logger=tensorboard/wandb/mlflow: each tracker's run identity, made once, so every attempt continues it",
@@ -84,7 +93,10 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("logs/", "launched runs: one log file per rank (submitit)"),
     ("trial.log", "a trial of a local sweep: its console output"),
     ("stop/", "`hpcdl run`: one file per attempt, made when a stop is requested (HPCDL_STOP_FILE)"),
-    ("ports/", "`hpcdl run` on several ranks: the port each attempt's program listens on, chosen by rank 0"),
+    (
+        "ports/",
+        "`hpcdl run` on several ranks: the port each attempt's program listens on, chosen by rank 0",
+    ),
     (".run.lock", "locked by the process training the run: a second one is refused"),
     (
         "telemetry/",
@@ -776,8 +788,18 @@ def _fill_empty_run_dir(cfg: Config, path: Path) -> None:
 def open_run_dir(ref: str | Path) -> tuple[Config, RunDir]:
     run_dir = RunDir(Path(ref).expanduser().resolve())
     if not run_dir.path.exists():
+        raise RunDirError(f"{ref}: no such folder (from {Path.cwd()}); pass the run_dir of a run")
+    owner = RunDir(run_dir.path.parent.parent)
+    if (
+        run_dir.path.is_file()
+        and run_dir.path.parent == owner.checkpoint_dir
+        and owner.is_run_dir()
+    ):
+        name = "best" if run_dir.path.name == "best.pt" else run_dir.path.name
         raise RunDirError(
-            f"{ref}: no such folder (from {Path.cwd()}); pass the run_dir of a run"
+            f"{ref}: a checkpoint of the run {owner.path}; pass the run dir, and the "
+            f"checkpoint as `hpcdl resume {owner.path} --from {name}` or `--checkpoint {name}` "
+            "(evaluate, predict)"
         )
     if not run_dir.is_run_dir():
         if SweepDir(run_dir.path).ledger_file.is_file():

@@ -339,3 +339,20 @@ def test_regression_with_the_models_default_dropout_is_warned_about(tmp_path: Pa
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             warn_regression_dropout(compose_config(overrides), overrides)
+
+
+def test_a_checkpoint_given_for_the_run_dir_is_named_with_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpcdl.cli.main import main
+
+    run = fake_run(tmp_path, [13, 26])
+    monkeypatch.chdir(tmp_path)
+    for command, name in (("resume", "step_000000026.pt"), ("evaluate", "best.pt")):
+        assert main([command, f"run/checkpoints/{name}"]) == 2
+        shown = "best" if name == "best.pt" else name
+        assert capsys.readouterr().err == (
+            f"error: run/checkpoints/{name}: a checkpoint of the run {run}; pass the run dir, "
+            f"and the checkpoint as `hpcdl resume {run} --from {shown}` or `--checkpoint "
+            f"{shown}` (evaluate, predict)\n"
+        )

@@ -922,6 +922,31 @@ def test_dataset_batches_leave_the_global_rng_alone_and_are_seeded_per_sample(nu
         assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"])  # same augmentation
 
 
+def test_a_batch_read_in_the_training_process_keeps_the_rng_states_once(monkeypatch) -> None:
+    """num_workers=0: the training process's RNG states were saved and put back around each
+    sample (~125 us: 20-80x a cheap sample's read); now once per batch, same samples."""
+    from hpcdl.data import loader
+    from hpcdl.data.loader import LoaderSettings, dataset_batches
+
+    kept = loader.kept_rng_states
+    calls: list[int] = []
+
+    def counted():
+        calls.append(1)
+        return kept()
+
+    monkeypatch.setattr(loader, "kept_rng_states", counted)
+    settings = LoaderSettings(num_workers=0, prefetch_factor=2, collate_fn=None, seed=7)
+    sharder = EpochSharder(30, 8, 0, 1, seed=7)
+    batches = list(dataset_batches(_Squares(), sharder, 2, 0, torch.device("cpu"), settings))
+    assert len(batches) == 4 and len(calls) == 4
+    # The samples of one __getitem__ each, as before.
+    one_by_one = loader.SeededSamples(_Squares(), 7)
+    order = sharder.permutation(2).tolist()
+    expected = torch.cat([one_by_one[(2, i)]["x"] for i in order[:8]])
+    assert torch.equal(batches[0][1]["x"].reshape(-1), expected)
+
+
 def test_where_batches_of_another_size_start_in_an_epoch() -> None:
     # 160 samples into the epoch (5 steps of 32): batches of 16 start there at step 10,
     # batches of 48 do not (40 and 80 would); at the end, the epoch's step count.

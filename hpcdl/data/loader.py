@@ -268,6 +268,19 @@ class SeededSamples(torch.utils.data.Dataset[Any]):
             seed_rngs(sample_seed(self.seed, epoch, index))
             return self.dataset[index]
 
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[Any]:
+        """A batch's samples (the DataLoader asks for them together): the same samples as
+        one __getitem__ each, with the training process's RNG states kept once per batch,
+        not per sample (~125 us a time, measured: 20-80x the cost of a cheap sample)."""
+        if torch.utils.data.get_worker_info() is not None:
+            return [self[key] for key in keys]
+        with kept_rng_states():
+            samples = []
+            for epoch, index in keys:
+                seed_rngs(sample_seed(self.seed, epoch, index))
+                samples.append(self.dataset[index])
+            return samples
+
 
 @contextmanager
 def kept_rng_states() -> Iterator[None]:

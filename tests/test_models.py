@@ -258,6 +258,28 @@ def test_custom_target_gets_only_the_data_arguments_it_names(user_module):
     assert module.catch_all.seen == {"input_shape": [1, 7], "num_classes": 3}
 
 
+def test_samples_of_unknown_shape_give_no_input_shape(user_module):
+    """Dict samples without x/y keys: hpcdl cannot tell their shape. It passed
+    input_shape=(), which failed later as a matmul error; now the callable's own default
+    applies, and a required input_shape is asked for by name."""
+
+    def build(target: str, **kwargs) -> nn.Module:
+        cfg = schema.CustomModelConfig(target=f"{user_module}:{target}", kwargs=kwargs)
+        return build_model(cfg, (), 3)
+
+    module = __import__(user_module)
+    build("catch_all")
+    assert module.catch_all.seen == {"num_classes": 3}
+    assert linear_sizes(build("build", input_shape=[6])) == [(6, 8), (8, 3)]
+    with pytest.raises(ConfigError) as info:
+        build("build")
+    assert str(info.value) == (
+        f"model.target='{user_module}:build': takes input_shape, but the data's samples are "
+        "not (x, y) pairs or x/y dicts, so hpcdl cannot tell it; set "
+        "model.kwargs.input_shape=[...]"
+    )
+
+
 class UnreadableSignature:
     """A callable without a readable signature, as builtins and C extensions have."""
 

@@ -27,6 +27,15 @@ def build_custom(
     data_kwargs: dict[str, Any] = {"input_shape": input_shape, "num_classes": num_classes}
     if signature is not None:
         data_kwargs = {k: v for k, v in data_kwargs.items() if accepts(signature, k)}
+    if not input_shape:  # samples that are not (x, y) pairs or x/y dicts: shape unknown
+        param = signature.parameters.get("input_shape") if signature is not None else None
+        required = param is not None and param.default is inspect.Parameter.empty
+        if required and "input_shape" not in cfg.kwargs:
+            raise ConfigError(
+                f"{key}: takes input_shape, but the data's samples are not (x, y) pairs or "
+                "x/y dicts, so hpcdl cannot tell it; set model.kwargs.input_shape=[...]"
+            )
+        data_kwargs.pop("input_shape", None)  # its default, or model.kwargs', applies
     if num_classes < 1:  # the data names no classes (data=custom without them)
         named = signature is not None and "num_classes" in signature.parameters
         if named and "num_classes" not in cfg.kwargs:

@@ -1007,3 +1007,22 @@ def test_predict_input_with_semicolons_or_another_case_says_so(tmp_path: Path) -
     assert _is_named_header(file, ["year", "rooms", "area"], names, "price")
     with pytest.raises(DataError, match="is neither a header naming the training columns"):
         _is_named_header(file, ["width", "depth", "age"], names, "price")
+
+
+@pytest.mark.parametrize(
+    ("name", "own"), [("d.npz", "its y array"), ("d.csv", "its data.label_column")]
+)
+def test_a_labels_file_beside_a_file_with_its_own_labels_is_refused(tmp_path, name, own) -> None:
+    # Before: ignored without a word, so the run trained on labels other than the user's.
+    from hpcdl.config.validate import check_data
+
+    (tmp_path / name).write_text("")
+    np.save(tmp_path / "y.npy", np.zeros(4))
+    cfg = files_cfg(tmp_path / name, labels_path=str(tmp_path / "y.npy"))
+    with pytest.raises(ConfigError) as info:
+        check_data(cfg)
+    assert str(info.value) == (
+        f"data.labels_path='{tmp_path / 'y.npy'}': only a .npy of features takes a labels "
+        f"file; data.path='{tmp_path / name}' brings its own labels ({own}): remove "
+        "data.labels_path"
+    )

@@ -145,6 +145,13 @@ def check_data(data: schema.DataCommon) -> None:
     labels = getattr(data, "labels_path", None)
     if labels is not None and not Path(labels).expanduser().exists():
         raise ConfigError(f"data.labels_path={labels!r}: no such file")
+    suffix = Path(path).suffix.lower() if isinstance(path, str) else ""
+    if labels is not None and suffix in (".npz", ".csv"):  # it would be ignored
+        own = "its y array" if suffix == ".npz" else "its data.label_column"
+        raise ConfigError(
+            f"data.labels_path={labels!r}: only a .npy of features takes a labels file; "
+            f"data.path={path!r} brings its own labels ({own}): remove data.labels_path"
+        )
 
 
 def _check_dataset_source(data: schema.CustomDataConfig | schema.ImageFolderConfig) -> None:

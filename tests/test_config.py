@@ -156,6 +156,14 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
         (["trainer.epochs=5"], "trainer.epochs: unknown key; did you mean trainer.max_epochs?"),
         (["model=CNN"], "model=CNN: unknown option; did you mean model=cnn? (or choose one of"),
         (
+            ["data=imagefolder", "data.path=x", "data.flip=true"],
+            "data.flip: unknown key; did you mean data.random_flip?",  # was data.fold
+        ),
+        (
+            ["data=custom", "data.target=m:b", "data.collate=m:c"],
+            "data.collate: unknown key; did you mean data.collate_fn?",  # was data.kwargs.collate
+        ),
+        (
             ["trainer.max_epochs", "5"],
             "trainer.max_epochs: no value; write trainer.max_epochs=VALUE",
         ),

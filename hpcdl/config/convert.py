@@ -12,7 +12,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
@@ -309,7 +309,11 @@ def unknown_key_message(key: str, chosen: Optional[str] = None) -> str:
         head, _, rest = name.partition(".")
         if rest and head != "kwargs" and difflib.get_close_matches(head, ["kwargs"], n=1):
             name = rest  # model.kwarg.width: meant model.kwargs.width
-        if name.split(".")[0] not in _field_names(options[chosen]):
+        fields = _field_names(options[chosen])
+        meant = _word_match(name, fields) if "." not in name else None
+        if meant is not None:  # data.collate: meant data.collate_fn, not an argument
+            return f"{key}: unknown key; did you mean {group}.{meant}?"
+        if name.split(".")[0] not in fields:
             return (
                 f"{key}: not a key of {group}={chosen}; arguments for your code go in "
                 f"{group}.kwargs: {group}.kwargs.{name}=..."
@@ -365,9 +369,20 @@ def _unknown_key_message(key: str, valid: list[str]) -> str:
         return f"{key}: unknown key; sbatch's {option} is set by {ours}"
     leaves = {k.rsplit(".", 1)[-1] for k in valid}
     moved = _in_another_group(key) if key.rsplit(".", 1)[-1] not in leaves else None
+    group = key.rpartition(".")[0]
+    word = _word_match(key.rsplit(".", 1)[-1], [k.rsplit(".", 1)[-1] for k in valid])
+    if moved is None and word is not None and f"{group}.{word}" in valid:
+        moved = f"{group}.{word}"  # data.flip: data.random_flip, not data.fold
     close = [moved] if moved else difflib.get_close_matches(key, valid, n=1)
     hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(valid)}"
     return f"{key}: unknown key; {hint}"
+
+
+def _word_match(typed: str, names: Sequence[str]) -> Optional[str]:
+    """The one name that has `typed` as one of its words (flip: random_flip; collate:
+    collate_fn), if exactly one has."""
+    found = {n for n in names if n != typed and typed in n.split("_")}
+    return found.pop() if len(found) == 1 else None
 
 
 # What people call hpcdl's keys elsewhere (Lightning, Keras, argparse scripts).

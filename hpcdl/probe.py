@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import math
 import traceback
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, Optional
@@ -28,7 +29,7 @@ from hpcdl.config.schema import (
     CustomTaskConfig,
     Launcher,
 )
-from hpcdl.errors import ConfigError, HpcdlError
+from hpcdl.errors import ConfigError, DataWarning, HpcdlError
 
 # Built-in sources that read files the user points data.path at (the others are bundled).
 FILE_SOURCES = ("files", "mnist", "cifar10")
@@ -68,7 +69,9 @@ def probe_user_code(cfg: Config) -> None:
     device = torch.device("cpu")
     # One batch: no worker processes needed.
     data = replace(cfg.data, num_workers=0)
-    feed = build_feed(data, device, seed=cfg.trainer.seed, task=cfg.task)
+    with warnings.catch_warnings():  # the job reads the same data and says them once
+        warnings.simplefilter("ignore", DataWarning)
+        feed = build_feed(data, device, seed=cfg.trainer.seed, task=cfg.task)
     model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     if cfg.init_from is not None:  # as the job's warm start does (hpcdl.build)
         from hpcdl.build import warm_start_checkpoint

@@ -1026,3 +1026,28 @@ def test_a_labels_file_beside_a_file_with_its_own_labels_is_refused(tmp_path, na
         f"file; data.path='{tmp_path / name}' brings its own labels ({own}): remove "
         "data.labels_path"
     )
+
+
+def test_images_stored_channels_last_are_pointed_out(tmp_path) -> None:
+    # Before: (16, 16, 3) samples trained as 16 channels of 16x3 pixels, without a word.
+    import warnings
+
+    from hpcdl.data.files import read_files
+
+    y = np.arange(20) % 2
+    np.save(tmp_path / "y.npy", y)
+    for shape, warned in [((20, 16, 16, 3), True), ((20, 28, 28, 1), True),
+                          ((20, 3, 16, 16), False), ((20, 1, 8, 8), False), ((20, 64), False)]:  # fmt: skip
+        np.save(tmp_path / "x.npy", np.zeros(shape, dtype=np.float32))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            read_files(str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "label")
+        said = [str(w.message) for w in seen if issubclass(w.category, DataWarning)]
+        assert bool(said) == warned, (shape, said)
+        if warned:
+            h, w, c = shape[1:]
+            assert said[0].endswith(
+                f"samples of shape {(h, w, c)} are read as [C, H, W], {h} channels of {w}x{c} "
+                f"pixels; if they are {h}x{w} images with {c} channel(s) last, save them as "
+                "[N, C, H, W]: np.moveaxis(x, -1, 1)"
+            )

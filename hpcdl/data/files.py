@@ -77,6 +77,7 @@ def read_files(
         )
     rows_from = 2 if suffix == ".csv" else 0  # a CSV's header is line 1
     x = check_numeric(x, f"data.path={path!r}", columns, first_line=rows_from)
+    warn_channels_last(x.shape, path)
     class_names: list[str] = []  # regression
     if regression:
         y = numeric_targets(labels, f"data.path={path!r}", first_line=rows_from or None)
@@ -85,6 +86,21 @@ def read_files(
         y, class_names = encode_labels(labels, f"data.path={path!r}", first_line=first_line)
     label = label_column if columns is not None else None
     return RawData(x, y, class_names, feature_columns=columns, label_column=label)
+
+
+def warn_channels_last(shape: tuple[int, ...], path: str) -> None:
+    """Images stored [N, H, W, C] (NumPy's and PIL's order) are read as [N, C, H, W], as
+    torch's conv layers take them: 16x16 RGB images became 16 channels of 16x3 pixels,
+    and trained without a word. A last axis of 1, 3 or 4 behind two larger ones says so."""
+    if len(shape) == 4 and shape[3] in (1, 3, 4) and min(shape[1], shape[2]) > 4:
+        _, h, w, c = shape
+        warnings.warn(
+            f"data.path={path!r}: samples of shape {tuple(shape[1:])} are read as [C, H, W], "
+            f"{h} channels of {w}x{c} pixels; if they are {h}x{w} images with {c} channel(s) "
+            "last, save them as [N, C, H, W]: np.moveaxis(x, -1, 1)",
+            DataWarning,
+            stacklevel=2,
+        )
 
 
 def numeric_targets(labels: np.ndarray, where: str, first_line: Optional[int] = None) -> np.ndarray:

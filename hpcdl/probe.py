@@ -182,7 +182,22 @@ def batch_hint(cfg: Config, exc: BaseException, batch: Any) -> str:
             f" (the batch holds {', '.join(others)} values, not only tensors: make {source} "
             "return numbers or tensors, or set data.collate_fn to batch the others)"
         )
+    if any(marker in str(exc) for marker in SHAPE_ERRORS):  # a layer sized for other inputs
+        shapes = [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
+        return f" (the batch's tensors have shapes {', '.join(map(str, shapes))})"
     return ""
+
+
+# What torch says when a layer gets inputs of another size than it was built for.
+SHAPE_ERRORS = (
+    "shapes cannot be multiplied",
+    "size mismatch",
+    "Expected input batch_size",
+    "expected input",
+    "must match the size of tensor",
+    "to have 3 channels",
+    "channels, but got",
+)
 
 
 def _leaves(batch: Any) -> Iterator[Any]:

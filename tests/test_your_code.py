@@ -711,6 +711,21 @@ def test_a_model_error_caused_by_the_samples_says_what_in_the_batch(hpcdl, tmp_p
     assert hint in out.stderr, out.stderr
 
 
+def test_a_layer_sized_for_other_inputs_is_shown_the_batch_shapes() -> None:
+    # getting-started's mymodels:Net on data=digits without data.as_images=false: torch's
+    # "mat1 and mat2 shapes cannot be multiplied (256x8 and 64x64)" alone, no sample shape.
+    import torch
+
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.probe import batch_hint
+
+    cfg = compose_config(["data=digits"])
+    batch = (torch.zeros(32, 1, 8, 8), torch.zeros(32, dtype=torch.int64))
+    error = RuntimeError("mat1 and mat2 shapes cannot be multiplied (256x8 and 64x64)")
+    assert batch_hint(cfg, error, batch) == " (the batch's tensors have shapes [32, 1, 8, 8], [32])"
+    assert batch_hint(cfg, RuntimeError("CUDA out of memory"), batch) == ""
+
+
 MAPPED = """
 import numpy as np
 from torch.utils.data import Dataset

@@ -12,7 +12,7 @@ import pytest
 from hpcdl.cli.compose import compose_config
 from hpcdl.launch.preflight import constraint_satisfied, parse_gres, parse_partitions, slurm_minutes
 from hpcdl.launch.slurm import rank_environment, sbatch_parameters
-from tests.conftest import run_without_torch
+from tests.conftest import run_hpcdl, run_without_torch
 
 
 def test_dry_run_prints_the_workshop_flags_and_submits_nothing(hpcdl, tmp_path) -> None:
@@ -492,3 +492,13 @@ def test_a_resume_of_a_slurm_run_whose_model_code_was_edited_warns(hpcdl, tmp_pa
         f"that frozen copy, not your edits (a fix to them reaches a new run: hpcdl train "
         f"init_from={tmp_path / 'r'} ...)\n"
     )
+    # evaluate/predict import the module here: from another folder, without PYTHONPATH,
+    # they name the run's frozen copy (was a bare "cannot import 'edited_net'").
+    (tmp_path / "elsewhere").mkdir()
+    out = run_hpcdl("evaluate", str(tmp_path / "r"), cwd=tmp_path / "elsewhere")
+    code = tmp_path / "r" / "code"
+    assert out.returncode == 2 and out.stderr == (
+        f"error: model.target='edited_net:build': cannot import 'edited_net' here; the run's "
+        f"frozen copy is in {code}: PYTHONPATH={code} hpcdl evaluate {tmp_path / 'r'} ... (or "
+        "your own checkout's folder)\n"
+    ), out.stderr

@@ -927,7 +927,27 @@ def inference_run(
     cfg, run_dir = open_run_dir(path)
     refuse_script_run(cfg, run_dir, command)
     cfg, applied = inference_config(cfg, overrides, command)
+    refuse_unimportable_frozen(cfg, run_dir, command)
     return cfg, run_dir, given_here(checkpoint, run_dir, cfg.workdir), applied
+
+
+def refuse_unimportable_frozen(cfg: Config, run_dir: RunDir, command: str) -> None:
+    """evaluate/predict import the run's own modules here: one that is not importable here
+    but frozen with a Slurm run (RUN_DIR/code, a sweep's SWEEP_DIR/code) is named with the
+    PYTHONPATH that finds the copy, instead of a bare 'cannot import'."""
+    from hpcdl.launch.slurm import named_targets
+    from hpcdl.launch.snapshot import find_top_level
+
+    code = run_dir.job_base().code_dir
+    for key, target in named_targets(cfg):
+        top = target.partition(":")[0].split(".")[0]
+        frozen = (code / top).is_dir() or (code / f"{top}.py").is_file()
+        if frozen and find_top_level(top) is None:
+            raise ConfigError(
+                f"{key}={target!r}: cannot import {top!r} here; the run's frozen copy is in "
+                f"{code}: PYTHONPATH={code} hpcdl {command} {run_dir.path} ... (or your own "
+                "checkout's folder)"
+            )
 
 
 # Ctrl-C on `status --watch` or `logs -f`: the user is done watching; quiet, as `tail -f`.

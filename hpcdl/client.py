@@ -540,6 +540,7 @@ class Job:
             from_checkpoint=None if from_checkpoint is None else str(from_checkpoint),
             new_run_dir=None if new_run_dir is None else os.fspath(new_run_dir),
             program=[],
+            dry_run=False,
         )
         words = [args.run_dir, *given]
         if args.from_checkpoint is not None:

@@ -27,13 +27,13 @@ def test_relative_data_paths_are_made_absolute_at_compose(
     from hpcdl.cli.compose import compose_config
 
     (tmp_path / "data").mkdir()
-    small_npz(tmp_path / "data")
+    np.save(tmp_path / "data" / "small.npy", np.zeros((60, 3), dtype="float32"))
     np.save(tmp_path / "labels.npy", np.zeros(60, dtype="int64"))
     (tmp_path / "runs" / "ref" / "checkpoints").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "data")
-    data = ["data=files", "data.path=small.npz", "data.labels_path=../labels.npy"]
+    data = ["data=files", "data.path=small.npy", "data.labels_path=../labels.npy"]
     cfg = compose_config([*data, "init_from=../runs/ref"])
-    assert cfg.data.path == str(tmp_path / "data" / "small.npz")  # type: ignore[union-attr]
+    assert cfg.data.path == str(tmp_path / "data" / "small.npy")  # type: ignore[union-attr]
     assert cfg.data.labels_path == str(tmp_path / "labels.npy")  # type: ignore[union-attr]
     assert cfg.init_from == str(tmp_path / "runs" / "ref")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -87,6 +87,14 @@ def check_step_kwargs(
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return
+    refuse_kwargs_not_taken(key, target, signature, kwargs)
+
+
+def refuse_kwargs_not_taken(
+    key: str, target: str, signature: inspect.Signature, kwargs: Mapping[str, Any]
+) -> None:
+    """`<key>.target=...: Name takes no <key>.kwargs.x; its parameters: ...`, for the keys
+    the signature cannot take."""
     unknown = [k for k in kwargs if not accepts(signature, k)]
     if unknown:
         name = target.partition(":")[2]

@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from hpcdl.errors import ConfigError
 from hpcdl.launch.snapshot import find_top_level, user_module_source
-from hpcdl.targets import accepts, parameter_names
+from hpcdl.targets import refuse_kwargs_not_taken
 
 _Def = Union[ast.FunctionDef, ast.AsyncFunctionDef]
 
@@ -27,16 +26,8 @@ def refuse_unknown_kwargs(key: str, target: str, kwargs: Mapping[str, Any]) -> N
     if not kwargs:
         return
     signature = static_signature(target)
-    if signature is None:
-        return
-    unknown = [k for k in kwargs if not accepts(signature, k)]
-    if unknown:
-        name = target.partition(":")[2]
-        raise ConfigError(
-            f"{key}.target={target!r}: {name} takes no "
-            f"{', '.join(f'{key}.kwargs.{k}' for k in unknown)}; its parameters: "
-            f"{parameter_names(signature)}"
-        )
+    if signature is not None:
+        refuse_kwargs_not_taken(key, target, signature, kwargs)
 
 
 def static_signature(target: str) -> Optional[inspect.Signature]:

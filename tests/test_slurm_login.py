@@ -258,6 +258,8 @@ def test_snapshot_freezes_the_users_model_module_but_not_installed_ones(
     (src / "mypkg_frz" / "__pycache__").mkdir()  # bytecode is no edit
     (src / "mypkg_frz" / "__pycache__" / "nets.cpython-311.pyc").write_bytes(b"x")
     assert changed_since_frozen(code) == []
+    (src / "mymod_frz.py").unlink()  # moved away: nothing to say about edits
+    assert changed_since_frozen(code) == []
 
 
 def test_a_module_missing_from_the_users_package_is_refused_at_submit(hpcdl, tmp_path) -> None:

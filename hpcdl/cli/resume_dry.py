@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from hpcdl.errors import HpcdlError, plural
@@ -130,6 +129,4 @@ def _text(value: Any) -> str:
         value = value.value
     if value is None:
         return "null"
-    if isinstance(value, Path):
-        return str(value)
-    return str(value).replace(", ", ",")
+    return str(value).replace(", ", ",") if isinstance(value, (list, dict)) else str(value)

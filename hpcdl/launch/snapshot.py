@@ -158,7 +158,9 @@ def changed_since_frozen(code: Path) -> list[str]:
     changed = []
     for line in lines:
         name, _, source = line.partition(" ")
-        if source and _python_files(Path(source)) != _python_files(code / Path(source).name):
+        if not source or not Path(source).exists():  # moved or gone: no edit to tell of
+            continue
+        if _python_files(Path(source)) != _python_files(code / Path(source).name):
             changed.append(name)
     return changed
 

@@ -508,6 +508,7 @@ class Job:
         from_checkpoint: Optional[str] = None,
         new_run_dir: Optional[PathLike] = None,
         from_scratch: bool = False,
+        fresh_code: bool = False,
         config_dir: Union[PathLike, Sequence[PathLike], None] = None,
         preflight: bool = True,
     ) -> Job:
@@ -515,9 +516,12 @@ class Job:
         checkpoint (trainer.max_epochs=20: for more epochs), or from `from_checkpoint`
         (`--from`: a step file's name, its global step, or "best"), in place or in
         `new_run_dir` (`--new-run-dir`: a branch; this run is left as it is). The Job of
-        the run dir that goes on (new_run_dir's for a branch). On a Slurm profile it returns
-        once the job is queued; on cluster=debug or local once the run has ended. Bad input
-        raises the command's one-line HpcdlError, with nothing changed."""
+        the run dir that goes on (new_run_dir's for a branch). `fresh_code` (`--fresh-code`,
+        Slurm): the job runs your code as it is now, frozen anew (the copy the run's jobs
+        ran moves to code.N), not the copy frozen at its first submission. On a Slurm
+        profile it returns once the job is queued; on cluster=debug or local once the run
+        has ended. Bad input raises the command's one-line HpcdlError, with nothing
+        changed."""
         from argparse import Namespace
 
         from hpcdl.cli import main as cli
@@ -541,6 +545,7 @@ class Job:
             new_run_dir=None if new_run_dir is None else os.fspath(new_run_dir),
             program=[],
             dry_run=False,
+            fresh_code=fresh_code,
         )
         words = [args.run_dir, *given]
         if args.from_checkpoint is not None:
@@ -549,6 +554,8 @@ class Job:
             words += ["--new-run-dir", args.new_run_dir]
         if from_scratch:
             words.append("--from-scratch")
+        if fresh_code:
+            words.append("--fresh-code")
         in_process = cfg.cluster.launcher == Launcher.debug
         command = _as_command("resume", words, config_dir, preflight)
         # It composes again; a run in this process (main thread only) is not held up for.
@@ -640,15 +647,17 @@ class Sweep:
             for rank, entry in enumerate(summarize(ledger, metric, ranking), 1)
         ]
 
-    def rerun_failed(self) -> list[int]:
+    def rerun_failed(self, *, fresh_code: bool = False) -> list[int]:
         """`hpcdl sweep rerun --failed`: the failed, cancelled, timed-out and interrupted
-        trials again, each from its newest checkpoint. The indices of the trials rerun."""
+        trials again, each from its newest checkpoint. The indices of the trials rerun.
+        `fresh_code` (`--fresh-code`, Slurm): the sweep's code frozen anew first, refused
+        while a trial is queued or running."""
         from hpcdl.cli.main import rerun_failed
         from hpcdl.sweep.ledger import load
 
         if load(self.sweep_dir).launcher != "slurm":
             _check_main_thread("Sweep.rerun_failed", "a sweep on cluster=debug or cluster=local")
-        return rerun_failed(self.sweep_dir)[0]
+        return rerun_failed(self.sweep_dir, fresh_code=fresh_code)[0]
 
     def trial(self, index: int) -> Job:
         """One trial's run, as a Job (logs, result, status of that trial alone)."""

@@ -90,6 +90,10 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ),
     ("slurm.json", "Slurm: the submitted job id, log folder and submission history"),
     ("code/", "Slurm: the frozen copy of hpcdl and the user's modules the job runs"),
+    (
+        "code.<N>/",
+        "`hpcdl resume --fresh-code`: the copy the run's jobs ran before it was frozen anew",
+    ),
     ("logs/", "launched runs: one log file per rank (submitit)"),
     ("trial.log", "a trial of a local sweep: its console output"),
     ("stop/", "`hpcdl run`: one file per attempt, made when a stop is requested (HPCDL_STOP_FILE)"),
@@ -145,6 +149,7 @@ class JobDir:
     path: Path
 
     CODE: ClassVar[str] = "code"
+    CODE_ASIDE: ClassVar[str] = "code.<N>"
     LOGS: ClassVar[str] = "logs"
 
     @property
@@ -154,6 +159,13 @@ class JobDir:
     @property
     def log_dir(self) -> Path:
         return self.path / self.LOGS
+
+    def code_aside(self) -> Path:
+        """Where `--fresh-code` moves the code copy it replaces: code.N, the first free N."""
+        number = 1
+        while (self.path / self.CODE_ASIDE.replace("<N>", str(number))).exists():
+            number += 1
+        return self.path / self.CODE_ASIDE.replace("<N>", str(number))
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def test_the_layout_lists_every_name_rundir_uses() -> None:
         for cls in (RunDir,)
         for key, value in vars(cls).items()
         if key.isupper() and isinstance(value, str) and key != "EVAL_METRICS"
-    } | {RunDir.CODE, RunDir.LOGS}
+    } | {RunDir.CODE, RunDir.CODE_ASIDE, RunDir.LOGS}
     listed = {name.split("/")[0] for name, _ in RUN_DIR_LAYOUT}
     assert constants == listed
 

@@ -491,8 +491,8 @@ def test_a_resume_of_a_slurm_run_whose_model_code_was_edited_warns(hpcdl, tmp_pa
     assert told.returncode == 0, told.stderr
     assert told.stderr == (
         f"warning: edited_net changed since {tmp_path / 'r' / 'code'} was frozen; its job runs "
-        f"that frozen copy, not your edits (a fix to them reaches a new run: hpcdl train "
-        f"init_from={tmp_path / 'r'} ...)\n"
+        f"that frozen copy, not your edits (to run your edits: hpcdl resume {tmp_path / 'r'} "
+        "--fresh-code)\n"
     )
     # evaluate/predict import the module here: from another folder, without PYTHONPATH,
     # they name the run's frozen copy (was a bare "cannot import 'edited_net'").

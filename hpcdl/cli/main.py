@@ -151,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
         "left to checkpoints.set-aside-N",
     )
     resume.add_argument(
+        "--fresh-code",
+        action="store_true",
+        help="Slurm: freeze your code (model, data, task modules, the script's folder, hpcdl) "
+        "anew for this job instead of running the copy frozen at the first submission; the "
+        "old copy moves to code.N (a sweep trial's: the whole sweep's copy, refused while "
+        "another trial is queued or running)",
+    )
+    resume.add_argument(
         "--from",
         dest="from_checkpoint",
         metavar="CHECKPOINT",
@@ -195,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_rerun.add_argument("--failed", action="store_true", required=True)
     sweep_rerun.add_argument(
         "--dry-run", action="store_true", help="name the trials and print the sbatch script only"
+    )
+    sweep_rerun.add_argument(
+        "--fresh-code",
+        action="store_true",
+        help="Slurm: freeze your code anew for the rerun (the sweep's old copy moves to "
+        "code.N); refused while a trial is queued or running",
     )
 
     from hpcdl.cli.bench import add_parser as add_bench_parser
@@ -535,7 +549,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     sweep_dir = Path(args.sweep_dir).expanduser().resolve()
     if args.sweep_command == "rerun":
-        return rerun_failed(sweep_dir, dry_run=args.dry_run)[1]
+        return rerun_failed(sweep_dir, dry_run=args.dry_run, fresh_code=args.fresh_code)[1]
     ledger, metric, silent = refresh_states(sweep_dir, getattr(args, "metric", None))
     if silent is not None:
         from hpcdl.launch.monitor import unanswered
@@ -572,10 +586,14 @@ def submitted_line(arrays: list[str], num_trials: int) -> str:
     return f"submitted {what} {', '.join(arrays)}"
 
 
-def rerun_failed(sweep_dir: Path, dry_run: bool = False) -> tuple[list[int], int]:
+def rerun_failed(
+    sweep_dir: Path, dry_run: bool = False, fresh_code: bool = False
+) -> tuple[list[int], int]:
     """`sweep rerun --failed` (and Sweep.rerun_failed): the failed trials, as states are
     now, as a new job array, or a local pool in the foreground. The trials rerun and the
-    exit status. `dry_run`: the trials and the array's sbatch script, nothing submitted."""
+    exit status. `dry_run`: the trials and the array's sbatch script, nothing submitted.
+    `fresh_code`: the sweep's code frozen anew first (Slurm; refused while a trial is
+    queued or running)."""
     from hpcdl.rundir import open_run_dir
     from hpcdl.sweep import ledger as ledger_mod
     from hpcdl.sweep.ledger import RERUNNABLE
@@ -586,28 +604,42 @@ def rerun_failed(sweep_dir: Path, dry_run: bool = False) -> tuple[list[int], int
     if not failed:
         print("no failed trials to rerun")
         return failed, EXIT_OK
+    if fresh_code:
+        from hpcdl.cli.fresh import fresh_sweep_code, fresh_sweep_dry_line, refreeze_sweep
+
+        fresh_code = fresh_sweep_code(ledger)
+    if ledger.launcher == "slurm" and not fresh_code:
+        from hpcdl.launch.slurm import warn_edited_code
+        from hpcdl.rundir import SweepDir
+
+        fix = f"to run your edits: hpcdl sweep rerun {sweep_dir} --failed --fresh-code"
+        warn_edited_code(SweepDir(Path(ledger.sweep_dir)), "the rerun", fix)
     if dry_run:
         print(f"would rerun trials {failed}")
         if ledger.launcher == "slurm":
+            if fresh_code:
+                print(fresh_sweep_dry_line(ledger))
             configs = [open_run_dir(ledger.trial(i).run_dir)[0] for i in failed]
             print_array_scripts(configs, sweep_dir)
         print("# dry run: nothing submitted")
         return failed, EXIT_OK
     if ledger.launcher == "slurm":
-        from hpcdl.launch.slurm import warn_edited_code
-        from hpcdl.rundir import SweepDir
         from hpcdl.sweep.launch import submit_arrays
 
-        fix = "a fix to them reaches a new sweep: hpcdl train -m ..."
-        warn_edited_code(SweepDir(Path(ledger.sweep_dir)), "the rerun", fix)
         with ledger_mod.locked(sweep_dir) as led:
             # As the ledger is now: a rerun beside this one may have submitted some of them.
             failed = [i for i in failed if led.trial(i).state in RERUNNABLE]
             if not failed:
                 print("no failed trials to rerun (a rerun beside this one submitted them)")
                 return failed, EXIT_OK
+            fresh = refreeze_sweep(led) if fresh_code else None
             print(f"rerunning trials {failed}", flush=True)
-            arrays = submit_arrays(led, failed)
+            try:
+                arrays = submit_arrays(led, failed)
+            except HpcdlError:
+                if fresh is not None:
+                    fresh.undo()
+                raise
         print(submitted_line(arrays, len(failed)))
         return failed, EXIT_OK
     print(f"rerunning trials {failed}", flush=True)
@@ -869,6 +901,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg, run_dir, checkpoint, applied = inference_run(
         args.run_dir, args.checkpoint, args.overrides, "evaluate"
     )
+
     def show(report: dict[str, Any]) -> None:  # before they are written: see them anyway
         print(f"checkpoint: {report['checkpoint']}")
         if applied:

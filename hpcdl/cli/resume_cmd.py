@@ -1,4 +1,5 @@
-"""`hpcdl resume RUN_DIR [overrides] [--from CHECKPOINT] [--from-scratch] [-- COMMAND...]`:
+"""`hpcdl resume RUN_DIR [overrides] [--from CHECKPOINT] [--from-scratch] [--fresh-code]
+[-- COMMAND...]`:
 the resume command and what it refuses before anything is written (a job still queued, a
 changed optimizer or data split, lost checkpoints). Where the run's paths resolve and
 what its program is: hpcdl.cli.resume_run; launching: hpcdl.cli.main.
@@ -59,6 +60,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if line is not None:  # what the job would say once it had waited in the queue
             print(line, flush=True)
             return EXIT_OK
+    fresh_code = wants_fresh_code(args, cfg, chosen)
     if args.dry_run:
         from hpcdl.cli.resume_dry import dry_run_resume
 
@@ -69,6 +71,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             chosen,
             from_scratch=args.from_scratch,
             skip_preflight=args.no_preflight,
+            fresh_code=fresh_code,
         )
     preflight(cfg, args.no_preflight)
     if not args.from_scratch:
@@ -76,7 +79,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     origin = run_dir
     if chosen is not None and chosen.new_run_dir is not None:
         run_dir = chosen.branch(stored)  # RUN_DIR is only read; NEW_DIR is launched below
-    if cfg.cluster.launcher.value == "slurm":
+    if cfg.cluster.launcher.value == "slurm" and not fresh_code:
         from hpcdl.cli.resume_dry import warn_edited
 
         warn_edited(origin, run_dir)
@@ -98,14 +101,38 @@ def cmd_resume(args: argparse.Namespace) -> int:
         # A sweep trial's first attempt goes through resume too: it starts.
         verb = "resuming" if run_dir.has_started() else "starting"
         print(f"{verb} run dir: {run_dir.path}", flush=True)
+        fresh = None
         try:
+            if fresh_code:
+                from hpcdl.cli.fresh import refreeze_for_resume
+
+                fresh = refreeze_for_resume(run_dir, cfg)
             code = launch(cfg, run_dir)
         except HpcdlError:  # refused at submission (sbatch, the cluster)
+            if fresh is not None:
+                fresh.undo()
             keep_config(run_dir, stored_config, args.overrides, chosen)
             raise
         if code == EXIT_BAD_INPUT:  # refused by the job that ran here (its checkpoint
             keep_config(run_dir, stored_config, args.overrides, chosen)  # does not fit)
         return code
+
+
+def wants_fresh_code(
+    args: argparse.Namespace, cfg: Config, chosen: Optional[ChosenCheckpoint]
+) -> bool:
+    """`--fresh-code` where it changes what the job runs: a Slurm resume in place (a
+    branch's job freezes the code anew anyway; a local run runs the code as it is now)."""
+    if not getattr(args, "fresh_code", False):
+        return False
+    if cfg.cluster.launcher.value != "slurm":
+        print(
+            f"--fresh-code: cluster={cfg.cluster.name} trains here, with your code as it is "
+            "now; nothing is frozen",
+            flush=True,
+        )
+        return False
+    return chosen is None or chosen.new_run_dir is None
 
 
 def choose_checkpoint(

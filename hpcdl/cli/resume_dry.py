@@ -28,6 +28,7 @@ def dry_run_resume(
     *,
     from_scratch: bool,
     skip_preflight: bool,
+    fresh_code: bool = False,
 ) -> int:
     """Print the resume's plan; then raise the first refusal the resume itself would meet
     (a writer holding the run dir, lost checkpoints, the cluster's preflight)."""
@@ -50,7 +51,12 @@ def dry_run_resume(
         print(f"  {line}")
     refusal: Optional[HpcdlError] = None
     if cfg.cluster.launcher == Launcher.slurm:
-        warn_edited(run_dir, target)  # a branch's job freezes the code anew
+        if fresh_code:
+            from hpcdl.cli.fresh import dry_run_line
+
+            print(dry_run_line(run_dir, cfg))
+        else:
+            warn_edited(run_dir, target)  # a branch's job freezes the code anew
         print_job(cfg, target.job_base())  # a sweep trial's job: its sweep's code and logs
         refusal = preflight_verdict(cfg, skip_preflight)
     else:
@@ -73,7 +79,7 @@ def warn_edited(run_dir: RunDir, launched: RunDir) -> None:
     """A Slurm resume whose frozen modules were edited since: its job runs the copy."""
     from hpcdl.launch.slurm import warn_edited_code
 
-    fix = f"a fix to them reaches a new run: hpcdl train init_from={run_dir.path} ..."
+    fix = f"to run your edits: hpcdl resume {run_dir.path} --fresh-code"
     warn_edited_code(launched.job_base(), "its job", fix)
 
 

@@ -56,6 +56,7 @@ def snapshot_code(code: Path, custom_targets: Iterable[str] = ()) -> str:
 
 
 SCRIPT_DIR = "script"  # the frozen copy of an `hpcdl run` script's folder
+SCRIPT_SOURCE_FILE = "SCRIPT"  # the folder code/script was copied from
 
 
 def freeze_script_files(code: Path, command: list[str]) -> list[str]:
@@ -65,7 +66,18 @@ def freeze_script_files(code: Path, command: list[str]) -> list[str]:
     frozen, source = frozen_script(code, command)
     if source is not None and not (code / SCRIPT_DIR).exists():
         copy_python_tree(source, code / SCRIPT_DIR)
+        write_atomic(code / SCRIPT_SOURCE_FILE, f"{source}\n")
     return frozen
+
+
+def script_source(code: Path) -> Optional[Path]:
+    """The folder code/script was copied from (None: no script frozen, or frozen by an
+    hpcdl that did not record it)."""
+    try:
+        text = (code / SCRIPT_SOURCE_FILE).read_text().strip()
+    except OSError:
+        return None
+    return Path(text) if text else None
 
 
 def frozen_script(code: Path, command: list[str]) -> tuple[list[str], Optional[Path]]:
@@ -150,12 +162,20 @@ def installed(path: Path) -> bool:
 
 def changed_since_frozen(code: Path) -> list[str]:
     """The user's modules frozen in `code` (code/FROZEN) whose .py files differ now from
-    their frozen copy, by name: a resume or rerun runs the copy, not the edit."""
+    their frozen copy, by name, and an `hpcdl run` script's folder (its path, ending in
+    '/') whose .py files do: a resume or rerun runs the copy, not the edit."""
+    changed = []
+    folder = script_source(code)
+    if (
+        folder is not None
+        and folder.is_dir()
+        and _script_files(folder) != _script_files(code / SCRIPT_DIR)
+    ):
+        changed.append(f"{folder}/")
     try:
         lines = (code / FROZEN_FILE).read_text().splitlines()
     except OSError:
-        return []
-    changed = []
+        return changed
     for line in lines:
         name, _, source = line.partition(" ")
         if not source or not Path(source).exists():  # moved or gone: no edit to tell of
@@ -163,6 +183,31 @@ def changed_since_frozen(code: Path) -> list[str]:
         if _python_files(Path(source)) != _python_files(code / Path(source).name):
             changed.append(name)
     return changed
+
+
+def frozen_modules(code: Path) -> dict[str, str]:
+    """code/FROZEN: each frozen user module's name and the path it was copied from."""
+    try:
+        lines = (code / FROZEN_FILE).read_text().splitlines()
+    except OSError:
+        return {}
+    return dict(line.partition(" ")[::2] for line in lines if line.strip())
+
+
+def _script_files(folder: Path) -> dict[str, bytes]:
+    """What copy_python_tree copies of `folder`: its .py files and its packages' (.py)."""
+    files: dict[str, bytes] = {}
+    try:
+        for entry in folder.iterdir():
+            if entry.name.startswith(".") or entry.name == "__pycache__":
+                continue
+            if entry.is_file() and entry.suffix == ".py":
+                files[entry.name] = entry.read_bytes()
+            elif entry.is_dir() and (entry / "__init__.py").is_file():
+                files.update({f"{entry.name}/{k}": v for k, v in _python_files(entry).items()})
+    except OSError:
+        return {}
+    return files
 
 
 def _python_files(root: Path) -> dict[str, bytes]:

@@ -352,3 +352,60 @@ def test_an_array_task_that_requeues_itself_requeues_only_itself(devcluster, tmp
 def array_queued(array: str) -> bool:
     out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True)
     return any(line.startswith(f"{array}_") for line in out.stdout.split())
+
+
+BUGGY_NET = (
+    "from torch import nn\n"
+    "def build(input_shape, num_classes, width=8):\n"
+    "    if width != 8:\n"
+    "        raise ValueError(f'width={width}: the bug')\n"
+    "    return nn.Sequential(nn.Linear(input_shape[0], width), nn.Linear(width, num_classes))\n"
+)
+
+
+def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) -> None:
+    """The sweep's trials run SWEEP_DIR/code, frozen at submission: a fix to the user's
+    model module reaches a trial resumed by hand, and a rerun, only with --fresh-code, which
+    keeps the copy the finished trials ran as code.1 (code.2, ...)."""
+    (tmp_path / "fresh_net.py").write_text(BUGGY_NET)
+    env = {"PYTHONPATH": str(tmp_path)}
+    sweep = submit_sweep(
+        tmp_path / "sw", "model=custom", "model.target=fresh_net:build",
+        "model.kwargs.width=8,7,6", "trainer.max_epochs=1", env=env,
+    )  # fmt: skip
+    jobs = [t["job_id"] for t in ledger(sweep)["trials"]]
+    wait_until(lambda: "1 COMPLETED, 2 FAILED" in sweep_status(sweep), 240, "the three trials")
+    why = [ln for ln in sweep_status(sweep).splitlines() if ln.startswith("trial 1 failed")]
+    assert why and "width=7: the bug" in why[0], why
+
+    (tmp_path / "fresh_net.py").write_text(BUGGY_NET.replace("!= 8", "< 1"))  # the fix
+    dry = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", cwd=tmp_path, env=env)
+    assert dry.returncode == 0 and "would rerun trials [1, 2]" in dry.stdout, dry.stderr
+    assert dry.stderr == (
+        f"warning: fresh_net changed since {sweep / 'code'} was frozen; the rerun runs that "
+        f"frozen copy, not your edits (to run your edits: hpcdl sweep rerun {sweep} --failed "
+        "--fresh-code)\n"
+    )
+    # The trial resumed by hand with --fresh-code: the sweep's copy frozen anew.
+    out = run_hpcdl("resume", str(sweep / "1"), "--fresh-code", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "" and f"{sweep / 'code.1'})" in out.stdout, out.stdout
+    wait_until(lambda: (sweep / "1" / "summary.json").exists(), 180, "trial 1 resumed")
+    wait_until(lambda: "2 COMPLETED, 1 FAILED" in sweep_status(sweep), 60, "trial 1's end")
+    assert "the bug" in (sweep / "code.1" / "fresh_net.py").read_text()
+    assert "the bug" in (sweep / "code" / "fresh_net.py").read_text()  # the fixed text keeps it
+    assert "!= 8" not in (sweep / "code" / "fresh_net.py").read_text()
+
+    # The rerun of the other one, with --fresh-code: frozen anew again (nothing changed).
+    dry = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", "--fresh-code",
+                    cwd=tmp_path, env=env)  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert f"the old copy moved to {sweep / 'code.2'}; nothing changed since" in dry.stdout
+    rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--fresh-code", cwd=tmp_path,
+                      env=env)  # fmt: skip
+    assert rerun.returncode == 0 and "rerunning trials [2]" in rerun.stdout, rerun.stderr
+    wait_until(lambda: "3 trials: 3 COMPLETED" in sweep_status(sweep), 240, "trial 2 rerun")
+    assert (sweep / "code.2" / "fresh_net.py").read_text() == (
+        sweep / "code" / "fresh_net.py"
+    ).read_text()
+    assert ledger(sweep)["trials"][0]["job_id"] == jobs[0]  # the finished trial left alone

@@ -1,0 +1,110 @@
+"""`--fresh-code` (`hpcdl resume`, `hpcdl sweep rerun --failed`): the code a Slurm run's
+(or a whole sweep's) jobs run, frozen anew from the code as it is now, as a new submission
+would freeze it, with the copy its jobs ran until now kept beside it (code.1, code.2, ...).
+
+(hpcdl.cli.fresh: which runs share the copy, and refusing while one of them runs.) A module or script that cannot be frozen anew
+(gone, or not importable here) is refused with the old copy put back. Stdlib only (login
+node).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpcdl.errors import HpcdlError
+from hpcdl.launch.snapshot import (
+    SCRIPT_DIR,
+    freeze_script_files,
+    frozen_modules,
+    script_source,
+    snapshot_code,
+)
+
+if TYPE_CHECKING:
+    from hpcdl.config.schema import Config
+    from hpcdl.rundir import JobDir
+
+
+@dataclass(frozen=True)
+class FreshCode:
+    """A code dir frozen anew; `aside`: the copy it replaced."""
+
+    code: Path
+    aside: Path
+
+    def undo(self) -> None:
+        """Back to the copy the jobs ran (a submission refused after the freeze)."""
+        shutil.rmtree(self.code, ignore_errors=True)
+        self.aside.rename(self.code)
+
+    def line(self, ran: str) -> str:
+        return (
+            f"--fresh-code: {self.code} frozen anew from your code as it is now ({ran} until "
+            f"now is kept in {self.aside})"
+        )
+
+
+def unfrozen_commands(code: Path, configs: Sequence[Config]) -> list[list[str]]:
+    """The `hpcdl run` commands of `configs` as they were typed: their script's path in
+    the folder code/script was copied from, which must still hold it."""
+    commands = [c.script.command for c in configs if c.script is not None and c.script.command]
+    copy = code / SCRIPT_DIR
+    if not commands or not copy.is_dir():
+        return commands
+    source = script_source(code)
+    if source is None:
+        raise HpcdlError(
+            f"--fresh-code: {code} does not record the folder its script was copied from "
+            "(frozen by an older hpcdl); give the command after --: hpcdl resume RUN_DIR "
+            "--fresh-code -- python /path/to/train.py ..."
+        )
+    unfrozen = []
+    for command in commands:
+        words = []
+        for word in command:
+            if Path(word).is_relative_to(copy):
+                original = source / Path(word).relative_to(copy)
+                if not original.is_file():
+                    raise HpcdlError(
+                        f"--fresh-code: {original} (its script, copied from there at the first "
+                        "submission) is gone; put it back, or resume without --fresh-code "
+                        f"to run the copy in {copy}"
+                    )
+                word = str(original)
+            words.append(word)
+        unfrozen.append(words)
+    return unfrozen
+
+
+def refreeze(base: JobDir, configs: Sequence[Config]) -> FreshCode | None:
+    """Freeze `base`'s code anew for `configs` (a run's, or every trial's of a sweep); the
+    old copy moves to code.N. None: nothing was frozen yet (the submission freezes it)."""
+    from hpcdl.launch.slurm import custom_targets
+
+    code = base.code_dir
+    if not code.is_dir():
+        return None
+    commands = unfrozen_commands(code, configs)
+    before = frozen_modules(code)
+    aside = base.code_aside()
+    code.rename(aside)
+    fresh = FreshCode(code, aside)
+    try:
+        snapshot_code(code, custom_targets(*configs))
+        for command in commands:
+            freeze_script_files(code, command)
+        lost = [name for name in before if name not in frozen_modules(code)]
+        if lost:
+            raise HpcdlError(
+                f"--fresh-code: {lost[0]} (frozen from {before[lost[0]]}) is not importable "
+                "here now, so it cannot be frozen anew; put its folder on PYTHONPATH, or "
+                f"resume without --fresh-code to run the copy in {code}"
+            )
+    except BaseException:
+        fresh.undo()
+        raise
+    return fresh

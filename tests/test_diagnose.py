@@ -208,3 +208,41 @@ def test_status_names_no_cause_for_a_job_that_stopped_itself(tmp_path: Path) -> 
     assert stopped_itself(ended("timeout"), "11")
     assert not stopped_itself(ended("failed"), "11")
     assert not stopped_itself(ended("timeout", job_id="10"), "11")  # an earlier job's end
+
+
+def test_the_terminal_folds_a_traceback_of_a_lost_peer_into_one_line(tmp_path, capsys) -> None:
+    """cluster=local echoes rank 0's log: when rank 0 only lost the rank that failed, its
+    40-line gloo traceback came before the cause; now one line, the log keeps it all."""
+    from hpcdl.launch.logtail import LineEcho
+
+    log = tmp_path / "7_0_log.out"
+    lost = [
+        "submitit ERROR (2026-11-27 07:47:31,976) - Submitted job triggered an exception\n",
+        "Traceback (most recent call last):\n",
+        '  File "/x/trainer.py", line 355, in train_step\n',
+        "    out.loss_sum.backward()\n",
+        "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:950. This is ...\n",
+    ]
+    own = [
+        "Traceback (most recent call last):\n",
+        '  File "/x/build.py", line 3, in build\n',
+        "ValueError: rank 0's own bug\n",
+    ]
+    log.write_text("epoch 1/3 ...\n" + "".join(lost[:3]))  # a traceback being written
+    echo = LineEcho(log, hidden=b"submitit INFO (", fold_peer_loss=True)
+    echo.poll()
+    assert capsys.readouterr().out == "epoch 1/3 ...\n"  # held until its last line
+    with log.open("a") as f:
+        f.write("".join(lost[3:] + own) + "partial")
+    echo.poll()
+    assert capsys.readouterr().out == (
+        "rank 0 stopped: it lost another rank (RuntimeError: ...Connection closed by "
+        f"peer...); the cause, that rank's error, follows (rank 0's traceback: {log})\n"
+        + "".join(own)
+    )
+    echo.poll(final=True)
+    assert capsys.readouterr().out == "partial"
+    assert log.read_text().count("Traceback") == 2  # the log keeps everything
+    plain = LineEcho(log, hidden=b"submitit INFO (")  # Slurm's and the others: as written
+    plain.poll(final=True)
+    assert capsys.readouterr().out == log.read_text()

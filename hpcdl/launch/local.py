@@ -193,7 +193,7 @@ class RankStopper:
 
 def _wait(job: Any, stopper: RankStopper) -> None:
     """Until every rank has ended, rank 0's log copied to the terminal."""
-    echo = LineEcho(Path(job.paths.stdout), hidden=SUBMITIT_INFO)  # rank 0's log
+    echo = LineEcho(Path(job.paths.stdout), hidden=SUBMITIT_INFO, fold_peer_loss=True)  # rank 0
     while True:
         try:
             echo.poll()

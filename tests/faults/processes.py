@@ -182,6 +182,8 @@ def r4_failing_rank(work: Path, how: str, ranks: int = 2) -> Result:
         problems.append(f"the error does not say {expected!r}")
     if "rank 1" not in said + logs and "rank1" not in said + logs:
         problems.append("the failing rank is not named")
+    if "Traceback (most recent call last)" in out:  # rank 0 only lost rank 1: one line
+        problems.append("the terminal shows the traceback of a rank that lost its peer")
     time.sleep(1)
     left = _orphans(str(run))
     if left:

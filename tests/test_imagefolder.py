@@ -365,3 +365,65 @@ def test_without_augmentation_gives_the_center_crop(tmp_path: Path) -> None:
         torch.manual_seed(seed)
         seen.add(augmented[0][0].numpy().tobytes())  # the original stays augmented
     assert len(seen) > 1
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "data.standardize=true",
+            "data.standardize: data=imagefolder reads samples lazily and does not use it; "
+            "normalize per channel with data.mean=[...] data.std=[...] instead (remove "
+            "data.standardize)",
+        ),
+        (
+            "data.in_memory=false",
+            "data.in_memory: data=imagefolder reads samples lazily and does not use it; its "
+            "images are read by DataLoader workers (data.num_workers) (remove data.in_memory)",
+        ),
+        (
+            "data.val_fraction=0.2",
+            "data.val_fraction: data.path='{root}' holds train/ (and its own val/ if any) "
+            "split folders, which are the splits; the fractions split only a folder of class "
+            "folders (remove data.val_fraction, or move val images into val/)",
+        ),
+    ],
+)
+def test_keys_a_split_image_folder_would_ignore_are_refused(
+    tmp_path: Path, override: str, message: str
+) -> None:
+    """They were ignored without a word: images trained unstandardized, no val split."""
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.errors import ConfigError
+
+    class_tree(tmp_path / "train", {"a": 2, "b": 2})
+    base = ["data=imagefolder", f"data.path={tmp_path}"]
+    with pytest.raises(ConfigError) as err:
+        compose_config([*base, override])
+    assert str(err.value) == message.format(root=tmp_path)
+    compose_config(base)  # the source's own keys: fine
+    flat = tmp_path / "flat"
+    class_tree(flat, {"a": 2, "b": 2})
+    cfg = compose_config(["data=imagefolder", f"data.path={flat}", "data.val_fraction=0.2"])
+    assert cfg.data.val_fraction == 0.2  # class folders in data.path: the fraction splits them
+    with pytest.raises(ConfigError, match=r"^data.standardize: data=custom reads .* normalize in"):
+        compose_config(["data=custom", "data.target=m:f", "data.standardize=false"])
+
+
+def test_a_train_folder_without_val_warns_that_there_is_no_validation(tmp_path: Path) -> None:
+    from hpcdl.config.schema import ImageFolderConfig
+    from hpcdl.data.feed import build_imagefolder_datasets
+    from hpcdl.errors import DataWarning
+
+    class_tree(tmp_path / "train", {"a": 2, "b": 2})
+    cfg = ImageFolderConfig(path=str(tmp_path), channels=3)
+    with pytest.warns(DataWarning, match=r"holds train/ but no val/ folder, so the run has no "):
+        splits, _ = build_imagefolder_datasets(cfg)
+    assert len(splits["val"]) == 0
+    class_tree(tmp_path / "val", {"a": 1, "b": 1})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        splits, _ = build_imagefolder_datasets(cfg)
+    assert len(splits["val"]) == 2

@@ -476,7 +476,7 @@ def _typed_config(composed: DictConfig, overrides: list[str]) -> schema.Config:
     """to_config; keys that an experiment set for its own option of a group the command
     line switched (experiment=cancer_mlp optim=adam: its optim.momentum) are named at once."""
     try:
-        return to_config(composed)
+        config = to_config(composed)
     except ConfigError as err:
         presets = [o for o in overrides if o.split("=", 1)[0] in PRESET_GROUPS]
         group = str(err).split(".", 1)[0]
@@ -496,6 +496,48 @@ def _typed_config(composed: DictConfig, overrides: list[str]) -> schema.Config:
             f"{', '.join(extra)}: {what} of {group}={node.name}; {' '.join(presets)} sets "
             f"{them} for its own {group} choice: drop {them} with {drops}"
         ) from None
+    refuse_keys_lazy_data_ignores(composed.get("data"))
+    return config
+
+
+# Keys of every data source that a lazily read one (data=custom, imagefolder) has no use
+# for: given on the command line or in a file (a source's own YAML leaves them out), they
+# would be ignored without a word. What to do instead, by key.
+LAZY_DATA_IGNORES = {
+    "standardize": {
+        "imagefolder": "normalize per channel with data.mean=[...] data.std=[...] instead",
+        "custom": "your Dataset's samples are used as it returns them: normalize in it",
+    },
+    "in_memory": {
+        "imagefolder": "its images are read by DataLoader workers (data.num_workers)",
+        "custom": "your Dataset is read by DataLoader workers (data.num_workers)",
+    },
+}
+
+
+def refuse_keys_lazy_data_ignores(data: Any) -> None:
+    """data.standardize or data.in_memory set for data=custom/imagefolder; for imagefolder
+    with split folders (train/, val/, test/), data.val_fraction or test_fraction, which
+    split only a folder of class folders."""
+    if not isinstance(data, DictConfig) or data.get("name") not in schema.DATASET_SOURCES:
+        return
+    for key, fixes in LAZY_DATA_IGNORES.items():
+        if key in data:
+            raise ConfigError(
+                f"data.{key}: data={data.name} reads samples lazily and does not use it; "
+                f"{fixes[data.name]} (remove data.{key})"
+            )
+    path = data.get("path") if data.name == "imagefolder" else None
+    if not isinstance(path, str) or not (Path(path).expanduser() / "train").is_dir():
+        return
+    for key in ("val_fraction", "test_fraction"):
+        if key in data:
+            split = key.split("_")[0]
+            raise ConfigError(
+                f"data.{key}: data.path={path!r} holds train/ (and its own {split}/ if any) "
+                "split folders, which are the splits; the fractions split only a folder of "
+                f"class folders (remove data.{key}, or move {split} images into {split}/)"
+            )
 
 
 class SweepComposer:

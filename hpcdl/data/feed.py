@@ -351,5 +351,18 @@ def build_imagefolder_datasets(
         for name in ("val", "test"):
             splits[name] = Subset(plain, splits[name].indices)
         return splits, classes
+    if "val" not in made and trained is None:  # training (evaluate reads its own split)
+        import warnings
+
+        from hpcdl.errors import DataWarning
+
+        warnings.warn(
+            f"data.path={cfg.path!r}: holds train/ but no val/ folder, so the run has no "
+            "validation split (no val metrics, best.pt or early stopping); add val/CLASS/ "
+            "folders, or put the class folders in data.path itself to split them by "
+            "data.val_fraction",
+            DataWarning,
+            stacklevel=2,
+        )
     empty = torch.utils.data.TensorDataset(torch.empty(0))
     return {name: made.get(name, empty) for name in ("train", "val", "test")}, classes

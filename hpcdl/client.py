@@ -473,25 +473,43 @@ class Job:
             return evaluate_checkpoint(cfg, run_dir, checkpoint, split, applied)
 
     def predict(
-        self, split: str = "test", overrides: Sequence[str] = (), checkpoint: CheckpointRef = "best"
+        self,
+        split: Optional[str] = None,
+        overrides: Sequence[str] = (),
+        checkpoint: CheckpointRef = "best",
+        *,
+        input: Optional[PathLike] = None,
     ) -> list[dict[str, Any]]:
         """`hpcdl predict RUN_DIR --split S [OVERRIDES]` as data: one dict per sample, in the
-        split's order, with the CSV's columns as keys and Python numbers as values (row,
-        predicted, class_name, probability, true; regression: row, predicted, true;
-        task=custom: task.predict's names). `overrides` as for evaluate(), and
-        task.predict=package.module:function. Imports torch."""
+        split's order (default: test), with the CSV's columns as keys and Python numbers as
+        values (row, predicted, class_name, probability, true; regression: row, predicted,
+        true; task=custom: task.predict's names; data=imagefolder: path too). `overrides`
+        as for evaluate(), and task.predict=package.module:function. `input` is `--input`:
+        new rows (.csv, .npy, .npz) or images (a folder of them, or one) instead of a
+        split, without true values. Imports torch."""
         from hpcdl.cli.main import inference_run
         from hpcdl.cli.other_data import check_split
         from hpcdl.inference import predictions
         from hpcdl.workdir import reading_from
 
+        if input is not None and split is not None:
+            raise HpcdlError("job.predict: give split= or input=, not both")
+        split = "test" if split is None else split
         check_split(split)
         with _COMPOSING:
-            cfg, run_dir, checkpoint, _ = inference_run(
+            cfg, run_dir, checkpoint, applied = inference_run(
                 str(self.run_dir), _checkpoint(checkpoint), _overrides(overrides), "predict"
             )
+        if input is not None and applied:
+            raise HpcdlError(
+                f"{applied[0]}: data keys choose the data that split= reads; input= gives its "
+                "rows itself (drop the data keys, or use split=)"
+            )
+        rows = None if input is None else str(_absolute(input))
         try:
             with _imports_from_here(), reading_from(cfg.workdir):
+                if rows is not None:
+                    return predictions(cfg, run_dir, checkpoint, input_path=rows).as_dicts()
                 return predictions(cfg, run_dir, checkpoint, split=split).as_dicts()
         except ConfigError as exc:  # the command's advice, in this call's words
             said = _PREDICT_COMMAND.sub(

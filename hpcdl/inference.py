@@ -272,12 +272,16 @@ def predictions(
     source = f"--input {input_path}" if input_path is not None else f"--split {split or 'test'}"
     path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path, mmap=True)
-    if input_path is not None:
+    images = isinstance(cfg.data, ImageFolderConfig)
+    if input_path is not None and not images:
         _refuse_input_without_rows(state, input_path)  # before task.predict's advice names it
     prediction = _custom_prediction(cfg, run_dir, source)
     model = _model_from_checkpoint(state, str(path))
     feed: Optional[Feed] = None
-    if input_path is not None:
+    files: Optional[list[str]] = None  # images: each row's file, to join predictions by
+    if input_path is not None and images:
+        batches, files = _image_batches(cfg, state, input_path)
+    elif input_path is not None:
         batches = _row_batches(state, input_path)
     else:
         feed = _inference_feed(cfg, state, split or "test")
@@ -294,7 +298,71 @@ def predictions(
     places = None if feed is None else _source_rows(feed, split or "test")
     if places is not None:  # `row` joins a split's predictions to the file they came from
         table.rows = [[int(r), *row[1:]] for r, row in zip(places, table.rows, strict=True)]
+    if feed is not None and isinstance(cfg.data, ImageFolderConfig):
+        files = _split_files(feed, split or "test", Path(cfg.data.path).expanduser())
+    if files is not None:  # `path`: which image each row is
+        table.columns.insert(1, "path")
+        table.rows = [[row[0], f, *row[1:]] for f, row in zip(files, table.rows, strict=True)]
     return table
+
+
+def _image_batches(
+    cfg: Config, state: dict[str, Any], input_path: str
+) -> tuple[Iterator[tuple[torch.Tensor, None]], list[str]]:
+    """--input images (a folder of them, with or without class folders, or one file),
+    read as the run's val/test images are (its image_size, crop_size, channels, mean, std;
+    no augmentation), as label-less batches; and their paths relative to the folder."""
+    from hpcdl.data.imagefolder import ImageFolderDataset, unlabelled_images
+
+    data = cfg.data
+    assert isinstance(data, ImageFolderConfig)
+    info = state["data_info"]
+    root, files = unlabelled_images(Path(input_path).expanduser(), input_path)
+    dataset = ImageFolderDataset(
+        root,
+        [(f, 0) for f in files],
+        [str(n) for n in info["class_names"]],
+        image_size=data.image_size,
+        crop_size=data.crop_size,
+        random_flip=False,
+        random_crop=False,
+        mean=data.mean,
+        std=data.std,
+        channels=data.channels,
+    )
+    shape, trained = tuple(dataset[0][0].shape), tuple(int(s) for s in info["input_shape"])
+    if shape != trained:
+        resized = f"data.image_size={data.image_size}, data.crop_size={data.crop_size}"
+        raise DataError(
+            f"--input {input_path!r}: {root / files[0]} reads as {shape} ([C, H, W], with the "
+            f"run's {resized}), the model was trained on {trained}; bring the images to "
+            f"{trained[-1]}x{trained[-2]} pixels first (a run trained with data.image_size "
+            "and data.crop_size resizes them itself)"
+        )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=EVAL_BATCH_SIZE)
+    return ((x, None) for x, _ in loader), files
+
+
+def _split_files(feed: Feed, split: str, data_path: Path) -> Optional[list[str]]:
+    """data=imagefolder: each sample's image file of one split, in the split's order, as a
+    path relative to data.path (None for other datasets)."""
+    from hpcdl.data.feed import DatasetFeed
+    from hpcdl.data.imagefolder import ImageFolderDataset
+
+    if not isinstance(feed, DatasetFeed):
+        return None
+    files: list[str] = []
+    for part in _parts(split):
+        dataset: Any = feed.datasets[part]
+        order: Optional[list[int]] = None
+        if isinstance(dataset, torch.utils.data.Subset):
+            dataset, order = dataset.dataset, [int(i) for i in dataset.indices]
+        if len(dataset) == 0 or not isinstance(dataset, ImageFolderDataset):
+            continue
+        samples = dataset.samples if order is None else [dataset.samples[i] for i in order]
+        base = dataset.root.relative_to(data_path) if dataset.root != data_path else Path()
+        files += [(base / relative).as_posix() for relative, _ in samples]
+    return files
 
 
 def _users_code_failed(
@@ -366,8 +434,8 @@ def _relative_to(path: Path, folder: Path) -> Optional[Path]:
 def _refuse_input_without_rows(state: dict[str, Any], input_path: str) -> None:
     if not state.get("preprocessing"):
         raise ConfigError(
-            f"--input {input_path!r}: this run's data (data=custom or imagefolder) is not feature "
-            "rows; predict on one of its splits with --split test|val|train"
+            f"--input {input_path!r}: this run's data (data=custom) is not feature rows; "
+            "predict on one of its splits with --split test|val|train"
         )
 
 
@@ -424,8 +492,12 @@ def _inference_feed(cfg: Config, state: dict[str, Any], split: str) -> Feed:
         # Their samples are prepared by the dataset's own code (or image_size/mean/std,
         # which evaluate refuses to change): nothing fitted to apply.
         trained = None
-        if isinstance(data_cfg, ImageFolderConfig) and not numeric_targets(cfg.task):
-            trained = [str(n) for n in info["class_names"]]
+        if isinstance(data_cfg, ImageFolderConfig):
+            # Every split read as val/test are: no random flip or crop (--split train and
+            # all read the training split, which training augments).
+            data_cfg = replace(data_cfg, random_flip=False, random_crop=False)
+            if not numeric_targets(cfg.task):
+                trained = [str(n) for n in info["class_names"]]
         feed = build_feed(
             data_cfg, device, seed=cfg.trainer.seed, task=cfg.task, class_names=trained
         )

@@ -195,6 +195,36 @@ def test_imagefolder_trains_on_a_folder_of_pngs(hpcdl, tmp_path) -> None:
     assert rows.returncode == 0, rows.stderr
     header, *lines = [line.split(",") for line in rows.stdout.splitlines()]
     assert len(lines) == 3 and {row[header.index("true")] for row in lines} == {"1"}
+    # Each row's image, to join by: a split's relative to data.path, its label its folder's.
+    test = list(csv.DictReader(hpcdl("predict", "run", "--split", "test").stdout.splitlines()))
+    assert test and all(
+        r["path"].split("/")[0] == ["dark", "light"][int(r["true"])] for r in test
+    ), test
+    assert all((tmp_path / "pictures" / r["path"]).is_file() for r in test)
+    # Unlabelled images, in no class folder: --input, each row named by its file, with the
+    # same numbers as the labelled copy read through --split.
+    labelled = list(csv.DictReader(rows.stdout.splitlines()))
+    flat = hpcdl("predict", "run", "--input", "new/light")
+    assert flat.returncode == 0, flat.stderr
+    unlabelled = list(csv.DictReader(flat.stdout.splitlines()))
+    assert [r["path"] for r in unlabelled] == ["0.png", "1.png", "2.png"]
+    assert [r["path"] for r in labelled] == ["light/0.png", "light/1.png", "light/2.png"]
+    for a, b in zip(unlabelled, labelled, strict=True):
+        assert (a["predicted"], a["class_name"]) == (b["predicted"], b["class_name"])
+        assert abs(float(a["probability"]) - float(b["probability"])) < 1e-6
+        assert "true" not in a
+    from hpcdl.client import Job
+
+    as_data = Job.from_run_dir(tmp_path / "run").predict(input=tmp_path / "new" / "light" / "2.png")
+    assert [(r["row"], r["path"], r["class_name"]) for r in as_data] == [
+        (0, "2.png", unlabelled[2]["class_name"])
+    ]
+    Image.fromarray(rng.integers(0, 255, size=(10, 10, 3), dtype=np.uint8)).save(
+        tmp_path / "small.png"
+    )  # the run center-crops 16x16: too small, named
+    small = hpcdl("predict", "run", "--input", "small.png")
+    assert small.returncode == 2 and "small.png" in small.stderr, small.stderr
+    assert len(small.stderr.strip().splitlines()) == 1, small.stderr
     (tmp_path / "new" / "grey").mkdir()
     Image.fromarray(pixels).save(tmp_path / "new" / "grey" / "0.png")
     other = hpcdl("evaluate", "run", "data.path=new")

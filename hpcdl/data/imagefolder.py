@@ -72,6 +72,26 @@ def find_classes(
     return classes, samples
 
 
+def unlabelled_images(path: Path, given: str) -> tuple[Path, list[str]]:
+    """`hpcdl predict --input`: one image file, or the image files anywhere below a folder
+    (sorted POSIX paths relative to it, class folders or none); (root, paths)."""
+    if path.is_file():
+        if not path.name.lower().endswith(IMAGE_SUFFIXES):
+            raise DataError(
+                f"--input {given!r}: not an image file ({' '.join(IMAGE_SUFFIXES)}); give an "
+                "image or a folder of them"
+            )
+        return path.parent, [path.name]
+    if not path.is_dir():
+        raise DataError(f"--input {given!r}: no such file or folder")
+    files = image_files(path, ".")
+    if not files:
+        raise DataError(
+            f"--input {given!r}: holds no images ({' '.join(IMAGE_SUFFIXES)}), in it or below it"
+        )
+    return path, [Path(f).as_posix() for f in files]
+
+
 def image_files(root: Path, class_name: str) -> list[str]:
     """Image files anywhere below root/class_name, as sorted POSIX paths relative to root."""
     found = []

@@ -427,3 +427,33 @@ def test_a_train_folder_without_val_warns_that_there_is_no_validation(tmp_path: 
         warnings.simplefilter("error")
         splits, _ = build_imagefolder_datasets(cfg)
     assert len(splits["val"]) == 2
+
+
+def test_one_folder_is_split_stratified_so_a_rare_class_reaches_val_and_test(
+    tmp_path: Path,
+) -> None:
+    """It was a plain permutation: a class of 6 images in 86 could be missing from the test
+    split, its test metrics silently without it (configuration.md said stratified)."""
+    from collections import Counter
+
+    from hpcdl.config.schema import ImageFolderConfig
+    from hpcdl.data.feed import build_imagefolder_datasets
+
+    for index, (name, count) in enumerate({"common": 40, "other": 40, "rare": 6}.items()):
+        for i in range(count):
+            write_image(tmp_path / name / f"{i}.png", solid(8, 6, (i, index, 0)))
+
+    def counts(stratify: bool, seed: int) -> dict[str, Counter]:
+        cfg = ImageFolderConfig(path=str(tmp_path), split_seed=seed, stratify=stratify)
+        splits, names = build_imagefolder_datasets(cfg)
+        return {
+            split: Counter(names[data.dataset.samples[i][1]] for i in data.indices)
+            for split, data in splits.items()
+        }
+
+    for seed in range(5):
+        made = counts(True, seed)
+        assert made["test"] == {"common": 6, "other": 6, "rare": 1}, made
+        assert made["val"]["rare"] == 1 and sum(made["train"].values()) == 60
+    plain = [counts(False, seed)["test"]["rare"] for seed in range(20)]
+    assert 0 in plain  # what a run stored before `stratify` existed still gets

@@ -234,6 +234,7 @@ SPLIT_KEYS = (
     "num_folds",
     "fold",
     "standardize",
+    "stratify",  # data=imagefolder
 )
 # Per data kind, the keys whose value makes another dataset (schema.DATA_SCHEMAS): other
 # samples, labels or classes. Where the data is read from (data.path, data.labels_path,

@@ -159,6 +159,9 @@ class ImageFolderConfig(DataCommon):
     std: Optional[list[float]] = None
     channels: int = 3
     prefetch_factor: int = 2
+    # One folder split by val/test_fraction: keep each class's share in every split (the
+    # YAML sets true; runs stored before it existed split by a plain permutation).
+    stratify: bool = False
 
 
 DataConfig = Union[

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch.utils.data import Subset
 
@@ -325,12 +326,28 @@ class LabelCheck:
             raise _label_out_of_range(self.where, "a batch holds", bad, self.num_classes)
 
 
+def _split_images(dataset: Any, cfg: ImageFolderConfig) -> dict[str, Any]:
+    """One folder of class folders into train/val/test: stratified by class (the labels
+    are the folders, known without reading an image), as data=files splits its rows."""
+    from hpcdl.data.custom import split_dataset
+    from hpcdl.data.splits import split_indices
+
+    if not cfg.stratify:
+        return split_dataset(dataset, cfg)
+    labels = np.array([label for _, label in dataset.samples], dtype=np.int64)
+    parts = split_indices(labels, cfg, has_official_test=False)
+    return {
+        "train": Subset(dataset, parts.train.tolist()),
+        "val": Subset(dataset, parts.val.tolist()),
+        "test": Subset(dataset, parts.test.tolist()),
+    }
+
+
 def build_imagefolder_datasets(
     cfg: ImageFolderConfig, trained: Optional[list[str]] = None
 ) -> tuple[dict[str, Any], list[str]]:
     """The splits (one folder split by val/test_fraction, or train/val/test folders) and
     the class names (trained: a trained model's, which the folders' labels index)."""
-    from hpcdl.data.custom import split_dataset
     from hpcdl.data.imagefolder import build_imagefolder
 
     made = build_imagefolder(
@@ -346,7 +363,7 @@ def build_imagefolder_datasets(
     )
     classes = list(next(iter(made.values())).classes)
     if "all" in made:
-        splits = split_dataset(made["all"], cfg)
+        splits = _split_images(made["all"], cfg)
         plain = made["all"].without_augmentation()  # val/test: no random flips or crops
         for name in ("val", "test"):
             splits[name] = Subset(plain, splits[name].indices)

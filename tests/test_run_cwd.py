@@ -386,3 +386,50 @@ def test_workdir_is_recorded_not_composed(
         "the folder the run should start in (hpcdl resume RUN_DIR workdir=FOLDER moves it)\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_command_resumed_from_another_folder_runs_the_frozen_copy(
+    completed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hpcdl resume RUN -- python where.py` typed elsewhere: its script path is the run's
+    folder's, so a Slurm job runs the frozen copy of it; it ran the live file (the path was
+    looked for in the current folder, not found, and stored relative), with a warning that
+    said the frozen copy would run."""
+    from hpcdl.launch.snapshot import freeze_script_files
+
+    proj = completed.parents[1]
+    slurm = ["cluster=rivanna_a100", "--no-preflight", "--dry-run"]
+    capsys.readouterr()
+    assert main(["resume", str(completed), *slurm, "--", "python", "where.py", "1"]) == 0
+    out = capsys.readouterr().out
+    program = out.split("# program")[1].splitlines()[1].strip()
+    assert program == f"python {completed / 'code' / 'script' / 'where.py'} 1", out
+    # Once frozen (the first submission), a script added since is refused, and taken with
+    # --fresh-code, which copies the folder anew.
+    freeze_script_files(completed / "code", ["python", "where.py"], str(proj))
+    assert (completed / "code" / "SCRIPT").read_text() == f"{proj}\n"
+    (proj / "added.py").write_text(WHERE)
+    added = ["--", "python", "added.py", "0"]
+    assert main(["resume", str(completed), *slurm, *added]) == 2
+    assert "added.py: not in" in capsys.readouterr().err
+    assert main(["resume", str(completed), *slurm, "--fresh-code", *added]) == 0
+    out = capsys.readouterr().out
+    assert f"changed since: {proj}/" in out, out
+    assert not (completed / "code.1").exists()
+
+
+def test_hpcdl_train_keys_are_refused_when_resuming_a_script_run(
+    completed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """optim.lr=0.5 was written to config.yaml and read by nothing (the program reads its
+    own arguments), so the student thought the learning rate had changed."""
+    before = run_files(completed)
+    capsys.readouterr()
+    assert main(["resume", str(completed), "optim.lr=0.5", "--", "python", "where.py", "0"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: optim.lr: hpcdl train's key, unused by {completed}, an `hpcdl run` run (its "
+        "program reads its own arguments): give its command again after --, e.g. hpcdl "
+        f"resume {completed} -- python train.py --lr 0.5\n"
+    )
+    assert main(["resume", str(completed), "trainer.max_epochs=9"]) == 2
+    assert run_files(completed) == before

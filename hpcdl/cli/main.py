@@ -829,7 +829,7 @@ def program_line(cfg: Config, run_dir: JobDir) -> str:
     from hpcdl.script_job import program_command
 
     assert cfg.script is not None
-    command, _ = frozen_script(run_dir.code_dir, cfg.script.command)
+    command, _ = frozen_script(run_dir.code_dir, cfg.script.command, cfg.workdir)
     tokens = program_command(replace(cfg.script, command=command), cfg, RankEnv())
     known_in_the_job = {  # torchrun's per-node options, decided once the job runs
         "--node-rank=": "<SLURM_NODEID>",

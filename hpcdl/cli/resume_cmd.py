@@ -27,7 +27,12 @@ if TYPE_CHECKING:
 def cmd_resume(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import apply_overrides
     from hpcdl.cli.main import launch, preflight
-    from hpcdl.cli.resume_run import completed_line, refuse_unrunnable, resumed_config
+    from hpcdl.cli.resume_run import (
+        completed_line,
+        refuse_trainer_keys,
+        refuse_unrunnable,
+        resumed_config,
+    )
     from hpcdl.nothing_to_train import nothing_to_train
     from hpcdl.probe import probe_user_code
     from hpcdl.rundir import open_run_dir, program_records
@@ -40,9 +45,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     chosen = choose_checkpoint(cfg, run_dir, args)  # --from: None without it
     stored = cfg
     if args.overrides:
+        refuse_trainer_keys(stored, args.overrides, run_dir)
         cfg = apply_overrides(cfg, args.overrides, args.config_dir)
     cfg = resumed_config(stored, cfg, args.program, run_dir)  # -- COMMAND; paths from here
-    refuse_unrunnable(stored, cfg, run_dir)  # its workdir gone, or its script not there
+    # its workdir gone, or its script not there
+    refuse_unrunnable(stored, cfg, run_dir, getattr(args, "fresh_code", False))
     if cfg != stored:
         if (cfg.model, cfg.data, cfg.task) != (stored.model, stored.data, stored.task):
             with in_workdir(cfg.workdir):  # data.kwargs paths are the run's folder's

@@ -24,7 +24,7 @@ from hpcdl.config.paths import path_keys, with_absolute_paths
 from hpcdl.config.schema import Config, Launcher
 from hpcdl.errors import ConfigError
 from hpcdl.rundir import RunDir
-from hpcdl.workdir import from_here, in_workdir, missing_workdir
+from hpcdl.workdir import from_here, missing_workdir
 
 
 def resumed_config(stored: Config, cfg: Config, program: list[str], run_dir: RunDir) -> Config:
@@ -47,7 +47,28 @@ def resumed_config(stored: Config, cfg: Config, program: list[str], run_dir: Run
     return cfg
 
 
-def refuse_unrunnable(stored: Config, cfg: Config, run_dir: RunDir) -> None:
+def refuse_trainer_keys(stored: Config, overrides: list[str], run_dir: RunDir) -> None:
+    """An `hpcdl run` run resumed with `hpcdl train`'s keys (optim.lr=0.5,
+    trainer.max_epochs=99): its program reads its own arguments, so they would be written
+    to config.yaml and change nothing; refused as `hpcdl run` refuses them."""
+    from hpcdl.config.convert import GROUPS, PRESET_GROUPS, TOP_LEVEL_KEYS
+
+    if stored.script is None:
+        return
+    for text in overrides:
+        key = text.partition("=")[0].lstrip("+~")
+        top = key.split(".", 1)[0]
+        if top != "cluster" and top in (*GROUPS, *PRESET_GROUPS, *TOP_LEVEL_KEYS):
+            raise ConfigError(
+                f"{key}: hpcdl train's key, unused by {run_dir.path}, an `hpcdl run` run (its "
+                "program reads its own arguments): give its command again after --, e.g. "
+                f"hpcdl resume {run_dir.path} -- python train.py --lr 0.5"
+            )
+
+
+def refuse_unrunnable(
+    stored: Config, cfg: Config, run_dir: RunDir, fresh_code: bool = False
+) -> None:
     """A workdir that is gone, or a program its job could not start there, refused on the
     login node: the job would fail (and the run show FAILED), or start another folder's
     script of the same name. A run without a recorded workdir is checked only for a new
@@ -64,8 +85,8 @@ def refuse_unrunnable(stored: Config, cfg: Config, run_dir: RunDir) -> None:
     elif cfg.script != stored.script:
         check_script(cfg.script, cfg.cluster)
     new_command = stored.script is None or cfg.script.command != stored.script.command
-    if cfg.cluster.launcher == Launcher.slurm and new_command:
-        refuse_unfrozen_script(cfg, run_dir)
+    if cfg.cluster.launcher == Launcher.slurm and new_command and not fresh_code:
+        refuse_unfrozen_script(cfg, run_dir)  # --fresh-code copies the script's folder anew
 
 
 def refuse_unfrozen_script(cfg: Config, run_dir: RunDir) -> None:
@@ -77,8 +98,7 @@ def refuse_unfrozen_script(cfg: Config, run_dir: RunDir) -> None:
     code = run_dir.job_base().code_dir
     if not (code / SCRIPT_DIR).is_dir():
         return  # frozen at this submission
-    with in_workdir(cfg.workdir):
-        command, source = frozen_script(code, cfg.script.command)
+    command, source = frozen_script(code, cfg.script.command, cfg.workdir)
     missing = [t for t in command if t.startswith(str(code)) and not Path(t).is_file()]
     if source is not None and missing:
         raise ConfigError(

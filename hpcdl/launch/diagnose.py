@@ -81,8 +81,8 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
             continue
         found = ERROR_LINE.findall(text)
         exited = PROGRAM_EXIT.search(text)
-        if found:
-            errors[rank] = found[-1]
+        if found:  # hpcdl's own errors by their class name, as other errors are
+            errors[rank] = found[-1].removeprefix("hpcdl.errors.")
         elif exited:
             errors[rank] = program_exit(text, exited)
         else:

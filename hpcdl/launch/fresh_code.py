@@ -89,14 +89,15 @@ def refreeze(base: JobDir, configs: Sequence[Config]) -> FreshCode | None:
     if not code.is_dir():
         return None
     commands = unfrozen_commands(code, configs)
+    workdirs = [c.workdir for c in configs if c.script is not None and c.script.command]
     before = frozen_modules(code)
     aside = base.code_aside()
     code.rename(aside)
     fresh = FreshCode(code, aside)
     try:
         snapshot_code(code, custom_targets(*configs))
-        for command in commands:
-            freeze_script_files(code, command)
+        for command, workdir in zip(commands, workdirs, strict=True):
+            freeze_script_files(code, command, workdir)  # a relative path: the workdir's
         lost = [name for name in before if name not in frozen_modules(code)]
         if lost:
             raise HpcdlError(

@@ -305,7 +305,7 @@ def with_frozen_script(cfg: Config, base_dir: JobDir) -> Config:
     command pointing at that copy (so later edits never reach a queued or requeued job)."""
     if cfg.script is None or not cfg.script.command:
         return cfg
-    command = freeze_script_files(base_dir.code_dir, cfg.script.command)
+    command = freeze_script_files(base_dir.code_dir, cfg.script.command, cfg.workdir)
     return replace(cfg, script=replace(cfg.script, command=command))
 
 

@@ -59,11 +59,12 @@ SCRIPT_DIR = "script"  # the frozen copy of an `hpcdl run` script's folder
 SCRIPT_SOURCE_FILE = "SCRIPT"  # the folder code/script was copied from
 
 
-def freeze_script_files(code: Path, command: list[str]) -> list[str]:
+def freeze_script_files(code: Path, command: list[str], workdir: Optional[str] = None) -> list[str]:
     """`hpcdl run -- python train.py ...`: copy the script's folder (its .py files and the
     packages beside it) into code/script once, and return the command with the script's
-    path pointing at the frozen copy. Commands without a local .py file are unchanged."""
-    frozen, source = frozen_script(code, command)
+    path pointing at the frozen copy. Commands without a local .py file are unchanged.
+    A relative path is the run's workdir's (where the job starts the program)."""
+    frozen, source = frozen_script(code, command, workdir)
     if source is not None and not (code / SCRIPT_DIR).exists():
         copy_python_tree(source, code / SCRIPT_DIR)
         write_atomic(code / SCRIPT_SOURCE_FILE, f"{source}\n")
@@ -80,11 +81,16 @@ def script_source(code: Path) -> Optional[Path]:
     return Path(text) if text else None
 
 
-def frozen_script(code: Path, command: list[str]) -> tuple[list[str], Optional[Path]]:
+def frozen_script(
+    code: Path, command: list[str], workdir: Optional[str] = None
+) -> tuple[list[str], Optional[Path]]:
     """The command as the job will run it (its script in the frozen copy), and the folder
-    to copy there (None: nothing to copy). Writes nothing: `--dry-run` shows it too."""
+    to copy there (None: nothing to copy). Writes nothing: `--dry-run` shows it too. A
+    relative path is `workdir`'s (the current folder's without one)."""
     for index, token in enumerate(command):
         path = Path(token).expanduser()
+        if workdir is not None and not path.is_absolute():
+            path = Path(workdir) / path
         if not token.endswith(".py") or not path.is_file():
             continue
         path = path.resolve()

@@ -665,6 +665,13 @@ class Sweep:
             for rank, entry in enumerate(summarize(ledger, metric, ranking), 1)
         ]
 
+    def cancel(self) -> None:
+        """`hpcdl cancel SWEEP_DIR`: every trial queued or running on Slurm, with one
+        scancel (each running one saves a checkpoint; rerun_failed() continues them)."""
+        from hpcdl.cli.cancel import cancel_sweep
+
+        cancel_sweep(self.sweep_dir)
+
     def rerun_failed(self, *, fresh_code: bool = False) -> list[int]:
         """`hpcdl sweep rerun --failed`: the failed, cancelled, timed-out and interrupted
         trials again, each from its newest checkpoint. The indices of the trials rerun.

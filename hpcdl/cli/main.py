@@ -215,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
 
-    cancel = sub.add_parser("cancel", help="scancel a run's job")
+    cancel = sub.add_parser(
+        "cancel", help="scancel a run's job, or every queued or running trial of a sweep"
+    )
     cancel.add_argument("ref", metavar="RUN_DIR|JOB_ID")
 
     completion = sub.add_parser(
@@ -1006,9 +1008,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from hpcdl.launch.monitor import cancel
+    from hpcdl.cli.cancel import cmd_cancel as cancel
 
-    return cancel(args.ref)
+    return cancel(args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ records (hpcdl.launch.foreground) and the process holding its lock (hpcdl.runloc
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import subprocess
 import sys
@@ -110,35 +109,17 @@ def resolve(ref: str, command: str) -> tuple[Optional[RunDir], Launch]:
 
 
 def sweep_dir_hint(sweep_dir: Path, command: str) -> str:
-    """`hpcdl status|logs|cancel SWEEP_DIR`: where to go instead, in one line. The ledger is
-    read as plain JSON (hpcdl.sweep is a layer above this one)."""
+    """`hpcdl status|logs SWEEP_DIR`, and `cancel` of a local sweep: where to go instead, in
+    one line (a Slurm sweep's trials are cancelled by hpcdl.cli.cancel)."""
     one_trial = f"`hpcdl {command} {sweep_dir}/N` for trial N"
     if command != "cancel":
         return (
             f"{sweep_dir} is a sweep dir: `hpcdl sweep status {sweep_dir}` shows its "
             f"trials; {one_trial}"
         )
-    try:
-        ledger = json.loads(SweepDir(sweep_dir).ledger_file.read_text())
-    except (OSError, ValueError):
-        ledger = {}
-    if ledger.get("launcher") != "slurm":
-        return (
-            f"{sweep_dir} is a local sweep: its trials run under the `hpcdl train -m` that "
-            "started it; stop them with Ctrl-C there"
-        )
-    arrays = [str(s["array_job_id"]) for s in ledger.get("submissions", [])]
-    jobs = list(arrays)
-    for trial in ledger.get("trials", []):  # chained trials (requeue=chain) left their array
-        current = RunDir(Path(trial["run_dir"])).read_submission() or {}
-        job = str(current.get("job_id", ""))
-        if job and job.split("_")[0] not in arrays and job not in jobs:
-            jobs.append(job)
-    if not jobs:
-        return f"{sweep_dir} is a sweep dir with no job submitted; nothing to cancel"
     return (
-        f"{sweep_dir} is a sweep dir: cancel all its trials with `scancel {' '.join(jobs)}` "
-        f"(its jobs, from {SweepDir.LEDGER}), or {one_trial}"
+        f"{sweep_dir} is a local sweep: its trials run under the `hpcdl train -m` that "
+        "started it; stop them with Ctrl-C there"
     )
 
 

@@ -409,3 +409,27 @@ def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) 
         sweep / "code" / "fresh_net.py"
     ).read_text()
     assert ledger(sweep)["trials"][0]["job_id"] == jobs[0]  # the finished trial left alone
+
+
+def test_cancel_of_a_sweep_dir_cancels_its_running_trials(devcluster, tmp_path) -> None:
+    """`hpcdl cancel SWEEP_DIR` (which --fresh-code's refusal and sweeps.md name) was
+    refused with a scancel line to paste; now it cancels every queued or running trial."""
+    sweep = submit_sweep(
+        tmp_path / "sw", "data=synthetic", "data.num_samples=20000", "trainer.max_epochs=50",
+        "trainer.batch_size=8", "optim.lr=0.1,0.01",
+    )  # fmt: skip
+    wait_until(lambda: sweep_status(sweep).count("RUNNING") >= 2, 120, "both trials running")
+    nothing = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--fresh-code", cwd=tmp_path)
+    assert nothing.returncode == 0 and "no failed trials to rerun" in nothing.stdout
+    resumed = run_hpcdl("resume", str(sweep / "0"), "--fresh-code", cwd=tmp_path)
+    assert resumed.returncode == 2 and "is still RUNNING" in resumed.stderr, resumed.stderr
+    out = run_hpcdl("cancel", str(sweep), cwd=tmp_path)
+    jobs = ", ".join(t["job_id"] for t in ledger(sweep)["trials"])
+    assert out.returncode == 0 and out.stdout.startswith(
+        f"cancelled 2 trials of {sweep}: [0, 1] (jobs {jobs}); "
+    ), out.stdout + out.stderr
+    wait_until(lambda: "2 trials: 2 CANCELLED" in sweep_status(sweep), 120, "both cancelled")
+    again = run_hpcdl("cancel", str(sweep), cwd=tmp_path)
+    assert again.stdout == f"{sweep}: no trial is queued or running; nothing to cancel\n"
+    for trial in ledger(sweep)["trials"]:  # each saved a checkpoint as it stopped
+        assert list((Path(trial["run_dir"]) / "checkpoints").glob("step_*.pt")), trial

@@ -66,16 +66,18 @@ def code_configs(run_dir: RunDir, cfg: Config) -> list[Config]:
 def refreeze_for_resume(run_dir: RunDir, cfg: Config) -> Optional[FreshCode]:
     """Freeze the code of `run_dir`'s jobs anew and say so (None: nothing frozen yet)."""
     from hpcdl.launch.fresh_code import refreeze
+    from hpcdl.sweep import ledger as ledger_mod
 
     base = run_dir.job_base()
     fresh = refreeze(base, code_configs(run_dir, cfg))
-    if fresh is not None:
-        ran = (
-            "the copy its jobs ran"
-            if base.path == run_dir.path
-            else "the copy the sweep's trials ran"
-        )
-        print(fresh.line(ran), flush=True)
+    if fresh is None:
+        return None
+    if base.path == run_dir.path:
+        print(fresh.line("the copy its jobs ran"), flush=True)
+        return fresh
+    with ledger_mod.locked(base.path) as led:
+        ledger_mod.record_refreeze(led, fresh.aside)
+    print(fresh.line("the copy the sweep's trials ran") + "; for every trial", flush=True)
     return fresh
 
 
@@ -117,10 +119,12 @@ def refreeze_sweep(ledger: Ledger) -> Optional[FreshCode]:
     """The sweep's code frozen anew, checked again under the ledger's lock."""
     from hpcdl.launch.fresh_code import refreeze
     from hpcdl.rundir import SweepDir
+    from hpcdl.sweep.ledger import record_refreeze
 
     refuse_busy_trials(ledger)
     fresh = refreeze(SweepDir(Path(ledger.sweep_dir)), trial_configs(ledger))
     if fresh is not None:
+        record_refreeze(ledger, fresh.aside)  # saved with the ledger by the caller's lock
         print(fresh.line("the copy its trials ran"), flush=True)
     return fresh
 

@@ -72,9 +72,27 @@ class Ledger:
     created: str = field(default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds"))
     submissions: list[dict[str, Any]] = field(default_factory=list)
     trials: list[TrialRecord] = field(default_factory=list)
+    # `--fresh-code`: each time the sweep's code was frozen anew, where the old copy went
+    # and which trials had run on it (sweep status and summary name them).
+    refrozen: list[dict[str, Any]] = field(default_factory=list)
 
     def trial(self, index: int) -> TrialRecord:
         return self.trials[index]
+
+
+def record_refreeze(ledger: Ledger, aside: Path) -> None:
+    """The sweep's code frozen anew, its old copy now `aside`: the trials that had started
+    ran (some of) their training on it."""
+    from hpcdl.rundir import RunDir
+
+    started = [t.index for t in ledger.trials if RunDir(Path(t.run_dir)).has_started()]
+    ledger.refrozen.append(
+        {
+            "time": dt.datetime.now().isoformat(timespec="seconds"),
+            "aside": str(aside),
+            "trials": started,
+        }
+    )
 
 
 def save(ledger: Ledger) -> None:

@@ -197,9 +197,19 @@ def trial_notes(ledger: Ledger) -> dict[int, list[str]]:
             lines.append(f"trial {t.index}: its config.yaml has {now} (the sweep planned {then})")
         swept = {o.partition("=")[0] for o in t.planned}
         for words in hand_resumes(RunDir(Path(t.run_dir))):
-            other = [w for w in words if w.partition("=")[0].lstrip("+~") not in swept]
+            other = [
+                w
+                for w in words
+                if w.partition("=")[0].lstrip("+~") not in swept and w != "--fresh-code"
+            ]
             if other:
                 lines.append(f"trial {t.index}: resumed by hand with {' '.join(other)}")
+    for record in ledger.refrozen:  # --fresh-code: the trials that ran on the old copy
+        for index in record.get("trials", []):
+            notes.setdefault(index, []).append(
+                f"trial {index}: trained (all or part) by the code now in "
+                f"{record.get('aside')}, before --fresh-code froze it anew ({record.get('time')})"
+            )
     return notes
 
 

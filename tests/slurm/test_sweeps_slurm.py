@@ -409,6 +409,13 @@ def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) 
         sweep / "code" / "fresh_net.py"
     ).read_text()
     assert ledger(sweep)["trials"][0]["job_id"] == jobs[0]  # the finished trial left alone
+    # Which trials trained on which copy: named below the summary.
+    summary = run_hpcdl("sweep", "summary", str(sweep), cwd=tmp_path).stdout
+    for index, copy in ((0, "code.1"), (1, "code.1"), (2, "code.1"), (0, "code.2")):
+        assert f"trial {index}: trained (all or part) by the code now in {sweep / copy}, " in (
+            summary
+        ), summary
+    assert "resumed by hand with" not in summary
 
 
 def test_cancel_of_a_sweep_dir_cancels_its_running_trials(devcluster, tmp_path) -> None:

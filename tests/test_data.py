@@ -463,6 +463,7 @@ def write_bad_file(folder: Path, case: str) -> str:
     csv_lines = {
         "ragged_rows": ["a,b,label", "1,2,0", "3,4", *body],
         "non_numeric_cell": ["a,b,label", "1,2,0", "3,x,1", *body],
+        "id_column": ["id,a,b,label", *(f"S{i},{i},{i % 3},{i % 2}" for i in range(40))],
         "no_header": body,
         "empty_label": ["a,b,label", "1,2,", *body],
         "only_labels": ["label", *labels],
@@ -499,6 +500,13 @@ def write_bad_file(folder: Path, case: str) -> str:
     [
         ("ragged_rows", [], "data.path: 'd.csv' line 3 has 2 columns, expected 3"),
         ("non_numeric_cell", [], "'d.csv' line 3, column 'b': 'x' is not a number"),
+        # A column of text (an ID) is named with the key that leaves it unread.
+        (
+            "id_column",
+            [],
+            "'d.csv' line 2, column 'id': 'S0' is not a number; leave text columns in the file "
+            "unread with data.feature_columns=[a,b]",
+        ),
         ("no_header", [], "data.path='d.csv': the CSV has no header row"),
         ("empty_label", [], "'d.csv' line 2 has an empty 'label' cell"),
         ("only_labels", [], "data.path='d.csv': the rows hold no feature values"),

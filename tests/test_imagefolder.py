@@ -408,6 +408,13 @@ def test_keys_a_split_image_folder_would_ignore_are_refused(
     assert cfg.data.val_fraction == 0.2  # class folders in data.path: the fraction splits them
     with pytest.raises(ConfigError, match=r"^data.standardize: data=custom reads .* normalize in"):
         compose_config(["data=custom", "data.target=m:f", "data.standardize=false"])
+    (tmp_path / "rows.csv").write_text("a,label\n1,0\n")
+    with pytest.raises(ConfigError) as err:  # was "no such folder", of a file that exists
+        compose_config(["data=imagefolder", f"data.path={tmp_path / 'rows.csv'}"])
+    assert str(err.value) == (
+        f"data.path='{tmp_path / 'rows.csv'}': a file; data=imagefolder reads a folder of class "
+        f"sub-folders of images (for this file: data=files data.path={tmp_path / 'rows.csv'})"
+    )
 
 
 def test_a_train_folder_without_val_warns_that_there_is_no_validation(tmp_path: Path) -> None:

@@ -167,6 +167,13 @@ def _check_dataset_source(data: schema.CustomDataConfig | schema.ImageFolderConf
             check_target_form("data.collate_fn", data.collate_fn)
         _positive("data.num_classes", data.num_classes, allow_none=True)
         return
+    if Path(data.path).expanduser().is_file():
+        other = "data=files" if Path(data.path).suffix.lower() in (".csv", ".npy", ".npz") else ""
+        hint = f" (for this file: {other} data.path={data.path})" if other else ""
+        raise ConfigError(
+            f"data.path={data.path!r}: a file; data=imagefolder reads a folder of class "
+            f"sub-folders of images{hint}"
+        )
     _positive("data.image_size", data.image_size, allow_none=True)
     _positive("data.crop_size", data.crop_size, allow_none=True)
     if data.channels not in (1, 3):

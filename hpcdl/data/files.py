@@ -519,9 +519,13 @@ def parse_numeric_rows(
         if not is_number(cell)
     )
     column = repr(names[col]) if names is not None and col < len(names) else str(col + 1)
+    fix = "fill in missing values and drop (or encode as numbers) non-numeric feature columns"
+    text_column = cell.strip() and not any(is_number(c) for c in rows[:, col])
+    if key.startswith("data.") and names is not None and text_column and len(names) > 1:
+        others = ",".join(n for i, n in enumerate(names) if i != col)  # an ID, a note
+        fix = f"leave text columns in the file unread with data.feature_columns=[{others}]"
     raise DataError(
-        f"{key}: '{file}' line {line}, column {column}: {cell!r} is not a number; fill in "
-        "missing values and drop (or encode as numbers) non-numeric feature columns"
+        f"{key}: '{file}' line {line}, column {column}: {cell!r} is not a number; {fix}"
     )
 
 

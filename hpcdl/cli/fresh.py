@@ -66,7 +66,6 @@ def code_configs(run_dir: RunDir, cfg: Config) -> list[Config]:
 def refreeze_for_resume(run_dir: RunDir, cfg: Config) -> Optional[FreshCode]:
     """Freeze the code of `run_dir`'s jobs anew and say so (None: nothing frozen yet)."""
     from hpcdl.launch.fresh_code import refreeze
-    from hpcdl.sweep import ledger as ledger_mod
 
     base = run_dir.job_base()
     fresh = refreeze(base, code_configs(run_dir, cfg))
@@ -75,10 +74,19 @@ def refreeze_for_resume(run_dir: RunDir, cfg: Config) -> Optional[FreshCode]:
     if base.path == run_dir.path:
         print(fresh.line("the copy its jobs ran"), flush=True)
         return fresh
-    with ledger_mod.locked(base.path) as led:
-        ledger_mod.record_refreeze(led, fresh.aside)
     print(fresh.line("the copy the sweep's trials ran") + "; for every trial", flush=True)
     return fresh
+
+
+def record_trial_refreeze(run_dir: RunDir, fresh: FreshCode) -> None:
+    """A sweep trial's resume with --fresh-code, submitted: the sweep's ledger records which
+    trials ran the old copy (sweep status and summary name them)."""
+    from hpcdl.sweep import ledger as ledger_mod
+
+    base = run_dir.job_base()
+    if base.path != run_dir.path:
+        with ledger_mod.locked(base.path) as led:
+            ledger_mod.record_refreeze(led, fresh.aside)
 
 
 def dry_run_line(run_dir: RunDir, cfg: Config) -> str:

@@ -640,7 +640,7 @@ def rerun_failed(
                 arrays = submit_arrays(led, failed)
             except HpcdlError:
                 if fresh is not None:
-                    fresh.undo()
+                    fresh.put_back()
                 raise
         print(submitted_line(arrays, len(failed)))
         return failed, EXIT_OK

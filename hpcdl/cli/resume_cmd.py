@@ -115,9 +115,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
                 fresh = refreeze_for_resume(run_dir, cfg)
             code = launch(cfg, run_dir)
+            if fresh is not None:
+                from hpcdl.cli.fresh import record_trial_refreeze
+
+                record_trial_refreeze(run_dir, fresh)
         except HpcdlError:  # refused at submission (sbatch, the cluster)
             if fresh is not None:
-                fresh.undo()
+                fresh.put_back()
             keep_config(run_dir, stored_config, args.overrides, chosen)
             raise
         if code == EXIT_BAD_INPUT:  # refused by the job that ran here (its checkpoint

@@ -41,6 +41,11 @@ class FreshCode:
         shutil.rmtree(self.code, ignore_errors=True)
         self.aside.rename(self.code)
 
+    def put_back(self) -> None:
+        """undo(), said: the submission after the freeze was refused."""
+        self.undo()
+        print(f"--fresh-code: {self.code} is the copy its jobs ran again", flush=True)
+
     def line(self, ran: str) -> str:
         return (
             f"--fresh-code: {self.code} frozen anew from your code as it is now ({ran} until "

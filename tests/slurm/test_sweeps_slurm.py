@@ -396,6 +396,14 @@ def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) 
     assert "the bug" in (sweep / "code" / "fresh_net.py").read_text()  # the fixed text keeps it
     assert "!= 8" not in (sweep / "code" / "fresh_net.py").read_text()
 
+    # A submission refused after the freeze puts the old copy back, and says so.
+    refused = run_hpcdl(
+        "resume", str(sweep / "2"), "--fresh-code", "--no-preflight", "cluster.partition=nope",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "Invalid partition" in refused.stderr, refused.stderr
+    assert f"--fresh-code: {sweep / 'code'} is the copy its jobs ran again\n" in refused.stdout
+    assert not (sweep / "code.2").exists()
     # The rerun of the other one, with --fresh-code: frozen anew again (nothing changed).
     dry = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", "--fresh-code",
                     cwd=tmp_path, env=env)  # fmt: skip
@@ -416,6 +424,8 @@ def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) 
             summary
         ), summary
     assert "resumed by hand with" not in summary
+    # Two freezes recorded, not the one whose submission was refused.
+    assert [Path(r["aside"]).name for r in ledger(sweep)["refrozen"]] == ["code.1", "code.2"]
 
 
 def test_cancel_of_a_sweep_dir_cancels_its_running_trials(devcluster, tmp_path) -> None:

@@ -100,7 +100,7 @@ def test_a_script_runs_folder_is_recorded_compared_and_frozen_anew(tmp_path: Pat
     (proj / "notes" / "scratch.py").write_text("x = 1\n")
     assert changed_since_frozen(code) == []
     (proj / "util" / "io.py").write_text("y = 2\n")
-    assert changed_since_frozen(code) == [f"{proj}/"]
+    assert changed_since_frozen(code) == [f"{proj}/ (util/io.py added)"]
     cfg = Config(script=ScriptConfig(command=command))
     assert unfrozen_commands(code, [cfg]) == [["python", str(proj / "train.py"), "--lr", "0.1"]]
     (proj / "train.py").write_text("print('v2')\n")

@@ -414,7 +414,7 @@ def test_a_new_command_resumed_from_another_folder_runs_the_frozen_copy(
     assert "added.py: not in" in capsys.readouterr().err
     assert main(["resume", str(completed), *slurm, "--fresh-code", *added]) == 0
     out = capsys.readouterr().out
-    assert f"changed since: {proj}/" in out, out
+    assert f"changed since: {proj}/ (added.py added)" in out, out
     assert not (completed / "code.1").exists()
 
 

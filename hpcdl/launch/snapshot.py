@@ -172,12 +172,10 @@ def changed_since_frozen(code: Path) -> list[str]:
     '/') whose .py files do: a resume or rerun runs the copy, not the edit."""
     changed = []
     folder = script_source(code)
-    if (
-        folder is not None
-        and folder.is_dir()
-        and _script_files(folder) != _script_files(code / SCRIPT_DIR)
-    ):
-        changed.append(f"{folder}/")
+    if folder is not None and folder.is_dir():
+        what = _file_changes(_script_files(folder), _script_files(code / SCRIPT_DIR))
+        if what:
+            changed.append(f"{folder}/ ({what})")
     try:
         lines = (code / FROZEN_FILE).read_text().splitlines()
     except OSError:
@@ -189,6 +187,21 @@ def changed_since_frozen(code: Path) -> list[str]:
         if _python_files(Path(source)) != _python_files(code / Path(source).name):
             changed.append(name)
     return changed
+
+
+def _file_changes(now: dict[str, bytes], frozen: dict[str, bytes]) -> str:
+    """'train.py edited, util/io.py added' (at most 3 named), or '' when the same."""
+    changes = [
+        *(
+            f"{name} edited"
+            for name in sorted(now.keys() & frozen.keys())
+            if now[name] != frozen[name]
+        ),
+        *(f"{name} added" for name in sorted(now.keys() - frozen.keys())),
+        *(f"{name} removed" for name in sorted(frozen.keys() - now.keys())),
+    ]
+    more = f", {len(changes) - 3} more" if len(changes) > 3 else ""
+    return ", ".join(changes[:3]) + more
 
 
 def frozen_modules(code: Path) -> dict[str, str]:

@@ -38,9 +38,10 @@ def test_a_local_trial_that_raises_prints_its_exception_and_sweep_status_shows_i
     assert status.returncode == 1 and status.stdout.endswith(f"1 COMPLETED, 1 FAILED\n{cause}\n")
 
     # The rerun's own cause, not the first attempt's (trial.log holds both).
-    (tmp_path / "fit.py").write_text("raise SystemExit(1)\n")
+    # Its last line before hpcdl's (argparse's error; the pool's run dir line is not it).
+    (tmp_path / "fit.py").write_text("raise SystemExit('fit.py: error: argument --lr')\n")
     rerun = hpcdl("sweep", "rerun", "sw", "--failed")
-    cause = "trial 1 failed: the program exited with status 1"
+    cause = "trial 1 failed: the program exited with status 1: fit.py: error: argument --lr"
     assert cause in rerun.stdout.splitlines(), rerun.stdout
     assert hpcdl("sweep", "status", "sw").stdout.endswith(f"FAILED\n{cause}\n")
 

@@ -8,6 +8,7 @@ import csv
 import difflib
 import io
 import math
+import re
 import shlex
 import shutil
 import statistics
@@ -21,8 +22,10 @@ from hpcdl.errors import HpcdlError, plural
 from hpcdl.launch.diagnose import (
     ERROR_LINE,
     FATAL_LINE,
+    PROGRAM_EXIT,
     STALL_LINE,
     describe,
+    program_exit,
     root_cause,
 )
 from hpcdl.launch.monitor import (
@@ -344,6 +347,10 @@ def last_exception(text: str) -> Optional[str]:
         found = pattern.findall(text)
         if found:
             return str(found[-1]).strip()
+    own = re.sub(r"^(?:starting|resuming) run dir: .*\n", "", text, flags=re.M)  # the pool's
+    exits = list(PROGRAM_EXIT.finditer(own))
+    if exits:  # an `hpcdl run` program's status, with its last line (argparse's error)
+        return program_exit(own, exits[-1])
     said = [
         line[len("hpcdl: ") :]
         for line in text.splitlines()

@@ -296,6 +296,10 @@ def hydra_message(err: Exception, overrides: Sequence[str] = ()) -> str:
     if bare:  # `trainer.max_epochs 5`: a key without a value
         key = bare.group(1)
         return f"{key}: no value; write {key}=VALUE, one word (e.g. trainer.max_epochs=5)"
+    dashed = re.match(r"Error parsing override '([a-z]+(?:-[a-z]+)+)'$", text.splitlines()[0])
+    if dashed:  # `dry-run`, `fresh-code`: an option without its dashes
+        word = dashed.group(1)
+        return f"{word}: not an override (key=value); for the option, write --{word}"
     match = re.search(r"mismatched input|no viable alternative|extraneous input", text)
     if match:
         return (

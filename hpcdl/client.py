@@ -479,6 +479,7 @@ class Job:
         checkpoint: CheckpointRef = "best",
         *,
         input: Optional[PathLike] = None,
+        id_column: Optional[str] = None,
     ) -> list[dict[str, Any]]:
         """`hpcdl predict RUN_DIR --split S [OVERRIDES]` as data: one dict per sample, in the
         split's order (default: test), with the CSV's columns as keys and Python numbers as
@@ -486,7 +487,8 @@ class Job:
         true; task=custom: task.predict's names; data=imagefolder: path too). `overrides`
         as for evaluate(), and task.predict=package.module:function. `input` is `--input`:
         new rows (.csv, .npy, .npz) or images (a folder of them, or one) instead of a
-        split, without true values. Imports torch."""
+        split, without true values; `id_column` is `--id-column` (a CSV input's column
+        copied into each row). Imports torch."""
         from hpcdl.cli.main import inference_run
         from hpcdl.cli.other_data import check_split
         from hpcdl.inference import predictions
@@ -509,7 +511,10 @@ class Job:
         try:
             with _imports_from_here(), reading_from(cfg.workdir):
                 if rows is not None:
-                    return predictions(cfg, run_dir, checkpoint, input_path=rows).as_dicts()
+                    table = predictions(
+                        cfg, run_dir, checkpoint, input_path=rows, id_column=id_column
+                    )
+                    return table.as_dicts()
                 return predictions(cfg, run_dir, checkpoint, split=split).as_dicts()
         except ConfigError as exc:  # the command's advice, in this call's words
             said = _PREDICT_COMMAND.sub(

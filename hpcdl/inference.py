@@ -31,7 +31,7 @@ from hpcdl.config.schema import (
 )
 from hpcdl.data import DataSplits, Preprocessing, build_data, load_feature_rows
 from hpcdl.data.feed import EVAL_BATCH_SIZE, Feed, TensorFeed, build_feed
-from hpcdl.data.files import csv_header
+from hpcdl.data.files import csv_column, csv_header
 from hpcdl.errors import (
     CheckpointError,
     ConfigError,
@@ -224,6 +224,7 @@ def predict_rows(
     which: str,
     output: Optional[str],
     split: Optional[str] = None,
+    id_column: Optional[str] = None,
 ) -> int:
     """`hpcdl predict`: predictions() as CSV, on stdout or in the --output file (checked
     before anything is computed). Returns the number of rows."""
@@ -232,7 +233,9 @@ def predict_rows(
     if input_path is not None:
         reads[Path(input_path).expanduser()] = "the --input file"
     target = _output_file(output, run_dir, reads)
-    table = predictions(cfg, run_dir, which, input_path=input_path, split=split)
+    table = predictions(
+        cfg, run_dir, which, input_path=input_path, split=split, id_column=id_column
+    )
     _write_csv(table, target)
     return len(table.rows)
 
@@ -264,6 +267,7 @@ def predictions(
     *,
     input_path: Optional[str] = None,
     split: Optional[str] = None,
+    id_column: Optional[str] = None,
 ) -> Predictions:
     """Predictions for raw rows (input_path, with the run's training preprocessing applied)
     or for every sample of one split (of the run's data, or of the data `cfg` points at),
@@ -273,6 +277,7 @@ def predictions(
     path = _checkpoint_for(run_dir, which)
     state = read_checkpoint(path, mmap=True)
     images = isinstance(cfg.data, ImageFolderConfig)
+    ids = None if id_column is None else _id_values(input_path, id_column)
     if input_path is not None and not images:
         _refuse_input_without_rows(state, input_path)  # before task.predict's advice names it
     prediction = _custom_prediction(cfg, run_dir, source)
@@ -282,7 +287,7 @@ def predictions(
     if input_path is not None and images:
         batches, files = _image_batches(cfg, state, input_path)
     elif input_path is not None:
-        batches = _row_batches(state, input_path)
+        batches = _row_batches(state, input_path, id_column)
     else:
         feed = _inference_feed(cfg, state, split or "test")
         batches = _predict_split_batches(cfg, feed, split or "test")
@@ -303,7 +308,24 @@ def predictions(
     if files is not None:  # `path`: which image each row is
         table.columns.insert(1, "path")
         table.rows = [[row[0], f, *row[1:]] for f, row in zip(files, table.rows, strict=True)]
+    if ids is not None and id_column is not None:  # --id-column: the rows' own IDs
+        if len(ids) != len(table.rows):
+            raise DataError(
+                f"--id-column {id_column}: {len(ids)} cells for {len(table.rows)} rows read"
+            )
+        table.columns.insert(1, id_column)
+        table.rows = [[row[0], i, *row[1:]] for i, row in zip(ids, table.rows, strict=True)]
     return table
+
+
+def _id_values(input_path: Optional[str], id_column: str) -> list[str]:
+    """--id-column: only for --input of a CSV with a header naming it."""
+    if input_path is None or Path(input_path).suffix.lower() != ".csv":
+        raise ConfigError(
+            f"--id-column {id_column}: only with --input of a .csv (a --split's `row` is its "
+            "row in the data file; --input arrays keep their order)"
+        )
+    return csv_column(Path(input_path).expanduser(), id_column)
 
 
 def _image_batches(
@@ -439,7 +461,9 @@ def _refuse_input_without_rows(state: dict[str, Any], input_path: str) -> None:
         )
 
 
-def _row_batches(state: dict[str, Any], input_path: str) -> Iterator[tuple[torch.Tensor, None]]:
+def _row_batches(
+    state: dict[str, Any], input_path: str, id_column: Optional[str] = None
+) -> Iterator[tuple[torch.Tensor, None]]:
     """--input rows, prepared as the training rows were, as label-less (x, None) batches."""
     info = state["data_info"]
     # Checkpoints written before feature_columns was recorded give rows by position only.
@@ -448,6 +472,7 @@ def _row_batches(state: dict[str, Any], input_path: str) -> Iterator[tuple[torch
         tuple(info["input_shape"]),
         info.get("feature_columns"),
         info.get("label_column"),
+        id_column,
     )
     if len(rows) == 0:
         raise DataError(f"--input {input_path!r}: no rows to predict")

@@ -202,8 +202,20 @@ def test_predict_decides_a_csvs_first_row_by_the_training_names(hpcdl, tmp_path:
     assert extra.returncode == 0 and extra.stdout == own.stdout, extra.stderr
     assert extra.stderr.splitlines() == [
         "warning: --input 'extra.csv': columns 'id', 'note' not used, the model takes a, b; "
-        "predicting without them"
+        "predicting without them (an ID column goes into the output with --id-column id)"
     ]
+    # --id-column: the input's IDs beside the same predictions, and no warning for them.
+    ided = hpcdl("predict", "run", "--input", "extra.csv", "--id-column", "id")
+    assert ided.returncode == 0, ided.stderr
+    assert "'id'" not in ided.stderr and "'note'" in ided.stderr
+    own_rows = [line.split(",") for line in own.stdout.splitlines()]
+    assert [line.split(",") for line in ided.stdout.splitlines()] == [
+        [r[0], "id" if n == 0 else str(n - 1), *r[1:]] for n, r in enumerate(own_rows)
+    ]
+    wrong = hpcdl("predict", "run", "--input", "plain.csv", "--id-column", "id")
+    assert wrong.returncode == 2 and wrong.stderr == (
+        "error: --id-column id: not a column of 'plain.csv' (it has no header row)\n"
+    ), wrong.stderr
     out = hpcdl("predict", "run", "--input", "garbage.csv", "--output", "preds.csv")
     assert out.returncode == 2 and out.stderr.splitlines() == [
         "error: --input 'garbage.csv': line 1 (up, 0.5) is neither a header naming the "

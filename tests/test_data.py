@@ -816,7 +816,8 @@ def test_load_feature_rows_warns_of_unused_columns(tmp_path, recwarn):
     assert np.array_equal(got, rows)
     assert [str(w.message) for w in caught] == [
         f"--input '{tmp_path / 'extra.csv'}': columns 'id', 'note' not used, the model takes "
-        "a, b, c; predicting without them"
+        "a, b, c; predicting without them (an ID column goes into the output with "
+        "--id-column id)"
     ]
     (tmp_path / "labelled.csv").write_text("price,a,b,c\n1,0,1,2\n")
     recwarn.clear()

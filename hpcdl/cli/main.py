@@ -256,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.add_argument("--checkpoint", default="best", help="best | last | PATH (default best)")
     predict.add_argument("--output", help="write CSV here instead of stdout")
+    predict.add_argument(
+        "--id-column",
+        metavar="NAME",
+        help="with --input of a CSV: copy its column NAME (a sample ID) into the output, after row",
+    )
     return parser
 
 
@@ -943,7 +948,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     rows, out = args.input, args.output
     rows, out = (None if p is None else from_here(p, cfg.workdir) for p in (rows, out))
     with reading_from(cfg.workdir):  # the run's relative paths are its folder's
-        count = predict_rows(cfg, run_dir, rows, checkpoint, out, args.split)
+        count = predict_rows(cfg, run_dir, rows, checkpoint, out, args.split, args.id_column)
     if args.output:
         print(json.dumps({"rows": count, "output": args.output}))
     return EXIT_OK

@@ -498,6 +498,19 @@ def csv_header(file: Path) -> Optional[list[str]]:
     return cells if cells is not None and has_text(cells) else None
 
 
+def csv_column(file: Path, name: str) -> list[str]:
+    """`hpcdl predict --id-column NAME`: that column's cells, one per data row, as written
+    (the file must have a header naming it)."""
+    header = csv_header(file)
+    if header is None or name not in header:
+        named = f"its header: {_names(header)}" if header else "it has no header row"
+        raise DataError(f"--id-column {name}: not a column of '{file}' ({named})")
+    index = header.index(name)
+    with file.open(newline="", encoding="utf-8-sig") as f:
+        rows = [row for row in csv.reader(f) if row][1:]
+    return [row[index].strip() if index < len(row) else "" for row in rows]
+
+
 def parse_numeric_rows(
     rows: np.ndarray,
     file: Path,
@@ -543,6 +556,7 @@ def load_feature_rows(
     input_shape: Sequence[int],
     feature_columns: Optional[Sequence[str]] = None,
     label_column: Optional[str] = None,
+    id_column: Optional[str] = None,
 ) -> np.ndarray:
     """Raw feature rows from .csv/.npy/.npz as float32 [N, *input_shape], for `hpcdl predict`
     (a .npy's memory-mapped, read-only when it holds float32).
@@ -566,7 +580,7 @@ def load_feature_rows(
     elif suffix == ".npy":
         x = load_npy(file, "--input", mapped=True)  # predict reads it a batch at a time
     else:
-        x = read_feature_csv(file, feature_columns, label_column)
+        x = read_feature_csv(file, feature_columns, label_column, id_column)
     x = check_numeric(np.asarray(x), f"--input '{file}'")
     num_features = int(np.prod(input_shape))
     if x.ndim == 1 and x.size == num_features:
@@ -589,7 +603,10 @@ def load_feature_rows(
 
 
 def read_feature_csv(
-    file: Path, feature_columns: Optional[Sequence[str]], label_column: Optional[str] = None
+    file: Path,
+    feature_columns: Optional[Sequence[str]],
+    label_column: Optional[str] = None,
+    id_column: Optional[str] = None,
 ) -> np.ndarray:
     """float64 [N, columns]. For a run that recorded the training CSV's names, the first row
     decides (_is_named_header): a header's feature columns are picked by name in training
@@ -603,11 +620,12 @@ def read_feature_csv(
         if header is None:
             chosen.append(CsvColumns(list(range(width))))
         elif names is None:
-            keep = [i for i in range(width) if i != _index(header, LABEL_COLUMN)]
+            left = (_index(header, LABEL_COLUMN), _index(header, id_column or LABEL_COLUMN))
+            keep = [i for i in range(width) if i not in left]
             chosen.append(CsvColumns(keep, [header[i] for i in keep]))
         else:
             picks = _column_indices(file, header, names)
-            _warn_unused_columns(file, header, names, label_column)
+            _warn_unused_columns(file, header, names, label_column, id_column)
             chosen.append(CsvColumns(picks, names))
         return chosen[0]
 
@@ -667,17 +685,24 @@ def _is_named_header(
 
 
 def _warn_unused_columns(
-    file: Path, header: list[str], names: list[str], label_column: Optional[str]
+    file: Path,
+    header: list[str],
+    names: list[str],
+    label_column: Optional[str],
+    id_column: Optional[str] = None,
 ) -> None:
     """One warning naming the input CSV's columns that the model does not take, its label
-    column aside (an id or a note column is common; a misspelt feature name is seen here)."""
-    unused = list(dict.fromkeys(c for c in header if c not in names and c != label_column))
+    column and --id-column aside (an id or a note column is common; a misspelt feature name
+    is seen here)."""
+    left = (label_column, id_column)
+    unused = list(dict.fromkeys(c for c in header if c not in names and c not in left))
     if unused:
         which = "column" if len(unused) == 1 else "columns"
         it = "it" if len(unused) == 1 else "them"
         warnings.warn(
             f"--input '{file}': {which} {_names([repr(c) for c in unused])} not used, the "
-            f"model takes {_names(names)}; predicting without {it}",
+            f"model takes {_names(names)}; predicting without {it} (an ID column goes into "
+            f"the output with --id-column {unused[0]})",
             DataWarning,
             stacklevel=2,
         )

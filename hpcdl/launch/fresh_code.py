@@ -2,9 +2,9 @@
 (or a whole sweep's) jobs run, frozen anew from the code as it is now, as a new submission
 would freeze it, with the copy its jobs ran until now kept beside it (code.1, code.2, ...).
 
-(hpcdl.cli.fresh: which runs share the copy, and refusing while one of them runs.) A module or script that cannot be frozen anew
-(gone, or not importable here) is refused with the old copy put back. Stdlib only (login
-node).
+A module or script that cannot be frozen anew (gone, or not importable here) is refused
+with the old copy put back. Which runs share the copy, and the refusal while one of them
+runs: hpcdl.cli.fresh. Stdlib only (login node).
 """
 
 from __future__ import annotations

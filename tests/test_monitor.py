@@ -912,3 +912,23 @@ def test_an_array_task_cancelled_while_queued_is_cancelled_not_pending(
     # The same task once it has run: the scheduler's word, then the run dir's, as before.
     trial.append_attempt({"event": "start", "job_id": "40", "array_job": "38", "array_task": "2"})
     assert status_lines(trial, capsys)["state"] != "CANCELLED"
+
+
+def test_logs_of_an_earlier_job_of_the_run(tmp_path, monkeypatch, capsys) -> None:
+    """After a resume (or a chain's next link) `hpcdl logs` shows the newest job's log; the
+    failed one before it was only in logs/*.out."""
+    run = new_run(tmp_path)
+    run.log_dir.mkdir()
+    for job, text in (("7", "NameError: bug\n"), ("9", "epoch 1\n")):
+        run.record_submission(job, "devcluster", run.log_dir)
+        run.rank_log(job, 0).write_text(text)
+    scheduler(monkeypatch, "COMPLETED")
+    assert main(["logs", str(run.path)]) == 0
+    assert capsys.readouterr().out == "epoch 1\n"
+    assert main(["logs", str(run.path), "--job", "7"]) == 0
+    assert capsys.readouterr().out == "NameError: bug\n"
+    assert main(["logs", str(run.path), "--job", "8"]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"error: --job 8: not a job of {run.path}; its Slurm jobs: 7, 9\n"
+    )

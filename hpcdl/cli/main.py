@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("ref", metavar="RUN_DIR")
     logs.add_argument("--rank", type=int, default=0)
     logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument(
+        "--job", metavar="JOB_ID", help="an earlier Slurm job of the run (default: the newest)"
+    )
     sweep = sub.add_parser("sweep", help="status, summary and rerun of a `train -m` sweep")
     sweep_sub = sweep.add_subparsers(dest="sweep_command", required=True)
     sweep_status = sweep_sub.add_parser("status", help="table: trial, overrides, job id, state")
@@ -1007,7 +1010,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from hpcdl.launch.monitor import logs
 
     try:
-        return logs(args.ref, args.rank, args.follow)
+        return logs(args.ref, args.rank, args.follow, args.job)
     except KeyboardInterrupt:
         return EXIT_WATCH_STOPPED
 

@@ -617,10 +617,18 @@ def started_world_size(run_dir: RunDir, launch: Launch) -> Optional[int]:
     return int(size) if isinstance(size, int) else None
 
 
-def logs(ref: str, rank: int, follow: bool) -> int:
+def logs(ref: str, rank: int, follow: bool, job: Optional[str] = None) -> int:
     run_dir, launch = resolve(ref, "logs")
     if run_dir is None:
         raise HpcdlError(f"{ref}: give the run dir to read its logs (job ids carry no log path)")
+    if job is not None:  # an earlier job of the run (before a resume, a chain's link)
+        jobs = [str(h["job_id"]) for h in (run_dir.read_submission() or {}).get("history", [])]
+        if job not in jobs:
+            raise HpcdlError(
+                f"--job {job}: not a job of {run_dir.path}; its Slurm jobs: "
+                f"{', '.join(jobs) if jobs else 'none'}"
+            )
+        launch = Launch("slurm", job)
     path = log_file(run_dir, launch, rank)
     if not path.exists():
         active, state = is_running(run_dir, launch)

@@ -36,9 +36,8 @@ def test_refreeze_takes_the_edit_and_keeps_the_old_copy(tmp_path: Path, monkeypa
     from hpcdl.launch.snapshot import changed_since_frozen
     from hpcdl.rundir import RunDir, open_run_dir
 
-    run = frozen_run(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    cfg, run_dir = open_run_dir(run)
+    run = frozen_run(tmp_path)  # tmp_path is not on this process's sys.path: the module is
+    cfg, run_dir = open_run_dir(run)  # frozen anew from where it was (no PYTHONPATH again)
     (tmp_path / "fresh_net.py").write_text(NET + "# fixed\n")
     assert changed_since_frozen(run / "code") == ["fresh_net"]
     fresh = refreeze(RunDir(run), [cfg])
@@ -72,9 +71,9 @@ def test_a_module_no_longer_importable_is_refused_with_the_old_copy_back(
     with pytest.raises(HpcdlError) as err:
         refreeze(run_dir, [cfg])
     assert str(err.value) == (
-        f"--fresh-code: fresh_net (frozen from {tmp_path / 'fresh_net.py'}) is not importable "
-        "here now, so it cannot be frozen anew; put its folder on PYTHONPATH, or resume "
-        f"without --fresh-code to run the copy in {run / 'code'}"
+        f"--fresh-code: fresh_net is neither at {tmp_path / 'fresh_net.py'}, where it was "
+        "frozen from, nor importable here; put it back there (or its folder on PYTHONPATH), "
+        f"or go on without --fresh-code to run the copy in {run / 'code'}"
     )
     assert sorted(p.name for p in run.iterdir()) == before
     assert (run / "code" / "fresh_net.py").read_text() == NET

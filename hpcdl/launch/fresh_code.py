@@ -9,8 +9,11 @@ runs: hpcdl.cli.fresh. Stdlib only (login node).
 
 from __future__ import annotations
 
+import importlib
 import shutil
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING
 from hpcdl.errors import HpcdlError
 from hpcdl.launch.snapshot import (
     SCRIPT_DIR,
+    find_top_level,
     freeze_script_files,
     frozen_modules,
     script_source,
@@ -95,22 +99,54 @@ def refreeze(base: JobDir, configs: Sequence[Config]) -> FreshCode | None:
         return None
     commands = unfrozen_commands(code, configs)
     workdirs = [c.workdir for c in configs if c.script is not None and c.script.command]
+    refuse_lost_modules(code)
     before = frozen_modules(code)
     aside = base.code_aside()
     code.rename(aside)
     fresh = FreshCode(code, aside)
     try:
-        snapshot_code(code, custom_targets(*configs))
+        with found_where_frozen(before):  # no PYTHONPATH needed for them
+            snapshot_code(code, custom_targets(*configs))
         for command, workdir in zip(commands, workdirs, strict=True):
             freeze_script_files(code, command, workdir)  # a relative path: the workdir's
-        lost = [name for name in before if name not in frozen_modules(code)]
+        now = frozen_modules(code)
+        lost = [name for name in before if name not in now]
         if lost:
-            raise HpcdlError(
-                f"--fresh-code: {lost[0]} (frozen from {before[lost[0]]}) is not importable "
-                "here now, so it cannot be frozen anew; put its folder on PYTHONPATH, or "
-                f"resume without --fresh-code to run the copy in {code}"
-            )
+            raise lost_module(lost[0], before[lost[0]], code)
     except BaseException:
         fresh.undo()
         raise
     return fresh
+
+
+def refuse_lost_modules(code: Path) -> None:
+    """The user's modules frozen in `code` must be found again: where they were frozen
+    from, or on PYTHONPATH (moved)."""
+    for name, source in frozen_modules(code).items():
+        if not Path(source).exists() and find_top_level(name) is None:
+            raise lost_module(name, source, code)
+
+
+def lost_module(name: str, source: str, code: Path) -> HpcdlError:
+    return HpcdlError(
+        f"--fresh-code: {name} is neither at {source}, where it was frozen from, nor "
+        "importable here; put it back there (or its folder on PYTHONPATH), or go on without "
+        f"--fresh-code to run the copy in {code}"
+    )
+
+
+@contextmanager
+def found_where_frozen(modules: dict[str, str]) -> Iterator[None]:
+    """sys.path with the folders the modules were frozen from first (those still there), so
+    that they are frozen anew from the same place without PYTHONPATH being set again."""
+    folders = list(
+        dict.fromkeys(str(Path(src).parent) for src in modules.values() if Path(src).exists())
+    )
+    saved = list(sys.path)
+    sys.path[:0] = folders
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+        importlib.invalidate_caches()

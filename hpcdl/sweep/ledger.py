@@ -81,11 +81,15 @@ class Ledger:
 
 
 def record_refreeze(ledger: Ledger, aside: Path) -> None:
-    """The sweep's code frozen anew, its old copy now `aside`: the trials that had started
-    ran (some of) their training on it."""
+    """The sweep's code frozen anew, its old copy now `aside`: the trials that have trained
+    on it (a checkpoint or a summary to show for it; one that failed before its first
+    checkpoint has nothing the new code goes on from)."""
     from hpcdl.rundir import RunDir
 
-    started = [t.index for t in ledger.trials if RunDir(Path(t.run_dir)).has_started()]
+    def trained(run_dir: RunDir) -> bool:
+        return run_dir.newest_checkpoint() is not None or run_dir.summary_file.is_file()
+
+    started = [t.index for t in ledger.trials if trained(RunDir(Path(t.run_dir)))]
     ledger.refrozen.append(
         {
             "time": dt.datetime.now().isoformat(timespec="seconds"),

@@ -352,17 +352,30 @@ def _image_batches(
         std=data.std,
         channels=data.channels,
     )
-    shape, trained = tuple(dataset[0][0].shape), tuple(int(s) for s in info["input_shape"])
-    if shape != trained:
-        resized = f"data.image_size={data.image_size}, data.crop_size={data.crop_size}"
-        raise DataError(
-            f"--input {input_path!r}: {root / files[0]} reads as {shape} ([C, H, W], with the "
-            f"run's {resized}), the model was trained on {trained}; bring the images to "
-            f"{trained[-1]}x{trained[-2]} pixels first (a run trained with data.image_size "
-            "and data.crop_size resizes them itself)"
-        )
+    _check_image_sizes(dataset, tuple(int(s) for s in info["input_shape"]), input_path)
     loader = torch.utils.data.DataLoader(dataset, batch_size=EVAL_BATCH_SIZE)
     return ((x, None) for x, _ in loader), files
+
+
+def _check_image_sizes(dataset: Any, trained: tuple[int, ...], input_path: str) -> None:
+    """--input images the model cannot take, named before any is predicted (from their
+    headers): another size than training's where the run does not crop, or smaller than
+    its crop. The run's data.image_size and data.crop_size are fixed by training."""
+    width, height = trained[-1], trained[-2]
+    crop = dataset.crop_size
+    resized = "" if dataset.image_size is None else f" after data.image_size={dataset.image_size}"
+    for relative, _ in dataset.samples:
+        w, h = dataset._read_size(relative)
+        if crop is None and (w, h) != (width, height):
+            need = f"the model was trained on {width}x{height}; bring the images to that size"
+        elif crop is not None and min(w, h) < crop:
+            need = f"the run crops {crop}x{crop} (data.crop_size); give images at least that big"
+        else:
+            continue
+        raise DataError(
+            f"--input {input_path!r}: {dataset.root / relative} is {w}x{h} pixels{resized}; "
+            f"{need} first"
+        )
 
 
 def _split_files(feed: Feed, split: str, data_path: Path) -> Optional[list[str]]:

@@ -212,6 +212,11 @@ def test_predict_decides_a_csvs_first_row_by_the_training_names(hpcdl, tmp_path:
     assert [line.split(",") for line in ided.stdout.splitlines()] == [
         [r[0], "id" if n == 0 else str(n - 1), *r[1:]] for n, r in enumerate(own_rows)
     ]
+    folder = hpcdl("predict", "run", "--input", "run")  # was "unknown file type ''"
+    assert folder.returncode == 2 and folder.stderr == (
+        "error: --input 'run': a folder; a folder of images is predicted by data=imagefolder "
+        "runs, this one takes rows: a .csv, .npy or .npz file\n"
+    ), folder.stderr
     wrong = hpcdl("predict", "run", "--input", "plain.csv", "--id-column", "id")
     assert wrong.returncode == 2 and wrong.stderr == (
         "error: --id-column id: not a column of 'plain.csv' (it has no header row)\n"

@@ -253,7 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
         "task=custom runs: task.predict=package.module:function",
     )
     source = predict.add_mutually_exclusive_group(required=True)
-    source.add_argument("--input", help="rows as .csv, .npy or .npz")
+    source.add_argument(
+        "--input",
+        help="rows as .csv, .npy or .npz; for a data=imagefolder run, a folder of images or one",
+    )
     source.add_argument(
         "--split", choices=SPLITS, help="every sample of a split of the data (all: every one)"
     )

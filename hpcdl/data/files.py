@@ -564,6 +564,11 @@ def load_feature_rows(
     them); a CSV with a header then gives its columns by name, others in training order."""
     file = Path(path).expanduser()
     suffix = file.suffix.lower()
+    if file.is_dir():
+        raise DataError(
+            f"--input {path!r}: a folder; a folder of images is predicted by data=imagefolder "
+            "runs, this one takes rows: a .csv, .npy or .npz file"
+        )
     if suffix not in SUFFIXES:
         raise DataError(f"--input {path!r}: unknown file type {suffix!r}; use .csv, .npy or .npz")
     if not file.is_file():

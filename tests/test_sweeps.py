@@ -764,6 +764,7 @@ def test_a_sweep_ranked_by_an_error_metric_puts_the_smallest_first(
     assert (sweep / "summary.md").read_text().startswith(header + "\n\n| rank |")
     csv_rows = (sweep / "summary.csv").read_text().splitlines()[1:]
     assert [row.split(",")[1] for row in csv_rows] == _ranked(out)
+    assert all(row.split(",")[3] == "" for row in csv_rows)  # one trial each: no std ("nan")
     # r2, the same task's other metric, is higher-better.
     assert main(["sweep", "summary", str(sweep), "--metric", "val_r2"]) == 0
     assert _ranked(capsys.readouterr().out) == ["optim.lr=0.01", "optim.lr=0.1", "optim.lr=0.001"]

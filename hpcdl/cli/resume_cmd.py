@@ -107,13 +107,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
         run_dir.record_command("resume")
         # A sweep trial's first attempt goes through resume too: it starts.
         verb = "resuming" if run_dir.has_started() else "starting"
-        print(f"{verb} run dir: {run_dir.path}", flush=True)
         fresh = None
         try:
-            if fresh_code:
+            if fresh_code:  # refused (a trial of its sweep running): before the line below
                 from hpcdl.cli.fresh import refreeze_for_resume
 
                 fresh = refreeze_for_resume(run_dir, cfg)
+            print(f"{verb} run dir: {run_dir.path}", flush=True)
             code = launch(cfg, run_dir)
             if fresh is not None:
                 from hpcdl.cli.fresh import record_trial_refreeze

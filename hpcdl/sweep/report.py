@@ -463,9 +463,8 @@ def write_summary(ledger: Ledger, metric: str, direction: Direction) -> tuple[st
     writer = csv.writer(buffer)
     writer.writerow(["rank", "overrides", f"{metric}_mean", f"{metric}_std", "n", "trials"])
     for rank, e in enumerate(entries, 1):
-        writer.writerow(
-            [rank, e["overrides"], e["mean"], e["std"], e["n"], " ".join(map(str, e["trials"]))]
-        )
+        mean, std = ("" if math.isnan(v) else v for v in (e["mean"], e["std"]))  # no value
+        writer.writerow([rank, e["overrides"], mean, std, e["n"], " ".join(map(str, e["trials"]))])
     write_atomic(table_csv, buffer.getvalue())
     plots = plot_metric_per_key(ledger, metric, direction, sweep_dir.summary_plot(metric))
     return text, [markdown, table_csv, *plots]

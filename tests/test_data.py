@@ -1037,6 +1037,26 @@ def test_a_labels_file_beside_a_file_with_its_own_labels_is_refused(tmp_path, na
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "labels"), [("d.npz", "its y array"), ("d.npy", "data.labels_path")]
+)
+def test_a_label_column_for_an_array_file_is_refused(tmp_path, name, labels) -> None:
+    # Before: ignored without a word (an array file has no columns).
+    from hpcdl.config.validate import check_data
+
+    (tmp_path / name).write_text("")
+    np.save(tmp_path / "y.npy", np.zeros(4))
+    extra = {"labels_path": str(tmp_path / "y.npy")} if name.endswith(".npy") else {}
+    cfg = files_cfg(tmp_path / name, label_column="price", **extra)
+    with pytest.raises(ConfigError) as info:
+        check_data(cfg)
+    assert str(info.value) == (
+        f"data.label_column='price': names a .csv's label column; data.path="
+        f"'{tmp_path / name}' is an array file (labels from {labels}): remove it"
+    )
+    check_data(files_cfg(tmp_path / name, **extra))  # the default "label": nothing said
+
+
 def test_images_stored_channels_last_are_pointed_out(tmp_path) -> None:
     # Before: (16, 16, 3) samples trained as 16 channels of 16x3 pixels, without a word.
     import warnings

@@ -152,6 +152,13 @@ def check_data(data: schema.DataCommon) -> None:
             f"data.labels_path={labels!r}: only a .npy of features takes a labels file; "
             f"data.path={path!r} brings its own labels ({own}): remove data.labels_path"
         )
+    label_column = getattr(data, "label_column", "label")
+    if suffix in (".npy", ".npz") and label_column != "label":  # a CSV's key: ignored
+        labels_from = "its y array" if suffix == ".npz" else "data.labels_path"
+        raise ConfigError(
+            f"data.label_column={label_column!r}: names a .csv's label column; "
+            f"data.path={path!r} is an array file (labels from {labels_from}): remove it"
+        )
 
 
 def _check_dataset_source(data: schema.CustomDataConfig | schema.ImageFolderConfig) -> None:

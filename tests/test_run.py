@@ -170,6 +170,7 @@ def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl
         (["--", "python", "-u"], "python -u: no script to run; give it after the interpreter"),
         (["--", "./notexec.sh"], "./notexec.sh: not executable"),
         (["--", "no-such-program-xyz"], "no-such-program-xyz: command not found on PATH"),
+        (["--", "pyhton", "t.py"], "pyhton: command not found on PATH; did you mean python?"),
         (["entry=nosuchpkg_xyz.train:main"], "entry='nosuchpkg_xyz.train:main': module"),
         (["entry=no_colon"], "entry='no_colon': expected 'package.module:factory'"),
         (["launcher=mpirun", "--", "python", "ok.py"], "launcher='mpirun': unknown"),

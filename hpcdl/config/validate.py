@@ -280,7 +280,12 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
             )
         return
     if shutil.which(program) is None:
-        raise ConfigError(f"{program}: command not found on PATH; give its full path")
+        import difflib
+
+        usual = ("python", "python3", "torchrun", "bash", "sh", "apptainer", "singularity")
+        close = difflib.get_close_matches(program, [p for p in usual if shutil.which(p)], n=1)
+        hint = f"did you mean {close[0]}?" if close else "give its full path"
+        raise ConfigError(f"{program}: command not found on PATH; {hint}")
 
 
 def _module_not_found(module: str, base: Path) -> str:

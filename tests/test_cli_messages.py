@@ -89,6 +89,11 @@ def test_a_bad_group_choice_as_the_user_meets_it(hpcdl, tmp_path: Path) -> None:
             "hpcdl run [overrides] -- COMMAND ... (hpcdl run --help)",
         ),
         (["--verbose", "train"], "hpcdl: unknown option --verbose (hpcdl --help)"),
+        (  # was argparse's "the following arguments are required: --failed"
+            ["sweep", "rerun", "sw", "--faild"],
+            "hpcdl sweep rerun: unknown option --faild; did you mean --failed? "
+            "(hpcdl sweep rerun --help)",
+        ),
     ],
 )
 def test_an_unknown_option_is_one_line_naming_the_command(

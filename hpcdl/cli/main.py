@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep_rerun = sweep_sub.add_parser("rerun", help="resubmit failed/cancelled/timed-out trials")
     sweep_rerun.add_argument("sweep_dir")
-    sweep_rerun.add_argument("--failed", action="store_true", required=True)
+    # Checked in cmd_sweep, so that a typo of it (--faild) is named as an unknown option.
+    sweep_rerun.add_argument("--failed", action="store_true", help="required: rerun these")
     sweep_rerun.add_argument(
         "--dry-run", action="store_true", help="name the trials and print the sbatch script only"
     )
@@ -562,6 +563,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     sweep_dir = Path(args.sweep_dir).expanduser().resolve()
     if args.sweep_command == "rerun":
+        if not args.failed:
+            raise HpcdlError(
+                f"hpcdl sweep rerun {args.sweep_dir}: give --failed (it reruns the trials in a "
+                "failed state: FAILED, CANCELLED, TIMEOUT, ...)"
+            )
         return rerun_failed(sweep_dir, dry_run=args.dry_run, fresh_code=args.fresh_code)[1]
     ledger, metric, silent = refresh_states(sweep_dir, getattr(args, "metric", None))
     if silent is not None:

@@ -436,8 +436,13 @@ def test_plain_sbatch_template_runs_the_same_payload(devcluster, tmp_path) -> No
     assert (run_dir / "logs" / f"{sbatch.stdout.strip()}_0_log.out").exists()
 
 
+# LONG's whole job took 7 s once (0.5 s an epoch), and ended before the cancel reached it:
+# ten times the samples keep it running for the cancel, at 40-60 s for the rerun below.
+CANCELLED_RUN = [o.replace("num_samples=4000", "num_samples=40000") for o in LONG]
+
+
 def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
-    job_id, run_dir, _ = submit(tmp_path, *LONG)
+    job_id, run_dir, _ = submit(tmp_path, *CANCELLED_RUN)
     wait_for_checkpoint(run_dir)
     busy = run_hpcdl("resume", str(run_dir), cwd=tmp_path)  # one run dir, one job at a time
     assert busy.returncode == 2 and f"its job {job_id} is still RUNNING" in busy.stderr
@@ -468,7 +473,7 @@ def test_cancel_stops_a_running_job(devcluster, tmp_path) -> None:
     )
     assert local.returncode == 0, local.stderr + local.stdout
     assert "resumed from" in local.stdout
-    assert summary(run_dir)["weights_sha256"] == reference_sha(tmp_path, *LONG)
+    assert summary(run_dir)["weights_sha256"] == reference_sha(tmp_path, *CANCELLED_RUN)
 
 
 def test_a_job_submitted_from_inside_a_job_gets_its_own_geometry(devcluster, tmp_path) -> None:

@@ -31,7 +31,9 @@ def frozen_run(tmp_path: Path, *extra: str) -> Path:
     return tmp_path / "r"
 
 
-def test_refreeze_takes_the_edit_and_keeps_the_old_copy(tmp_path: Path, monkeypatch) -> None:
+def test_refreeze_takes_the_edit_and_keeps_the_old_copy(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     from hpcdl.launch.fresh_code import refreeze
     from hpcdl.launch.snapshot import changed_since_frozen
     from hpcdl.rundir import RunDir, open_run_dir
@@ -50,6 +52,13 @@ def test_refreeze_takes_the_edit_and_keeps_the_old_copy(tmp_path: Path, monkeypa
         f"--fresh-code: {run / 'code'} frozen anew from your code as it is now (the copy its "
         f"jobs ran until now is kept in {run / 'code.1'})"
     )
+    assert refreeze(run_dir, [cfg]) is None  # nothing changed since: no code.2, said
+    assert capsys.readouterr().out.endswith(
+        f"--fresh-code: your code is the same as the copy in {run / 'code'} (hpcdl and your "
+        "modules); nothing frozen anew\n"
+    )
+    assert not (run / "code.2").exists()
+    (tmp_path / "fresh_net.py").write_text(NET + "# fixed again\n")
     second = refreeze(run_dir, [cfg])  # a later one: code.2, code.1 left as it is
     assert second is not None and second.aside == run / "code.2"
     second.undo()  # a submission refused after it: the copy before it is back
@@ -154,6 +163,12 @@ def test_resume_dry_run_fresh_code_says_what_it_would_freeze(tmp_path: Path) -> 
     ) in out.stdout
     assert not (run / "code.1").exists()  # a dry run moves nothing
     assert (run / "code" / "fresh_net.py").read_text() == NET
+    (tmp_path / "fresh_net.py").write_text(NET)  # the edit undone: the same code again
+    same = run_hpcdl(*resume, "--fresh-code", cwd=tmp_path, env=env)
+    assert same.returncode == 0 and same.stderr == "", same.stderr
+    assert (
+        f"# code: your code is the same as the copy in {run / 'code'}; nothing frozen anew\n"
+    ) in same.stdout
 
 
 def test_fresh_code_on_a_local_run_says_there_is_nothing_to_freeze(tmp_path: Path) -> None:

@@ -99,15 +99,19 @@ def dry_run_line(run_dir: RunDir, cfg: Config) -> str:
 
 
 def dry_line(base: JobDir, configs: list[Config]) -> str:
-    from hpcdl.launch.fresh_code import refuse_lost_modules, unfrozen_commands
+    from hpcdl.launch.fresh_code import hpcdl_changed, refuse_lost_modules, unfrozen_commands
     from hpcdl.launch.snapshot import changed_since_frozen
 
     code = base.code_dir
     unfrozen_commands(code, configs)  # refused as the real one would be
     refuse_lost_modules(code)
-    changed = changed_since_frozen(code)
-    edits = f"; changed since: {', '.join(changed)}" if changed else "; nothing changed since"
-    return f"# code: frozen anew into {code}, the old copy moved to {base.code_aside()}{edits}"
+    changed = [*changed_since_frozen(code), *(["hpcdl"] if hpcdl_changed(code) else [])]
+    if not changed:
+        return f"# code: your code is the same as the copy in {code}; nothing frozen anew"
+    return (
+        f"# code: frozen anew into {code}, the old copy moved to {base.code_aside()}; "
+        f"changed since: {', '.join(changed)}"
+    )
 
 
 def fresh_sweep_code(ledger: Ledger) -> bool:

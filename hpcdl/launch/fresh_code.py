@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from hpcdl.errors import HpcdlError
 from hpcdl.launch.snapshot import (
+    REVISION_FILE,
     SCRIPT_DIR,
     find_top_level,
     freeze_script_files,
@@ -91,7 +92,8 @@ def unfrozen_commands(code: Path, configs: Sequence[Config]) -> list[list[str]]:
 
 def refreeze(base: JobDir, configs: Sequence[Config]) -> FreshCode | None:
     """Freeze `base`'s code anew for `configs` (a run's, or every trial's of a sweep); the
-    old copy moves to code.N. None: nothing was frozen yet (the submission freezes it)."""
+    old copy moves to code.N. None: nothing was frozen yet (the submission freezes it), or
+    the code frozen anew is the same as the copy (kept, no code.N, and said)."""
     from hpcdl.launch.slurm import custom_targets
 
     code = base.code_dir
@@ -116,7 +118,35 @@ def refreeze(base: JobDir, configs: Sequence[Config]) -> FreshCode | None:
     except BaseException:
         fresh.undo()
         raise
+    if code_files(code) == code_files(aside):
+        fresh.undo()
+        print(
+            f"--fresh-code: your code is the same as the copy in {code} (hpcdl and your "
+            "modules); nothing frozen anew",
+            flush=True,
+        )
+        return None
     return fresh
+
+
+def hpcdl_changed(code: Path) -> bool:
+    """Whether the hpcdl installed here differs from the copy frozen in `code`."""
+    import hpcdl
+
+    return code_files(Path(hpcdl.__file__).resolve().parent) != code_files(code / "hpcdl")
+
+
+def code_files(code: Path) -> dict[str, bytes]:
+    """A frozen copy's files by relative path, but its REVISION (a commit that changed no
+    file is the same code)."""
+    return {
+        str(path.relative_to(code)): path.read_bytes()
+        for path in sorted(code.rglob("*"))
+        if path.is_file()
+        and path.name != REVISION_FILE
+        and "__pycache__" not in path.parts
+        and path.suffix != ".pyc"
+    }
 
 
 def refuse_lost_modules(code: Path) -> None:

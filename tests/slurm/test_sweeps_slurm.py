@@ -404,16 +404,23 @@ def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) 
     assert refused.returncode == 2 and "Invalid partition" in refused.stderr, refused.stderr
     assert f"--fresh-code: {sweep / 'code'} is the copy its jobs ran again\n" in refused.stdout
     assert not (sweep / "code.2").exists()
-    # The rerun of the other one, with --fresh-code: frozen anew again (nothing changed).
+    # Nothing changed since: nothing frozen anew, no code.2.
+    same = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", "--fresh-code",
+                     cwd=tmp_path, env=env)  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    assert f"your code is the same as the copy in {sweep / 'code'}; nothing" in same.stdout
+    # The rerun of the other one after another edit, with --fresh-code: frozen anew again.
+    with (tmp_path / "fresh_net.py").open("a") as f:
+        f.write("# a second edit\n")
     dry = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", "--fresh-code",
                     cwd=tmp_path, env=env)  # fmt: skip
     assert dry.returncode == 0, dry.stderr
-    assert f"the old copy moved to {sweep / 'code.2'}; nothing changed since" in dry.stdout
+    assert f"the old copy moved to {sweep / 'code.2'}; changed since: fresh_net" in dry.stdout
     rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--fresh-code", cwd=tmp_path,
                       env=env)  # fmt: skip
     assert rerun.returncode == 0 and "rerunning trials [2]" in rerun.stdout, rerun.stderr
     wait_until(lambda: "3 trials: 3 COMPLETED" in sweep_status(sweep), 240, "trial 2 rerun")
-    assert (sweep / "code.2" / "fresh_net.py").read_text() == (
+    assert (sweep / "code.2" / "fresh_net.py").read_text() + "# a second edit\n" == (
         sweep / "code" / "fresh_net.py"
     ).read_text()
     assert ledger(sweep)["trials"][0]["job_id"] == jobs[0]  # the finished trial left alone

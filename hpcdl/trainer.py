@@ -815,6 +815,16 @@ class Trainer:
         except RuntimeError as exc:  # torch lists every mismatch, one line each
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
             first = lines[1] if len(lines) > 1 else str(exc)  # after "Error(s) in loading ..."
+            if (state.get("model_config"), state.get("data_config")) == (
+                p.model_config,
+                p.data_config,
+            ):  # the same config built another model: its code changed (--fresh-code)
+                raise CheckpointError(
+                    f"{path} does not fit this run's model ({first}), built from the config "
+                    "it was saved with: your model's or data's code changed since; resume "
+                    "with the code it was saved by (a --fresh-code run keeps it in RUN_DIR/code.N), or start "
+                    "a new run"
+                ) from None
             saved = saved_with(state.get("model_config") or {}, p.model_config, "model")
             raise CheckpointError(
                 f"{path} does not fit this run's model ({first}); resume "

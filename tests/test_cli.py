@@ -734,3 +734,28 @@ def test_a_typo_in_a_profile_of_ones_own_names_the_file(hpcdl, tmp_path: Path) -
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(expected), (args, out.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["myconf"]
+
+
+def test_a_model_whose_code_changed_shape_is_named_as_a_code_change(
+    hpcdl, tmp_path: Path
+) -> None:
+    """The same config building another model (the user's module edited, e.g. taken up by
+    --fresh-code): the refusal names the code, not a config to resume with or an init_from
+    that needs the same shapes too."""
+    net = "from torch import nn\ndef build(input_shape, num_classes):\n    return {}\n"
+    (tmp_path / "edited_net.py").write_text(net.format("nn.Linear(input_shape[0], num_classes)"))
+    env = {"PYTHONPATH": str(tmp_path)}
+    train = ["run_dir=run", "model=custom", "model.target=edited_net:build"]
+    out = hpcdl("train", *train, "trainer.max_epochs=1", env=env)
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "edited_net.py").write_text(net.format(
+        "nn.Sequential(nn.Linear(input_shape[0], 8), nn.Linear(8, num_classes))"))  # fmt: skip
+    out = hpcdl("resume", "run", "trainer.max_epochs=2", env=env)
+    assert out.returncode == 2
+    error = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1, out.stderr
+    assert (
+        "built from the config it was saved with: your model's or data's code changed "
+        "since; resume with the code it was saved by" in error[0]
+    ), error
+    assert "init_from" not in error[0]

@@ -13,6 +13,7 @@ from hpcdl.cli.compose import compose_config
 from hpcdl.cli.main import main
 from hpcdl.config.schema import ScriptConfig
 from hpcdl.launch.foreground import record_end, record_start
+from hpcdl.launch.slurm_state import ENDED_UNFINISHED
 from hpcdl.rundir import RunDir, create_run_dir
 
 
@@ -33,9 +34,13 @@ def scheduler(monkeypatch, state: str) -> list[str]:
 
 
 def status_lines(run: RunDir, capsys) -> dict[str, str]:
-    assert main(["status", str(run.path)]) == 0
+    """`hpcdl status RUN_DIR`'s lines, its exit status checked: 1 for a run that ended
+    without completing (a script polling it), else 0."""
+    code = main(["status", str(run.path)])
     lines = capsys.readouterr().out.splitlines()
-    return {k.strip(): v.strip() for k, _, v in (line.partition(": ") for line in lines)}
+    report = {k.strip(): v.strip() for k, _, v in (line.partition(": ") for line in lines)}
+    assert code == (1 if report["state"] in ENDED_UNFINISHED else 0), report
+    return report
 
 
 def local_run(run: RunDir, job_id: str, exit_code: int | None, num_ranks: int = 2) -> None:
@@ -389,7 +394,7 @@ def test_a_local_run_records_its_attempt_for_status_and_logs(hpcdl, tmp_path) ->
         ("end", "local", "interrupted"),
     ]
     status = hpcdl("status", "run")
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == 1, status.stderr  # ended without completing
     assert "state: INTERRUPTED" in status.stdout and "last_end: interrupted" in status.stdout
     logs = hpcdl("logs", "run", "--rank", "1")
     assert logs.returncode == 0 and "submitit INFO" in logs.stdout
@@ -591,7 +596,7 @@ def test_an_array_by_its_own_id_is_headlined_as_a_whole(monkeypatch, capsys) -> 
         "sacct": "52_0|FAILED|00:00:05|1:0|n1\n52_1|COMPLETED|00:00:09|0:0|n2\n",
     }
     monkeypatch.setattr(slurm_state, "query", lambda cmd: answers[cmd[0]])
-    assert main(["status", "52"]) == 0
+    assert main(["status", "52"]) == 1  # a task failed: the array failed
     out = capsys.readouterr().out
     assert "job_id: 52\n" in out and "state: FAILED\n" in out, out
     assert "array_tasks: 52_0 FAILED, 52_1 COMPLETED" in out
@@ -824,7 +829,7 @@ def test_an_array_task_cancelled_before_it_ran_is_cancelled_not_unknown(
         return array if cmd[cmd.index("-j") + 1] == "38" else ""
 
     monkeypatch.setattr(slurm_state, "query", query)
-    assert main(["status", "38_1"]) == 0
+    assert main(["status", "38_1"]) == 1
     out = capsys.readouterr().out
     assert "job_id: 38_1\n" in out and "state: CANCELLED\n" in out, out
     assert "source: sacct (the array's record 38_[1-2%1]: it never ran)" in out

@@ -19,6 +19,7 @@ from hpcdl.cli.compose import compose_config
 from hpcdl.cli.expand import plan_sweep
 from hpcdl.cli.main import main
 from hpcdl.launch.foreground import SWEEP_VAR, record_end, record_start
+from hpcdl.launch.slurm_state import ENDED_UNFINISHED
 from hpcdl.rundir import RunDir, create_run_dir
 
 
@@ -85,9 +86,12 @@ def killed(run_dir: RunDir) -> Any:
 
 
 def status_lines(ref: str, capsys) -> dict[str, str]:
-    assert main(["status", ref]) == 0
+    """`hpcdl status`'s lines; exit status 1 for a run that ended without completing."""
+    code = main(["status", ref])
     lines = capsys.readouterr().out.splitlines()
-    return {k.strip(): v.strip() for k, _, v in (line.partition(": ") for line in lines)}
+    report = {k.strip(): v.strip() for k, _, v in (line.partition(": ") for line in lines)}
+    assert code == (1 if report["state"] in ENDED_UNFINISHED else 0), report
+    return report
 
 
 @pytest.mark.parametrize(

@@ -576,7 +576,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"warning: {unanswered(silent, 'the trial states shown are the last ones seen')}",
               file=sys.stderr)  # fmt: skip
     if args.sweep_command == "status":
-        from hpcdl.sweep.ledger import ENDED_UNFINISHED
+        from hpcdl.launch.slurm_state import ENDED_UNFINISHED
 
         print(status_table(ledger, metric), end="")
         # A script polling the sweep: 1 once a trial has ended without completing, or when

@@ -25,6 +25,7 @@ from hpcdl.launch.foreground import FOREGROUND_LAUNCHERS
 from hpcdl.launch.logtail import copy_new
 from hpcdl.launch.slurm_state import (
     ARRAY_RECORD,
+    ENDED_UNFINISHED,
     NO_ACCOUNTING,
     NO_SLURM,
     NOT_IN_ACCOUNTING,
@@ -496,8 +497,8 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
         if report.get("source") in (SQUEUE_FAILED, NO_SLURM):
             print(f"warning: {unanswered(report['source'])}", file=sys.stderr, flush=True)
             return EXIT_FAILED  # the state is not known: a script must not read it as RUNNING
-        if watch_s is None or not is_active(report["state"]):
-            return EXIT_OK
+        if watch_s is None or not is_active(report["state"]):  # a script polling the run:
+            return EXIT_FAILED if report["state"] in ENDED_UNFINISHED else EXIT_OK  # 1: failed
         time.sleep(max(watch_s, MIN_REFRESH_S))
         print()
 

@@ -31,6 +31,21 @@ ACTIVE_STATES = (
 )
 
 
+# Ended without completing: `hpcdl status` and `hpcdl sweep status` exit 1 (what `sweep
+# rerun --failed` reruns, but UNKNOWN and NOT_STARTED: nothing says those failed).
+ENDED_UNFINISHED = (
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "INTERRUPTED",
+)
+
+
 def is_active(state: str) -> bool:
     return state in ACTIVE_STATES
 

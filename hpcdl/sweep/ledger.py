@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from hpcdl.atomic import write_json_atomic
 from hpcdl.errors import HpcdlError
+from hpcdl.launch.slurm_state import ENDED_UNFINISHED
 from hpcdl.rundir import SweepDir
 
 # Trial states. Slurm's own states pass through (PENDING, RUNNING, TIMEOUT, ...); these are
@@ -24,23 +25,9 @@ CANCELLED = "CANCELLED"
 COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 NOT_STARTED = "NOT_STARTED"
-RERUNNABLE = (
-    "FAILED",
-    CANCELLED,
-    "TIMEOUT",
-    "OUT_OF_MEMORY",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "INTERRUPTED",
-    "UNKNOWN",
-    NOT_STARTED,
-)
-# Trials that ended without completing: `hpcdl sweep status` exits with EXIT_FAILED while
-# one is left. Not UNKNOWN or NOT_STARTED: nothing says those failed (a local sweep's
-# trials wait as NOT_STARTED for a free core).
-ENDED_UNFINISHED = tuple(s for s in RERUNNABLE if s not in ("UNKNOWN", NOT_STARTED))
+# What `sweep rerun --failed` reruns: the trials that ended without completing, and those
+# whose state nothing tells (a local sweep's trials wait as NOT_STARTED for a free core).
+RERUNNABLE = (*ENDED_UNFINISHED, "UNKNOWN", NOT_STARTED)
 
 
 @dataclass

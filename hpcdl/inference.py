@@ -254,6 +254,13 @@ class Predictions:
     def as_dicts(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
+    def add_column(self, name: str, values: Sequence[Any], what: str) -> None:
+        """`name` after `row`, one value per row (`what`: the values, for the error)."""
+        if len(values) != len(self.rows):
+            raise DataError(f"{what}: {len(values)} values for {len(self.rows)} rows read")
+        self.columns.insert(1, name)
+        self.rows = [[row[0], v, *row[1:]] for v, row in zip(values, self.rows, strict=True)]
+
     def csv_rows(self) -> Iterator[list[Any]]:
         formats = [self.text.get(name) for name in self.columns]
         for row in self.rows:
@@ -306,15 +313,9 @@ def predictions(
     if feed is not None and isinstance(cfg.data, ImageFolderConfig):
         files = _split_files(feed, split or "test", Path(cfg.data.path).expanduser())
     if files is not None:  # `path`: which image each row is
-        table.columns.insert(1, "path")
-        table.rows = [[row[0], f, *row[1:]] for f, row in zip(files, table.rows, strict=True)]
+        table.add_column("path", files, f"{source}'s image paths")
     if ids is not None and id_column is not None:  # --id-column: the rows' own IDs
-        if len(ids) != len(table.rows):
-            raise DataError(
-                f"--id-column {id_column}: {len(ids)} cells for {len(table.rows)} rows read"
-            )
-        table.columns.insert(1, id_column)
-        table.rows = [[row[0], i, *row[1:]] for i, row in zip(ids, table.rows, strict=True)]
+        table.add_column(id_column, ids, f"--id-column {id_column}")
     return table
 
 
@@ -365,7 +366,7 @@ def _check_image_sizes(dataset: Any, trained: tuple[int, ...], input_path: str) 
     crop = dataset.crop_size
     resized = "" if dataset.image_size is None else f" after data.image_size={dataset.image_size}"
     for relative, _ in dataset.samples:
-        w, h = dataset._read_size(relative)
+        w, h = dataset.image_size_of(relative)
         if crop is None and (w, h) != (width, height):
             need = f"the model was trained on {width}x{height}; bring the images to that size"
         elif crop is not None and min(w, h) < crop:

@@ -92,10 +92,10 @@ def record_trial_refreeze(run_dir: RunDir, fresh: FreshCode) -> None:
 def dry_run_line(run_dir: RunDir, cfg: Config) -> str:
     """`resume --dry-run --fresh-code`: what would be frozen anew (the checks of the real
     one, nothing moved)."""
-    code = run_dir.job_base().code_dir
-    if not code.is_dir():
-        return f"# code: frozen at this submission into {code}"
-    return dry_line(run_dir.job_base(), code_configs(run_dir, cfg))
+    base = run_dir.job_base()
+    if not base.code_dir.is_dir():
+        return f"# code: frozen at this submission into {base.code_dir}"
+    return dry_line(base, code_configs(run_dir, cfg))
 
 
 def dry_line(base: JobDir, configs: list[Config]) -> str:

@@ -194,7 +194,7 @@ class ImageFolderDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tens
         """Samples of different sizes cannot be batched: refuse them here, naming the file."""
         first = self.samples[0][0]
         if self._first_size is None:
-            self._first_size = size if relative == first else self._read_size(first)
+            self._first_size = size if relative == first else self.image_size_of(first)
         if size == self._first_size:
             return
         resized = "" if self.image_size is None else f" after data.image_size={self.image_size}"
@@ -204,7 +204,8 @@ class ImageFolderDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tens
             f"is {self._first_size[0]}x{self._first_size[1]}; {fix} to bring images to one size"
         )
 
-    def _read_size(self, relative: str) -> tuple[int, int]:
+    def image_size_of(self, relative: str) -> tuple[int, int]:
+        """A sample's (width, height) as read (after data.image_size), from its header."""
         file = self.root / relative
         try:
             with Image.open(file) as image:  # reads the header only

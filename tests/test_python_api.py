@@ -3,6 +3,7 @@ the command's errors, wait() against a scripted scheduler, a local sweep."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -314,6 +315,37 @@ def test_a_model_module_beside_the_notebook_is_found_from_a_run_made_elsewhere(
     assert len(job.predict()) == job.evaluate()["num_test_samples"] > 0
     assert job.resume(["trainer.max_epochs=2"]).wait()["epochs"] == 2  # trains in other/
     assert sys.path[0] == ""
+
+
+def test_a_package_a_script_put_on_sys_path_reaches_its_local_ranks(tmp_path: Path) -> None:
+    """`sys.path.insert(0, "src")` in a script, then submit(cluster=local, 2 ranks): the
+    check here found the package, and the ranks (started apart, without the script's
+    sys.path) could not import it: the run failed after its run dir was made."""
+    import subprocess
+    import sys
+
+    (tmp_path / "src" / "apipkg").mkdir(parents=True)
+    (tmp_path / "src" / "apipkg" / "__init__.py").write_text("")
+    (tmp_path / "src" / "apipkg" / "nets.py").write_text(
+        "from torch import nn\n\n\ndef build(input_shape, num_classes):\n"
+        "    return nn.Linear(input_shape[0], num_classes)\n"
+    )
+    (tmp_path / "train_api.py").write_text(
+        "import sys\n"
+        "sys.path.insert(0, 'src')\n"
+        "import hpcdl\n"
+        "job = hpcdl.submit(['run_dir=run', 'cluster=local', 'cluster.tasks_per_node=2',\n"
+        "                    'model=custom', 'model.target=apipkg.nets:build',\n"
+        "                    'trainer.max_epochs=1'])\n"
+        "print('epochs:', job.wait()['epochs'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [sys.executable, "train_api.py"], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "epochs: 1" in out.stdout
 
 
 def test_logs_of_a_rank_the_job_did_not_have_and_a_job_that_never_ran(

@@ -63,6 +63,20 @@ def exported(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def ranks_pythonpath(cfg: Config) -> dict[str, str]:
+    """PYTHONPATH for the ranks with the folders the config's own modules are imported from
+    here appended ({} when it has all): a script of the Python API that put its package on
+    sys.path, not on PYTHONPATH, passed the check here, and its ranks could not import it."""
+    from hpcdl.launch.slurm import custom_targets
+    from hpcdl.launch.snapshot import import_roots
+
+    path = cfg.cluster.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    entries = [e for e in path.split(os.pathsep) if e]
+    known = {str(Path(e).resolve()) for e in entries}
+    added = [str(r) for r in import_roots(custom_targets(cfg)) if str(r) not in known]
+    return {"PYTHONPATH": os.pathsep.join([*entries, *added])} if added else {}
+
+
 def local_gpus(cfg: Config, environ: Mapping[str, str]) -> Optional[str]:
     """The CUDA_VISIBLE_DEVICES of the ranks: the first cluster.gpus_per_node of the GPUs
     the launching shell (or cluster.env) shows, as indices or GPU-/MIG- UUIDs, so a run on a
@@ -109,6 +123,7 @@ def run_local(cfg: Config, run_dir: RunDir) -> int:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         **cfg.cluster.env,
+        **ranks_pythonpath(cfg),  # cluster.env's own PYTHONPATH, extended
     }
     gpus = local_gpus(cfg, os.environ)
     if gpus is not None:

@@ -158,6 +158,19 @@ def user_module_source(spec: ModuleSpec) -> Optional[Path]:
     return origin if origin.suffix == ".py" else None
 
 
+def import_roots(custom_targets: Iterable[str]) -> list[Path]:
+    """The folders the user's modules named by `custom_targets` are imported from here (a
+    sys.path entry a script added, which PYTHONPATH may not hold): ranks started apart get
+    them on their PYTHONPATH."""
+    roots = []
+    for name in sorted({t.partition(":")[0].split(".")[0] for t in custom_targets if t}):
+        spec = find_top_level(name)
+        source = None if spec is None else user_module_source(spec)
+        if source is not None:
+            roots.append(source.parent)
+    return list(dict.fromkeys(roots))
+
+
 def installed(path: Path) -> bool:
     roots = {sysconfig.get_path(key) for key in ("purelib", "platlib", "stdlib", "platstdlib")}
     resolved = [Path(r).resolve() for r in roots]

@@ -579,6 +579,10 @@ class Unreadable(Nones):
 
 def unreadable(root):
     return Unreadable(), Unreadable()
+
+
+def needs_seed(root, split_seed, scale=1.0):
+    return Nones(), Nones()
 """
 
 
@@ -612,6 +616,10 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
             "OSError: sample ",
         ),
         (["model.target=importfails:Net"], "model.target='importfails:Net': importing"),
+        (["data.kwargs.rooot=/x"], "build_datasets takes no data.kwargs.rooot; its parameters: "
+         "root, val_fraction, test_fraction, seed"),
+        (["data.target=badcode:needs_seed"], "needs_seed needs data.kwargs.split_seed; set it "
+         "(its parameters: root, split_seed, scale)"),
     ],
     ids=[
         "ragged-samples",
@@ -631,6 +639,8 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
         "predict-raises",  # was the function's traceback from the probe, exit 1
         "dataset-raises",  # was the DataLoader's traceback from the probe, exit 1
         "module-raises-at-import",  # was the import's traceback, exit 1
+        "data-kwargs-typo",  # was 'does not take data.kwargs={...}' and inspect's text
+        "data-kwargs-missing",
     ],
 )
 def test_broken_user_code_is_one_line_and_no_run_dir(hpcdl, tmp_path, cells, changes, key) -> None:

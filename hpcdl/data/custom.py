@@ -17,7 +17,7 @@ from hpcdl.config.schema import CustomDataConfig, DataCommon
 from hpcdl.data.loader import quiet_default_collate
 from hpcdl.errors import DataError, raised
 from hpcdl.samples import first_array_shape, input_target_pair
-from hpcdl.targets import resolve_callable
+from hpcdl.targets import parameter_names, refuse_kwargs_not_taken, resolve_callable
 
 SPLITS = ("train", "val", "test")
 
@@ -27,11 +27,17 @@ def build_custom_datasets(cfg: CustomDataConfig) -> dict[str, Any]:
     where = f"data.target={cfg.target!r}"
     fn = resolve_callable("data.target", cfg.target)
     try:
-        inspect.signature(fn).bind(**cfg.kwargs)
-    except TypeError as exc:
-        raise DataError(f"{where}: does not take data.kwargs={dict(cfg.kwargs)} ({exc})") from None
-    except ValueError:  # no signature to read (a builtin): let the call tell
-        pass
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call tell
+        signature = None
+    if signature is not None:
+        refuse_kwargs_not_taken("data", cfg.target, signature, cfg.kwargs)  # a typo: named
+        try:
+            signature.bind(**cfg.kwargs)
+        except TypeError as exc:  # a required parameter not given, or positional-only
+            raise DataError(
+                f"{where}: {kwargs_not_bound(fn, signature, cfg.kwargs, exc)}"
+            ) from None
     try:
         made = fn(**cfg.kwargs)
     except Exception as exc:
@@ -51,6 +57,25 @@ def build_custom_datasets(cfg: CustomDataConfig) -> dict[str, Any]:
     if len(datasets["train"]) == 0:
         raise DataError(f"{where}: the train split is empty")
     return datasets
+
+
+def kwargs_not_bound(
+    fn: Callable[..., Any], signature: inspect.Signature, kwargs: Mapping[str, Any], exc: TypeError
+) -> str:
+    """Why fn(**data.kwargs) cannot be called: the required parameters not given, named as
+    the keys to set (inspect's text otherwise)."""
+    missing = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in kwargs
+    ]
+    if not missing:
+        return f"does not take data.kwargs={dict(kwargs)} ({exc})"
+    name = getattr(fn, "__name__", "it")
+    keys = ", ".join(f"data.kwargs.{k}" for k in missing)
+    return f"{name} needs {keys}; set it (its parameters: {parameter_names(signature)})"
 
 
 def _as_splits(made: Any, where: str) -> dict[str, Any]:

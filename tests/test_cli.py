@@ -609,8 +609,9 @@ def test_resume_refuses_another_split_before_saving_it(hpcdl, tmp_path: Path) ->
     assert out.stderr.strip().splitlines() == [
         f"error: data.split_seed=3: {run}'s checkpoints were trained on the training rows of "
         "data.split_seed=0, some of which would be validation and test rows with "
-        f"data.split_seed=3; resume with data.split_seed=0, or start a new run: hpcdl train "
-        f"data.split_seed=3 (init_from={run} for its weights only)"
+        "data.split_seed=3; resume with data.split_seed=0, or start a new run: the command "
+        f"that made this one ({run / 'commands.log'}) with data.split_seed=3 (init_from={run} "
+        "for its weights only)"
     ]
     for overrides, named in [
         (["data.val_fraction=0.3", "data.fold=0"], "data.val_fraction=0.3: "),

@@ -251,8 +251,8 @@ def test_synthetic_data_keys_are_refused_and_loader_keys_are_free(
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.splitlines() == [
         f"error: data.seed=1: {run}'s checkpoints were trained on data.seed=0, another "
-        f"dataset; resume with data.seed=0, or start a new run: hpcdl train data.seed=1 "
-        f"(init_from={run} for its weights only)"
+        "dataset; resume with data.seed=0, or start a new run: the command that made this one "
+        f"({run / 'commands.log'}) with data.seed=1 (init_from={run} for its weights only)"
     ]
     for override in ("data.num_samples=300", "data.num_classes=3", "data.noise=2.0"):
         out = run_hpcdl("resume", "run", override, cwd=tmp_path)
@@ -278,7 +278,8 @@ def test_a_split_edited_in_config_yaml_is_refused_on_the_login_node(
         f"error: data.split_seed=3 in {run / 'config.yaml'}: {run}'s checkpoints were "
         "trained on the training rows of data.split_seed=0, some of which would be "
         "validation and test rows with data.split_seed=3; resume with data.split_seed=0, or "
-        f"start a new run: hpcdl train data.split_seed=3 (init_from={run} for its weights only)"
+        f"start a new run: the command that made this one ({run / 'commands.log'}) with "
+        f"data.split_seed=3 (init_from={run} for its weights only)"
     ]
     assert snapshot(run) == before
     # What the advice says trains on.
@@ -300,12 +301,16 @@ def test_custom_kwargs_and_the_label_column_are_the_dataset(tmp_path: Path) -> N
     other = replace(custom, data=replace(custom.data, kwargs={"root": "/b", "n": 3}))
     with pytest.raises(HpcdlError) as refused:
         refuse_another_split(plain_data(custom), custom, other, run_dir)
-    assert str(refused.value) == (
-        f"'data.kwargs={{root:/b,n:3}}': {tmp_path}'s checkpoints were trained on "
-        "'data.kwargs={root:/a,n:3}', another dataset; resume with "
-        "'data.kwargs={root:/a,n:3}', or start a new run: hpcdl train "
-        f"'data.kwargs={{root:/b,n:3}}' (init_from={tmp_path} for its weights only)"
+    assert str(refused.value) == (  # the keys that changed, not the whole dict three times
+        f"data.kwargs.root=/b: {tmp_path}'s checkpoints were trained on data.kwargs.root=/a, "
+        "another dataset; resume with data.kwargs.root=/a, or start a new run: the command "
+        f"that made this one ({tmp_path / 'commands.log'}) with data.kwargs.root=/b "
+        f"(init_from={tmp_path} for its weights only)"
     )
+    added = replace(custom, data=replace(custom.data, kwargs={"root": "/a", "n": 3, "seed": 1}))
+    with pytest.raises(HpcdlError, match=r"^data.kwargs.seed=1: .* trained on data.kwargs.seed "
+                       r"unset, another dataset; resume with data.kwargs.seed unset, or"):  # fmt: skip
+        refuse_another_split(plain_data(custom), custom, added, run_dir)
     loader = replace(custom, data=replace(custom.data, num_workers=0, prefetch_factor=4))
     refuse_another_split(plain_data(custom), custom, loader, run_dir)  # free to change
     files = Config(data=FilesConfig(path="a.csv", label_column="label"))

@@ -285,6 +285,8 @@ def refuse_another_split(
     def setting(data: dict[str, Any], key: str) -> str:
         if key == "name":
             return f"data={data.get(key)}"
+        if key == "kwargs" and isinstance(trained[key], dict) and isinstance(after[key], dict):
+            return kwargs_settings(data[key], trained[key], after[key])
         return shell_word(f"data.{key}={override_value(data.get(key))}")
 
     old = " ".join(setting(trained, key) for key in changed)
@@ -300,8 +302,21 @@ def refuse_another_split(
     where = f" in {run_dir.config_file}" if edited else ""
     raise HpcdlError(
         f"{new}{where}: {run_dir.path}'s checkpoints were trained {trained_on}; resume with "
-        f"{old}, or start a new run: hpcdl train {new} (init_from={run_dir.path} for its "
+        f"{old}, or start a new run: the command that made this one "
+        f"({run_dir.path / 'commands.log'}) with {new} (init_from={run_dir.path} for its "
         "weights only)"
+    )
+
+
+def kwargs_settings(data: dict[str, Any], trained: dict[str, Any], after: dict[str, Any]) -> str:
+    """The data.kwargs keys whose values differ between `trained` and `after`, as `data`
+    (one of them) has them: `data.kwargs.seed=3`, or `data.kwargs.seed unset`."""
+    keys = [k for k in {**trained, **after} if trained.get(k, ...) != after.get(k, ...)]
+    return " ".join(
+        shell_word(f"data.kwargs.{k}={override_value(data[k])}")
+        if k in data
+        else f"data.kwargs.{k} unset"
+        for k in keys
     )
 
 

@@ -72,6 +72,31 @@ def test_tasks_default_to_one_per_gpu_and_extra_parameters_win() -> None:
     assert len(rank_environment(cfg)) == 3
 
 
+def test_job_name_export_none_and_a_failing_setup_line_in_the_script(hpcdl) -> None:
+    """An HPC engineer's flags: sbatch_extra.job-name was written after hpcdl's own
+    --job-name (Slurm took hpcdl's); export=NONE left srun's ranks without the script's
+    environment (submitit's job failed on the node); a setup line that failed (a `module
+    load`) went unnoticed and the job trained on, COMPLETED. On the dev cluster:
+    tests/slurm/test_slurm.py."""
+    out = hpcdl(
+        "train", "cluster=devcluster", "+cluster.sbatch_extra.job-name=myjob",
+        "+cluster.sbatch_extra.export=NONE", "cluster.setup=[module load cuda/12.4]",
+        "--no-preflight", "--dry-run",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line for line in lines if "--job-name" in line] == ["#SBATCH --job-name=myjob"]
+    assert "#SBATCH --export=NONE" in lines
+    assert next(line for line in lines if line.startswith("srun ")).count(" --export=ALL ") == 1
+    setup = lines.index("module load cuda/12.4")
+    assert lines[setup - 2 : setup] == [
+        "set -e",
+        "trap 'echo \"error: cluster.setup: \\`$BASH_COMMAND\\` failed (exit $?); the job "
+        "stops\" >&2' ERR",
+    ]
+    assert lines[setup + 1 : setup + 3] == ["trap - ERR", "set +e"]
+
+
 @pytest.mark.parametrize(
     ("minutes", "delay", "needed"),
     [(1, 30, 3), (2, 30, 3), (3, 30, None), (3, 120, 4), (4, 120, None), (60, 120, None)],
@@ -88,6 +113,10 @@ def test_a_time_limit_too_short_to_train_in_is_warned_about(minutes, delay, need
         assert note is None
     else:
         assert note is not None and f"set cluster.timeout_min={needed} or more" in note
+        # A smaller delay only where one fits (not for a 1-minute limit: none can).
+        fits = minutes * 60 - 120
+        assert note.endswith(f", or cluster.signal_delay_s={fits} or less" if fits >= 30 else
+                             f"{needed} or more"), note  # fmt: skip
 
 
 def test_a_short_time_limit_is_one_warning_line_and_submits_nothing_else_changed(hpcdl) -> None:
@@ -101,7 +130,7 @@ def test_a_short_time_limit_is_one_warning_line_and_submits_nothing_else_changed
         "warning: cluster.timeout_min=1 with cluster.signal_delay_s=30: Slurm may send the "
         "time-limit signal up to 60 s early, so an allocation may save and stop before it "
         "trains a step (each time counts against cluster.max_requeues=3); set "
-        "cluster.timeout_min=3 or more, or a smaller cluster.signal_delay_s"
+        "cluster.timeout_min=3 or more"
     ]
     assert "#SBATCH --time=1" in out.stdout and "nothing submitted" in out.stdout
     plain = hpcdl("train", "cluster=devcluster", "run_dir=r", "--no-preflight", "--dry-run")

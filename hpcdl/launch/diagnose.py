@@ -45,6 +45,9 @@ SHELL_ERROR = re.compile(
     re.M | re.I,
 )
 
+# A cluster.setup line that failed ends the job script (hpcdl.launch.slurm.SETUP_FAILED).
+SETUP_FAILED = re.compile(r"^error: (cluster\.setup: `.*` failed \(exit \d+\)); the job stops$", re.M)
+
 
 def rank_logs(log_dir: Path, job_id: str) -> dict[int, str]:
     """Each task's log text by task number (the rank, for one-node and multi-node jobs alike:
@@ -118,6 +121,11 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
     if errors:
         return next(iter(errors.items()))
     for rank, text in logs.items():
+        setup = SETUP_FAILED.search(text)
+        if setup:  # the job script's own line (hpcdl.launch.slurm), no rank's
+            said = SHELL_ERROR.search(text[: setup.start()])
+            why = f": {clipped(said.group(0).strip(), 160)}" if said else ""
+            return None, f"{setup.group(1)}{why}"
         shell = SHELL_ERROR.search(text)
         if shell:
             return rank, clipped(shell.group(0).strip(), 200)

@@ -190,6 +190,10 @@ EARLY_SIGNAL_S = 60
 SHORT_ALLOCATION_S = 60
 
 
+# The least warning a save of a small model needs (a smaller delay is no advice to give).
+MIN_SIGNAL_DELAY_S = 30
+
+
 def short_time_limit_note(cluster: ClusterConfig) -> Optional[str]:
     """A time limit so short that the time-limit signal may come before training starts: each
     allocation then saves and requeues at once, and the requeues run out (one line, or None)."""
@@ -197,12 +201,14 @@ def short_time_limit_note(cluster: ClusterConfig) -> Optional[str]:
     if left >= SHORT_ALLOCATION_S:
         return None
     needed = -(-(cluster.signal_delay_s + EARLY_SIGNAL_S + SHORT_ALLOCATION_S) // 60)
+    delay = cluster.timeout_min * 60 - EARLY_SIGNAL_S - SHORT_ALLOCATION_S  # the most that fits
+    smaller = f", or cluster.signal_delay_s={delay} or less" if delay >= MIN_SIGNAL_DELAY_S else ""
     return (
         f"cluster.timeout_min={cluster.timeout_min} with cluster.signal_delay_s="
         f"{cluster.signal_delay_s}: Slurm may send the time-limit signal up to "
         f"{EARLY_SIGNAL_S} s early, so an allocation may save and stop before it trains a step "
         f"(each time counts against cluster.max_requeues={cluster.max_requeues}); set "
-        f"cluster.timeout_min={needed} or more, or a smaller cluster.signal_delay_s"
+        f"cluster.timeout_min={needed} or more{smaller}"
     )
 
 

@@ -67,7 +67,11 @@ def sbatch_parameters(
     extra: dict[str, Any] = {"signal": f"{signal_name(cluster)}@{cluster.signal_delay_s}"}
     if cluster.requeue == Requeue.scontrol:
         extra["requeue"] = True
-    extra.update(cluster.sbatch_extra)
+    for key, value in cluster.sbatch_extra.items():
+        if str(key).replace("_", "-") == "job-name":  # the user's name, not hpcdl-RUN
+            params["job_name"] = str(value)  # (submitit writes --job-name itself: one line)
+        else:
+            extra[key] = value
     params["additional_parameters"] = extra
     return params
 
@@ -76,10 +80,22 @@ def signal_name(cluster: ClusterConfig) -> str:
     return cluster.signal.upper().removeprefix("SIG")
 
 
+# Said in the job's log, where `hpcdl status` finds a job's first error line.
+SETUP_FAILED = 'echo "error: cluster.setup: \\`$BASH_COMMAND\\` failed (exit $?); the job stops" >&2'
+
+
 def setup_lines(cluster: ClusterConfig, code_dir: Path) -> list[str]:
     """Shell lines before srun: the profile's setup, its env, and the frozen code first on
     PYTHONPATH so later edits to the checkout never reach a queued or requeued job."""
-    lines = list(cluster.setup)
+    lines = []
+    if cluster.setup:  # a line that fails ends the job (a `module load` that failed would
+        lines += [  # train on the wrong stack, and the job would say COMPLETED)
+            "set -e",
+            f"trap {shlex.quote(SETUP_FAILED)} ERR",
+            *cluster.setup,
+            "trap - ERR",
+            "set +e",
+        ]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
     code = shlex.quote(str(code_dir))
     lines.append(f"export PYTHONPATH={code}${{PYTHONPATH:+:$PYTHONPATH}}")
@@ -120,8 +136,12 @@ def job_parameters(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None
         cfg.cluster, job_name or f"hpcdl-{base_dir.path.name}", slurm_tasks_per_node(cfg)
     )
     params["setup"] = setup_lines(cfg.cluster, base_dir.code_dir)
+    # The ranks get the script's environment (its setup, env, PYTHONPATH, submitit's
+    # variables) also where sbatch's --export=NONE (cluster.sbatch_extra.export, a site's
+    # default) made srun pass none: as sites advise, sbatch --export=NONE, srun --export=ALL.
+    params["srun_args"] = ["--export=ALL"]
     if container.active(cfg.cluster):
-        params["srun_args"] = container.srun_args(cfg.cluster, base_dir, cfg.workdir)
+        params["srun_args"] += container.srun_args(cfg.cluster, base_dir, cfg.workdir)
         params["teardown"] = container.teardown_lines(cfg.cluster, base_dir)
     return params
 

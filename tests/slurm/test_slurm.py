@@ -121,6 +121,41 @@ def test_single_node_job_returns_at_once_completes_and_matches_in_process(
     assert logs.returncode == 0 and "epoch 30/30" in logs.stdout
 
 
+def test_export_none_job_name_and_a_failing_setup_line(devcluster, tmp_path) -> None:
+    """A site's --export=NONE (submitit's ranks failed: "Could not figure out which
+    environment the job is running in"), the user's own --job-name (hpcdl's won), and a
+    setup line that fails (the job trained on and was COMPLETED)."""
+    named = run_hpcdl(
+        "train", "cluster=devcluster", "run_dir=named", "trainer.max_epochs=1",
+        "+cluster.sbatch_extra.export=NONE", "+cluster.sbatch_extra.job-name=myjob",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert named.returncode == 0, named.stderr
+    broken = run_hpcdl(
+        "train", "cluster=devcluster", "run_dir=broken", "trainer.max_epochs=1",
+        "cluster.setup=[echo setting up, ls /nonexistent, echo never]", cwd=tmp_path,
+    )  # fmt: skip
+    assert broken.returncode == 0, broken.stderr
+    job = json.loads((tmp_path / "named" / "slurm.json").read_text())["job_id"]
+    wait_done(tmp_path / "named")
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-j", job, "-o", "JobName"], capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["myjob"], out.stdout
+    failed = json.loads((tmp_path / "broken" / "slurm.json").read_text())["job_id"]
+    wait_until(lambda: sacct_state(failed) == "FAILED", 120, "the broken setup's job")
+    assert not (tmp_path / "broken" / "summary.json").exists()
+    log = "".join(p.read_text() for p in (tmp_path / "broken" / "logs").glob("*.out"))
+    assert "setting up" in log and "never" not in log, log
+    assert "error: cluster.setup: `ls /nonexistent` failed (exit 2); the job stops" in log, log
+    status = run_hpcdl("status", "broken", cwd=tmp_path)
+    assert status.returncode == 1 and "state: FAILED" in status.stdout, status.stdout
+    assert (
+        "cause: cluster.setup: `ls /nonexistent` failed (exit 2): ls: cannot access "
+        "'/nonexistent': No such file or directory\n"
+    ) in status.stdout, status.stdout
+
+
 def test_submission_path_never_imports_torch(devcluster, tmp_path) -> None:
     code = (
         "from hpcdl.cli.main import main\n"

@@ -285,7 +285,7 @@ def test_status_and_rerun_work_on_a_cluster_without_accounting(
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path, env=without_accounting)
     assert "2 trials: 1 COMPLETED, 1 FAILED" in status.stdout, status.stdout
     single = run_hpcdl("status", trials[1]["run_dir"], cwd=tmp_path, env=without_accounting)
-    assert single.returncode == 0 and "state: FAILED" in single.stdout, single.stdout
+    assert single.returncode == 1 and "state: FAILED" in single.stdout, single.stdout
     assert "no accounting" in single.stdout and "attempts: 1" in single.stdout
 
     fix_broken(tmp_path)
@@ -396,6 +396,13 @@ def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) 
     assert "the bug" in (sweep / "code" / "fresh_net.py").read_text()  # the fixed text keeps it
     assert "!= 8" not in (sweep / "code" / "fresh_net.py").read_text()
 
+    # Nothing changed since: nothing frozen anew, no code.2.
+    same = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", "--fresh-code",
+                     cwd=tmp_path, env=env)  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    assert f"your code is the same as the copy in {sweep / 'code'}; nothing" in same.stdout
+    with (tmp_path / "fresh_net.py").open("a") as f:  # another edit
+        f.write("# a second edit\n")
     # A submission refused after the freeze puts the old copy back, and says so.
     refused = run_hpcdl(
         "resume", str(sweep / "2"), "--fresh-code", "--no-preflight", "cluster.partition=nope",
@@ -404,14 +411,8 @@ def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) 
     assert refused.returncode == 2 and "Invalid partition" in refused.stderr, refused.stderr
     assert f"--fresh-code: {sweep / 'code'} is the copy its jobs ran again\n" in refused.stdout
     assert not (sweep / "code.2").exists()
-    # Nothing changed since: nothing frozen anew, no code.2.
-    same = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", "--fresh-code",
-                     cwd=tmp_path, env=env)  # fmt: skip
-    assert same.returncode == 0, same.stderr
-    assert f"your code is the same as the copy in {sweep / 'code'}; nothing" in same.stdout
-    # The rerun of the other one after another edit, with --fresh-code: frozen anew again.
-    with (tmp_path / "fresh_net.py").open("a") as f:
-        f.write("# a second edit\n")
+    assert "# a second edit" not in (sweep / "code" / "fresh_net.py").read_text()
+    # The rerun of the other one, with --fresh-code: frozen anew again.
     dry = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", "--fresh-code",
                     cwd=tmp_path, env=env)  # fmt: skip
     assert dry.returncode == 0, dry.stderr

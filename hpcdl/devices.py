@@ -11,6 +11,7 @@ a GPU block ends with a synchronize, so queued work is counted.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -60,7 +61,8 @@ def measure_devices(
 
 def describe(device: torch.device) -> str:
     if device.type == "cpu":
-        return f"cpu ({torch.get_num_threads()} threads)"
+        threads = torch.get_num_threads()
+        return f"cpu ({threads} thread{'s' if threads != 1 else ''})"
     return f"{device} {torch.cuda.get_device_name(device)}"
 
 
@@ -104,6 +106,22 @@ def time_steps(cfg: Config, device: torch.device, batch: int, steps: int, rounds
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def no_gpu_note() -> str | None:
+    """Why the table has no GPU row where one may be expected: a CPU-only torch build, or
+    CUDA_VISIBLE_DEVICES set and no device seen (None: a GPU row is there, or no sign)."""
+    if torch.cuda.device_count():
+        return None
+    if torch.version.cuda is None:
+        return (
+            f"note: torch {torch.__version__} is a CPU-only build: no GPU rows (on a GPU node, "
+            "install a CUDA build of torch)"
+        )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return f"note: torch sees no CUDA GPU (CUDA_VISIBLE_DEVICES={visible}): no GPU rows"
+    return None
 
 
 def table(rows: list[DeviceRow], model: str, data: str, precision: str) -> str:

@@ -339,6 +339,16 @@ def test_bench_devices_prints_the_table_for_the_cpu_and_each_gpu(hpcdl) -> None:
     assert rows[0].startswith("| device | batch | step (ms) | samples/s | speedup vs CPU |")
     assert len(rows) - 1 == 2 * (1 + torch.cuda.device_count())
     assert rows[1].startswith("| cpu (") and rows[1].endswith("| 1.00x |")
+    if torch.version.cuda is None:  # no GPU row, and why (a student on a GPU node saw none)
+        assert out.stderr == (
+            f"note: torch {torch.__version__} is a CPU-only build: no GPU rows (on a GPU node, "
+            "install a CUDA build of torch)\n"
+        )
+    elif torch.cuda.device_count():
+        assert out.stderr == ""
+    one = hpcdl("bench", "devices", "--batch-sizes", "4", "--steps", "1",
+                env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert "| cpu (1 thread) |" in one.stdout, one.stdout
     bad = hpcdl("bench", "devices", "--batch-sizes", "4,x")
     assert bad.returncode == 2 and "--batch-sizes" in bad.stderr
 

@@ -72,7 +72,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import compose_config
-    from hpcdl.devices import measure_devices, table
+    from hpcdl.devices import measure_devices, no_gpu_note, table
 
     try:
         sizes = tuple(int(b) for b in args.batch_sizes.split(","))
@@ -83,6 +83,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
     cfg = compose_config(["cluster=debug", *args.overrides], args.config_dir)
     rows = measure_devices(cfg, sizes, steps=args.steps)
     print(table(rows, cfg.model.name, cfg.data.name, cfg.trainer.precision.value))
+    note = no_gpu_note()
+    if note is not None:
+        print(note, file=sys.stderr)
     return EXIT_OK
 
 

@@ -176,6 +176,12 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
         ),
         (["trainer.max_epochs=abc"], "trainer.max_epochs=abc: must be a whole number"),
         (["cluster.mem_gb=0.5"], "cluster.mem_gb=0.5: must be a whole number"),
+        (["cluster.timeout_min=1:30:00"],  # sbatch's form: named in minutes
+         "cluster.timeout_min=1:30:00: must be a whole number of minutes, e.g. 90 for 1:30:00"),
+        (["cluster.timeout_min=1-12"],
+         "cluster.timeout_min=1-12: must be a whole number of minutes, e.g. 2160 for 1-12"),
+        (["cluster.timeout_min=2h"],
+         "cluster.timeout_min=2h: must be a whole number of minutes, e.g. 90 for 1:30:00"),
         (["optim.lr=x"], "optim.lr=x: must be a number"),
         (["trainer.batch_size=-3"], "trainer.batch_size=-3: must be > 0"),
         (["data=mnist"], "data.path: required value is missing"),

@@ -217,6 +217,10 @@ def _omegaconf_message(
         return f"{key}: required value is missing; set it with {key}=..."
     converted = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", text)
     if converted and converted.group(2) in _KINDS:
+        if key == "cluster.timeout_min":  # sbatch's --time takes "1:30:00" and "2h" does not
+            minutes = slurm_minutes(converted.group(1))
+            example = f"{minutes} for {converted.group(1)}" if minutes else "90 for 1:30:00"
+            return f"{key}={converted.group(1)}: must be a whole number of minutes, e.g. {example}"
         return f"{key}={converted.group(1)}: must be {_KINDS[converted.group(2)]}"
     if "Cannot merge DictConfig with ListConfig" in text:  # OmegaConf names no key here
         shaped = _misshaped(cls, node)
@@ -234,6 +238,26 @@ def _omegaconf_message(
     if key == "trainer.early_stopping.mode":
         text += ", or auto (null): the monitored metric's own direction"
     return f"{key}: {text}"
+
+
+def slurm_minutes(text: str) -> Optional[int]:
+    """Slurm's time formats (MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) as whole minutes, rounded
+    up (None: not one of them)."""
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = rest.split(":")
+    if not days.isdigit() or not all(p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    numbers = [int(p) for p in parts]
+    if "-" in text:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = [*numbers, 0, 0][:3]
+    elif len(numbers) == 3:
+        hours, minutes, seconds = numbers
+    elif len(numbers) == 2:
+        hours, minutes, seconds = 0, *numbers
+    else:
+        return None
+    total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return -(-total // 60) or None
 
 
 def shape_message(line: str, key: str, mapping: bool) -> str:

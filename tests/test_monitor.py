@@ -937,3 +937,12 @@ def test_logs_of_an_earlier_job_of_the_run(tmp_path, monkeypatch, capsys) -> Non
         capsys.readouterr().err
         == f"error: --job 8: not a job of {run.path}; its Slurm jobs: 7, 9\n"
     )
+
+
+def test_a_big_sweeps_cancel_names_its_trials_and_jobs_as_ranges() -> None:
+    """`hpcdl cancel SWEEP_DIR` of 1002 trials printed every index and job id (12 KB)."""
+    from hpcdl.cli.cancel import job_ranges, number_ranges
+
+    assert number_ranges([*range(1, 1000), 1001, 1003, 1004]) == "1-999, 1001, 1003-1004"
+    jobs = [f"28_{i}" for i in range(1, 1000)] + ["30_0", "30_2", "45", "31_7"]
+    assert job_ranges(jobs) == "28_[1-999], 30_[0,2], 45, 31_7"

@@ -51,9 +51,41 @@ def cancel_sweep(sweep_dir: Path) -> int:
     if out.returncode != 0:
         said = out.stderr.strip().splitlines() or [f"exit status {out.returncode}"]
         raise HpcdlError(f"scancel {' '.join(jobs)} failed: {said[-1]}")
-    indices = [t.index for t in busy]
     print(
-        f"cancelled {plural(len(busy), 'trial')} of {sweep_dir}: {indices} (jobs "
-        f"{', '.join(jobs)}); `hpcdl sweep rerun {sweep_dir} --failed` continues them"
+        f"cancelled {plural(len(busy), 'trial')} of {sweep_dir}: "
+        f"{number_ranges([t.index for t in busy])} (jobs {job_ranges(jobs)}); `hpcdl sweep "
+        f"rerun {sweep_dir} --failed` continues them"
     )
     return EXIT_OK
+
+
+def number_ranges(numbers: list[int], sep: str = ", ") -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (a 1000-trial sweep's cancel is one short line)."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def job_ranges(jobs: list[str]) -> str:
+    """Array tasks as Slurm writes them ('28_[1-999], 30_[0-2]'), other job ids as they are."""
+    tasks: dict[str, list[int]] = {}
+    words: list[str] = []
+    for job in jobs:
+        array, _, task = job.partition("_")
+        if task.isdigit():
+            if array not in tasks:
+                tasks[array] = []
+                words.append(array)
+            tasks[array].append(int(task))
+        else:
+            words.append(job)
+    return ", ".join(
+        (f"{w}_{tasks[w][0]}" if len(tasks[w]) == 1 else f"{w}_[{number_ranges(tasks[w], ',')}]")
+        if w in tasks
+        else w
+        for w in words
+    )

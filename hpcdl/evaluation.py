@@ -86,9 +86,10 @@ def evaluate(
     predictions = _gathered(kept) if keep_predictions else None
     values = packed.tolist()
     total = values[1]
+    loss = values[0] / max(total, 1)
     return EvalResult(
-        loss=values[0] / max(total, 1),
-        metrics=task.metrics(dict(zip(names, values[2:], strict=True)), total),
+        loss=loss,
+        metrics=task.metrics(dict(zip(names, values[2:], strict=True)), total, loss),
         num_samples=int(total),
         confusion=confusion.cpu() if classify else None,
         predictions=predictions,

@@ -72,7 +72,11 @@ class Task:
         custom task)."""
         raise NotImplementedError
 
-    def metrics(self, stats: Mapping[str, float], num_samples: float) -> dict[str, float]:
+    def metrics(
+        self, stats: Mapping[str, float], num_samples: float, loss: float
+    ) -> dict[str, float]:
+        """The metrics of summed `stats` over `num_samples` samples whose mean loss is
+        `loss` (a custom task's task.derived reads it)."""
         raise NotImplementedError
 
     @property
@@ -130,7 +134,9 @@ class ClassificationTask(Task):
     def stat_names(self) -> tuple[str, ...]:
         return ("correct",)
 
-    def metrics(self, stats: Mapping[str, float], num_samples: float) -> dict[str, float]:
+    def metrics(
+        self, stats: Mapping[str, float], num_samples: float, loss: float
+    ) -> dict[str, float]:
         return {"accuracy": stats["correct"] / max(num_samples, 1)}
 
     @property
@@ -184,7 +190,9 @@ class RegressionTask(Task):
     def stat_names(self) -> tuple[str, ...]:
         return ("abs_err", "sq_err", "y", "y2")
 
-    def metrics(self, stats: Mapping[str, float], num_samples: float) -> dict[str, float]:
+    def metrics(
+        self, stats: Mapping[str, float], num_samples: float, loss: float
+    ) -> dict[str, float]:
         n = max(num_samples, 1)
         total = stats["y2"] - stats["y"] ** 2 / n  # sum of squares about the mean
         return {
@@ -207,10 +215,17 @@ class CustomTask(Task):
 
     name = "custom"
 
-    def __init__(self, target: str, fn: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        target: str,
+        fn: Callable[..., Any],
+        derived: Optional[tuple[str, Callable[[dict[str, float]], Any]]] = None,
+    ) -> None:
         self.target = target
         self.fn = fn
+        self.derived = derived  # (task.derived, its function)
         self._names: tuple[str, ...] | None = None
+        self._derived_names: tuple[str, ...] | None = None
 
     def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
         where = f"task.target={self.target!r}"
@@ -237,6 +252,9 @@ class CustomTask(Task):
             if reserved:
                 raise ConfigError(f"{where}: a metric may not be called 'loss' (it is logged)")
             self._names = names
+            if self.derived is not None:  # its names, from the first batch's means (once)
+                first = {n: float(_scalar(where, n, metrics[n])) for n in names}
+                self._derive({"loss": float(loss.detach()), **first})
         elif names != self._names:
             raise ConfigError(
                 f"{where}: returned metrics {list(names)} after {list(self._names)}; "
@@ -264,12 +282,51 @@ class CustomTask(Task):
     def stat_names(self) -> tuple[str, ...]:
         return self._names or ()
 
-    def metrics(self, stats: Mapping[str, float], num_samples: float) -> dict[str, float]:
-        return {name: stats[name] / max(num_samples, 1) for name in self.stat_names}
+    def metrics(
+        self, stats: Mapping[str, float], num_samples: float, loss: float
+    ) -> dict[str, float]:
+        means = {name: stats[name] / max(num_samples, 1) for name in self.stat_names}
+        if self.derived is None:
+            return means
+        return {**means, **self._derive({"loss": loss, **means})}
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return self.stat_names
+        return self.stat_names + (self._derived_names or ())
+
+    def _derive(self, means: dict[str, float]) -> dict[str, float]:
+        """task.derived's metrics of a split's (or a batch's) means: what is no mean over
+        the samples, e.g. a perplexity, exp of the mean loss."""
+        assert self.derived is not None
+        target, fn = self.derived
+        where = f"task.derived={target!r}"
+        try:
+            result = fn(dict(means))
+        except Exception as exc:
+            said = str(exc).strip().splitlines()
+            raise ConfigError(
+                f"{where}: raised {type(exc).__name__}{': ' + said[0] if said else ''}"
+            ) from exc
+        if not isinstance(result, Mapping) or not all(isinstance(k, str) for k in result):
+            raise ConfigError(
+                f"{where}: returned a {type(result).__name__}; return a dict of name -> "
+                "number, e.g. {'ppl': math.exp(means['loss'])}"
+            )
+        names = tuple(sorted(result))
+        taken = [n for n in names if n == "loss" or n in self.stat_names]
+        if taken:
+            raise ConfigError(
+                f"{where}: returned {taken[0]!r}, a name task.target's metrics (or the loss) "
+                "have already; give it another name"
+            )
+        if self._derived_names is None:
+            self._derived_names = names
+        elif names != self._derived_names:
+            raise ConfigError(
+                f"{where}: returned {list(names)} after {list(self._derived_names)}; return "
+                "the same names every time"
+            )
+        return {name: float(_scalar(where, name, result[name])) for name in names}
 
 
 def class_indices(labels: Any) -> torch.Tensor:
@@ -441,5 +498,8 @@ def build_task(
         if cfg.kwargs:
             check_step_kwargs("task", cfg.target, fn, dict(cfg.kwargs))
             fn = functools.partial(fn, **cfg.kwargs)
-        return CustomTask(cfg.target, fn)
+        derived = None
+        if cfg.derived:
+            derived = (cfg.derived, resolve_callable("task.derived", cfg.derived))
+        return CustomTask(cfg.target, fn, derived)
     raise ConfigError(f"task.name={getattr(cfg, 'name', cfg)!r}: unknown task")

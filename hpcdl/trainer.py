@@ -557,7 +557,8 @@ class Trainer:
         self._count_deferred()
         pr = self.progress
         stats = {name: pr.epoch_stats.get(name, 0.0) for name in self.p.task.stat_names}
-        return self.p.task.metrics(stats, pr.epoch_count)
+        loss = pr.epoch_loss_sum / max(pr.epoch_count, 1)
+        return self.p.task.metrics(stats, pr.epoch_count, loss)
 
     def _local_flags(self) -> tuple[float, float, float]:
         """(stop requested here, eval due by time, save due by time): rank 0's clock decides."""

@@ -1030,9 +1030,9 @@ def test_every_metric_of_a_built_in_task_has_a_direction() -> None:
     from hpcdl.tasks import ClassificationTask, RegressionTask
 
     reported = {
-        "classification": ClassificationTask().metrics({"correct": 3.0}, 4),
+        "classification": ClassificationTask().metrics({"correct": 3.0}, 4, 0.5),
         "regression": RegressionTask(RegressionLoss.mse).metrics(
-            {"abs_err": 1.0, "sq_err": 1.0, "y": 2.0, "y2": 5.0}, 2
+            {"abs_err": 1.0, "sq_err": 1.0, "y": 2.0, "y2": 5.0}, 2, 0.5
         ),
     }
     assert {task: set(m) for task, m in reported.items()} == {

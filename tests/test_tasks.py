@@ -34,7 +34,7 @@ def test_regression_metrics_are_exact_over_batches() -> None:
         out = task.batch_stats(model, (x[part], y[part]))  # type: ignore[arg-type]
         for name in task.stat_names:
             sums[name] = sums.get(name, 0.0) + float(out.stats[name])
-    metrics = task.metrics(sums, 37)
+    metrics = task.metrics(sums, 37, 0.0)
     err = (x - y).double().numpy()
     truth = y.double().numpy()
     assert metrics["mae"] == pytest.approx(np.abs(err).mean(), rel=1e-6)
@@ -120,7 +120,7 @@ def test_custom_task_metrics_are_weighted_by_samples_and_names_are_fixed() -> No
         out = task.batch_stats(nn.Identity(), (torch.zeros(len(labels), 2), torch.tensor(labels)))
         sums["label_mean"] += float(out.stats["label_mean"])
         total += out.num_samples
-    assert task.metrics(sums, total) == {"label_mean": 0.75}
+    assert task.metrics(sums, total, 0.5) == {"label_mean": 0.75}
     renamed = lambda m, b: (torch.tensor(1.0), {"other": 1.0})  # noqa: E731
     task.fn = renamed
     with pytest.raises(ConfigError, match="same metric names"):
@@ -128,6 +128,25 @@ def test_custom_task_metrics_are_weighted_by_samples_and_names_are_fixed() -> No
     with pytest.raises(ConfigError, match="val_label_mean"):
         check_monitor("val_dice", task)
     check_monitor("train_label_mean", task)
+
+
+def test_custom_task_derived_metrics_come_from_the_means_and_bad_ones_are_one_line() -> None:
+    step = lambda m, b: (torch.tensor(2.0), {"acc": 0.5})  # noqa: E731
+    task = CustomTask(
+        "lab:step", step, ("lab:derive", lambda means: {"ppl": math.exp(means["loss"])})
+    )
+    task.batch_stats(nn.Identity(), (torch.zeros(4, 3), torch.zeros(4)))  # names known now
+    assert task.metric_names == ("acc", "ppl")
+    assert task.metrics({"acc": 3.0}, 4, 1.5) == {"acc": 0.75, "ppl": math.exp(1.5)}
+    for derive, message in [
+        (lambda means: [1.0], "returned a list; return a dict of name -> number"),
+        (lambda means: {"acc": 1.0}, "returned 'acc', a name task.target's metrics"),
+        (lambda means: {"ppl": "high"}, "metric 'ppl' is 'high'"),
+        (lambda means: {"ppl": means["los"]}, "raised KeyError: 'los'"),
+    ]:
+        bad = CustomTask("lab:step", step, ("lab:derive", derive))
+        with pytest.raises(ConfigError, match=f"^task.derived='lab:derive': {message}"):
+            bad.batch_stats(nn.Identity(), (torch.zeros(4, 3), torch.zeros(4)))
 
 
 def test_custom_task_numbers_stay_on_the_host_and_tensors_where_they_were_computed() -> None:
@@ -406,20 +425,25 @@ def test_regression_needs_numeric_targets(hpcdl, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_custom_metric_is_the_sample_mean_across_ranks_and_short_batches(hpcdl, tmp_path) -> None:
     """A metric that is the batch's mean label must come out as the epoch's mean label: 2
-    ranks, 399 training rows in batches of 32 (a short last batch of 15)."""
+    ranks, 399 training rows in batches of 32 (a short last batch of 15). task.derived's
+    perplexity is exp of each split's mean loss (exp(loss) per batch, averaged, was not)."""
     from hpcdl.cli.compose import compose_config
     from hpcdl.data import build_data
 
     (tmp_path / "steps.py").write_text(
+        "import math\n"
         "import torch.nn.functional as F\n"
         "def step(model, batch):\n"
         "    x, y = batch\n"
         "    return F.cross_entropy(model(x), y), {'label_mean': y.float().mean()}\n"
+        "def derive(means):\n"
+        "    return {'ppl': math.exp(means['loss']), 'twice': 2 * means['label_mean']}\n"
     )
     out = hpcdl(
         "train",
         "task=custom",
         "task.target=steps:step",
+        "task.derived=steps:derive",
         "cluster=local",
         "cluster.tasks_per_node=2",
         "trainer.max_epochs=1",
@@ -435,3 +459,11 @@ def test_custom_metric_is_the_sample_mean_across_ranks_and_short_batches(hpcdl, 
     assert float(row["val_label_mean"]) == pytest.approx(
         data.y_val.double().mean().item(), abs=1e-9
     )
+    for split in ("train", "val"):
+        assert float(row[f"{split}_ppl"]) == pytest.approx(math.exp(float(row[f"{split}_loss"])))
+        assert float(row[f"{split}_twice"]) == pytest.approx(2 * float(row[f"{split}_label_mean"]))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["test_ppl"] == pytest.approx(math.exp(summary["test_loss"]), rel=1e-12)
+    evaluated = hpcdl("evaluate", "run", env={"PYTHONPATH": str(tmp_path)})
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "test_ppl" in evaluated.stdout, evaluated.stdout

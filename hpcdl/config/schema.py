@@ -212,6 +212,10 @@ class CustomTaskConfig:
     # mode, no gradients) and returning a tensor or {name: tensor} with one entry or row per
     # sample; null: predict refuses the run. Frozen with the code on Slurm like target.
     predict: Optional[str] = None
+    # "package.module:function" called as function(means) with a split's mean loss and
+    # metrics ({"loss": ..., name: ...}) and returning {name: number}: metrics that are no
+    # mean over the samples (a perplexity: exp of the mean loss), as train_/val_/test_<name>.
+    derived: Optional[str] = None
     # How data=files (and data=custom) labels reach the function: classes (integers or
     # names, as class indices 0..K-1) or numbers (float32 values as they are, one model
     # output): a numeric target with your own loss.

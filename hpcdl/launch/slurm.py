@@ -205,7 +205,7 @@ def rank_environment(cfg: Config) -> list[dict[str, str]]:
 
 def custom_targets(*configs: Config) -> list[str]:
     """The user code the configs name (model.target, data.target, data.collate_fn,
-    task.target, task.predict, trainer.step_hooks): those modules are frozen with the
+    task.target, task.predict, task.derived, trainer.step_hooks): those modules are frozen with the
     code."""
     return [target for c in configs for _, target in named_targets(c)]
 
@@ -216,6 +216,7 @@ def named_targets(cfg: Config) -> list[tuple[str, str]]:
         ("model.target", getattr(cfg.model, "target", None)),
         ("task.target", getattr(cfg.task, "target", None)),
         ("task.predict", getattr(cfg.task, "predict", None)),
+        ("task.derived", getattr(cfg.task, "derived", None)),
     ]
     if cfg.script is not None:
         named.append(("entry", cfg.script.entry))

@@ -176,6 +176,14 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
         ),
         (["trainer.max_epochs=abc"], "trainer.max_epochs=abc: must be a whole number"),
         (["cluster.mem_gb=0.5"], "cluster.mem_gb=0.5: must be a whole number"),
+        (["cluster.env.WANDB_SILENT=true"],  # was exported as True
+         "cluster.env.WANDB_SILENT: YAML read a boolean (true), which the job would export "
+         "as 'True'; quote the text you mean: \"cluster.env.WANDB_SILENT='true'\" on the "
+         'command line, WANDB_SILENT: "true" in a YAML file'),
+        (["cluster.env.RATIO=1e3"], "cluster.env.RATIO: YAML read a number (1000.0)"),
+        (["cluster.setup=[module load cuda, false]"],
+         "cluster.setup: YAML read a line as a boolean (false), which the job script would "
+         "run as 'False'; quote it"),
         (["cluster.timeout_min=1:30:00"],  # sbatch's form: named in minutes
          "cluster.timeout_min=1:30:00: must be a whole number of minutes, e.g. 90 for 1:30:00"),
         (["cluster.timeout_min=1-12"],
@@ -502,6 +510,12 @@ def write_conf(root: Path, path: str, text: str) -> None:
             "name: mycluster\nlauncher: local\nmem_gb: lots\n",
             ["cluster=mycluster"],
             "myconf/cluster/mycluster.yaml: cluster.mem_gb=lots: must be a whole number",
+        ),
+        (  # YAML 1.1's yes: a boolean, exported as True before
+            "cluster/mycluster.yaml",
+            "name: mycluster\nlauncher: slurm\nenv:\n  FOO: yes\n",
+            ["cluster=mycluster"],
+            "myconf/cluster/mycluster.yaml: cluster.env.FOO: YAML read a boolean (true)",
         ),
         (
             "optim/fast.yaml",

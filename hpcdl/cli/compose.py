@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpcdl.config import schema
@@ -501,7 +501,37 @@ def _typed_config(composed: DictConfig, overrides: list[str]) -> schema.Config:
             f"{them} for its own {group} choice: drop {them} with {drops}"
         ) from None
     refuse_keys_lazy_data_ignores(composed.get("data"))
+    refuse_typed_script_text(composed.get("cluster"))
     return config
+
+
+def refuse_typed_script_text(cluster: Any) -> None:
+    """cluster.env values and cluster.setup lines are text for the job script, but YAML
+    (and Hydra's overrides) read `true`, `yes`, `0.10`, `1e3` as other types, which reached
+    the script as `True`, `0.1`, `1000.0`: refused, naming how to quote them. Whole numbers
+    keep their digits and pass."""
+    if not isinstance(cluster, DictConfig):
+        return
+    env, setup = cluster.get("env"), cluster.get("setup")
+    typed = [(str(k), v) for k, v in env.items()] if isinstance(env, DictConfig) else []
+    lines = list(setup) if isinstance(setup, ListConfig) else []
+    named: list[tuple[Optional[str], Any]] = [*typed, *((None, line) for line in lines)]
+    for key, value in named:
+        if not isinstance(value, (bool, float)):  # (null is refused by the schema)
+            continue
+        kind = "a boolean" if isinstance(value, bool) else "a number"
+        text = str(value).lower()
+        if key is not None:
+            raise ConfigError(
+                f"cluster.env.{key}: YAML read {kind} ({text}), which the job would export "
+                f"as {str(value)!r}; quote the text you mean: \"cluster.env.{key}='{text}'\" "
+                f'on the command line, {key}: "{text}" in a YAML file'
+            )
+        raise ConfigError(
+            f"cluster.setup: YAML read a line as {kind} ({text}), which the job script would "
+            f"run as {str(value)!r}; quote it: \"cluster.setup=['{text}']\" on the command "
+            f'line, - "{text}" in a YAML file'
+        )
 
 
 # Keys of every data source that a lazily read one (data=custom, imagefolder) has no use

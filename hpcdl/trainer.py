@@ -239,7 +239,8 @@ class Trainer:
             raise DeviceMemoryError(
                 f"out of {self.p.device.type} memory at global step {self.progress.global_step} "
                 f"(trainer.batch_size={t.batch_size}, trainer.precision={t.precision.value}): "
-                "lower trainer.batch_size, train in trainer.precision=bf16, or spread the batch "
+                "lower trainer.batch_size, split each step's batch with trainer.micro_batches="
+                f"{2 * t.micro_batches}, train in trainer.precision=bf16, or spread the batch "
                 f"over more GPUs (cluster.gpus_per_node); the checkpoints are intact ({short})"
             ) from exc
 
@@ -344,15 +345,15 @@ class Trainer:
         if self.t.channels_last:
             batch = channels_last_inputs(batch)
         p.optimizer.zero_grad(set_to_none=True)
-        with self._autocast():
-            out = self._task_step(p.model, batch)
         # Sum over this rank's samples / global batch * world: DDP's gradient averaging then
         # gives exactly the gradient of the global batch mean, even for a short last batch.
         scale = self.env.world_size / global_count
-        if p.scaler.is_enabled():
-            p.scaler.scale(out.loss_sum * scale).backward()
-        else:  # the scale as the backward's starting gradient: the same numbers, one node less
-            out.loss_sum.backward(self._loss_gradient(scale, out.loss_sum))
+        if self.t.micro_batches > 1:
+            out = self._micro_batch_passes(batch, scale)
+        else:
+            with self._autocast():
+                out = self._task_step(p.model, batch)
+            self._backward(out.loss_sum, scale)
         if not self._monitor_checked:
             self._check_monitor()
 
@@ -377,6 +378,30 @@ class Trainer:
         flags["eval_due"] = flags["eval_due"] or bool(every and pr.global_step % every == 0)
         flags["save_due"] = flags["save_due"] or self._save_due_by_steps()
         return flags
+
+    def _backward(self, loss_sum: torch.Tensor, scale: float) -> None:
+        if self.p.scaler.is_enabled():
+            self.p.scaler.scale(loss_sum * scale).backward()
+        else:  # the scale as the backward's starting gradient: the same numbers, one node less
+            loss_sum.backward(self._loss_gradient(scale, loss_sum))
+
+    def _micro_batch_passes(self, batch: Any, scale: float) -> BatchStats:
+        """trainer.micro_batches: the batch's forward and backward passes a part at a time,
+        their gradients adding up (DDP all-reduces them once, in the last pass)."""
+        from hpcdl.micro_batches import combined, split_batch
+
+        model = self.p.model
+        parts = split_batch(batch, self.t.micro_batches)
+        outs = []
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            no_sync = getattr(model, "no_sync", None)
+            with contextlib.nullcontext() if last or no_sync is None else no_sync():
+                with self._autocast():
+                    out = self._task_step(model, part)
+                self._backward(out.loss_sum, scale)
+            outs.append(out)
+        return combined(outs)
 
     def _one_rank_step(
         self, out: BatchStats, local_flags: tuple[float, float, float]

@@ -176,6 +176,8 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
         ),
         (["trainer.max_epochs=abc"], "trainer.max_epochs=abc: must be a whole number"),
         (["cluster.mem_gb=0.5"], "cluster.mem_gb=0.5: must be a whole number"),
+        (["trainer.accumulate_grad_batches=4"],  # Lightning's name for it
+         "trainer.accumulate_grad_batches: unknown key; did you mean trainer.micro_batches?"),
         (["cluster.env.WANDB_SILENT=true"],  # was exported as True
          "cluster.env.WANDB_SILENT: YAML read a boolean (true), which the job would export "
          "as 'True'; quote the text you mean: \"cluster.env.WANDB_SILENT='true'\" on the "

@@ -53,7 +53,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.tasks",
         "hpcdl.trackers",
     ],
-    ["hpcdl.evaluation", "hpcdl.step_sync"],
+    ["hpcdl.evaluation", "hpcdl.step_sync", "hpcdl.micro_batches"],
     ["hpcdl.trainer"],
     [
         "hpcdl.build",

@@ -242,9 +242,9 @@ def test_out_of_memory_is_one_line_naming_what_to_lower(tmp_path: Path, capsys) 
     assert code == 2
     assert err == [
         "error: out of cpu memory at global step 2 (trainer.batch_size=32, trainer.precision=fp32): "
-        "lower trainer.batch_size, train in trainer.precision=bf16, or spread the batch over more "
-        "GPUs (cluster.gpus_per_node); the checkpoints are intact (CUDA out of memory. Tried to "
-        "allocate 2.00 GiB)"
+        "lower trainer.batch_size, split each step's batch with trainer.micro_batches=2, train "
+        "in trainer.precision=bf16, or spread the batch over more GPUs (cluster.gpus_per_node); "
+        "the checkpoints are intact (CUDA out of memory. Tried to allocate 2.00 GiB)"
     ]
 
 

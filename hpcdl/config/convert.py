@@ -416,6 +416,10 @@ KEY_ALIASES = {
     "num_epochs": "max_epochs",
     "n_epochs": "max_epochs",
     "bs": "batch_size",
+    "accumulate_grad_batches": "micro_batches",  # gradient accumulation
+    "gradient_accumulation_steps": "micro_batches",
+    "grad_accum_steps": "micro_batches",
+    "accumulation_steps": "micro_batches",
 }
 
 

@@ -364,6 +364,9 @@ class TrainerConfig:
     max_steps: Optional[int] = None
     # Global batch size: split across all ranks.
     batch_size: int = 32
+    # Each rank's share of a step's batch run as this many forward/backward passes
+    # (gradient accumulation: a K-th of the activation memory, the same step).
+    micro_batches: int = 1
     precision: Precision = Precision.fp32
     compile: bool = False
     channels_last: bool = False

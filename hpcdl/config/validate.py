@@ -375,6 +375,13 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
     _positive("trainer.stall_first_step_s", t.stall_first_step_s, allow_none=True)
     _positive("trainer.max_steps", t.max_steps, allow_none=True)
     _positive("trainer.batch_size", t.batch_size)
+    _positive("trainer.micro_batches", t.micro_batches)
+    if t.micro_batches > t.batch_size:
+        raise ConfigError(
+            f"trainer.micro_batches={t.micro_batches}: more than trainer.batch_size="
+            f"{t.batch_size} samples to split; give at most {t.batch_size} (it splits each "
+            "rank's share of a batch into that many passes)"
+        )
     _positive("trainer.grad_clip_norm", t.grad_clip_norm, allow_none=True)
     _positive("trainer.eval_every_steps", t.eval_every_steps, allow_none=True)
     _positive("trainer.eval_every_s", t.eval_every_s, allow_none=True)

@@ -1,0 +1,81 @@
+"""trainer.micro_batches (gradient accumulation): a step's batch as K forward/backward
+passes gives the batch's gradient (the same weights but for the order of float sums), the
+same metrics and steps, on one rank and across DDP ranks (no_sync until the last pass)."""
+
+from __future__ import annotations
+
+import csv
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcdl.micro_batches import split_batch
+from tests.conftest import run_hpcdl
+
+
+def test_a_batch_splits_along_its_samples_and_keeps_the_rest_whole() -> None:
+    x, y = torch.arange(20.0).reshape(10, 2), torch.arange(10)
+    parts = split_batch((x, y), 3)
+    assert [len(p[1]) for p in parts] == [4, 3, 3]
+    assert torch.equal(torch.cat([p[0] for p in parts]), x)
+    assert isinstance(parts[0], tuple)
+    names = [f"f{i}.png" for i in range(10)]
+    weights = torch.ones(5)  # not per sample: each part gets it whole
+    parts = split_batch({"image": x, "names": names, "w": weights, "k": 3}, 4)
+    assert [p["names"] for p in parts][1] == ["f3.png", "f4.png", "f5.png"]
+    assert all(p["w"] is weights and p["k"] == 3 for p in parts)
+    Pair = namedtuple("Pair", "x y")
+    parts = split_batch(Pair(x, y), 2)
+    assert isinstance(parts[1], Pair) and torch.equal(parts[1].y, y[5:])
+    assert len(split_batch((x[:2], y[:2]), 8)) == 2  # fewer samples than parts: no empty one
+    assert split_batch((x, y), 1)[0][0] is x
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    newest = sorted((run / "checkpoints").glob("step_*.pt"))[-1]
+    return torch.load(newest, weights_only=False, map_location="cpu")["model"]
+
+
+def rows(run: Path) -> list[dict[str, str]]:
+    return list(csv.DictReader((run / "metrics.csv").open()))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],  # one rank, eager sums, accuracy deferred
+        ["trainer.lagged_sync=true"],  # one rank, sums read a step later
+        ["cluster=local", "cluster.tasks_per_node=2"],  # DDP: no_sync until the last pass
+    ],
+    ids=["one-rank", "lagged", "two-ranks"],
+)
+def test_micro_batches_train_the_same_weights_and_metrics(tmp_path: Path, extra) -> None:
+    common = ["trainer.max_epochs=2", "model.dropout=0", *extra]
+    env = {"OMP_NUM_THREADS": "1"}
+    for run, k in (("whole", 1), ("parts", 4)):
+        out = run_hpcdl(
+            "train", f"run_dir={run}", *common, f"trainer.micro_batches={k}", cwd=tmp_path, env=env
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+    whole, parts = final_weights(tmp_path / "whole"), final_weights(tmp_path / "parts")
+    assert whole.keys() == parts.keys()
+    for name in whole:
+        assert torch.allclose(whole[name], parts[name], atol=1e-5), name
+        assert not torch.equal(whole[name], torch.zeros_like(whole[name]))
+    a, b = rows(tmp_path / "whole"), rows(tmp_path / "parts")
+    assert [r["step"] for r in a] == [r["step"] for r in b]  # the same optimizer steps
+    for x, y in zip(a, b, strict=True):
+        assert x["train_accuracy"] == y["train_accuracy"]
+        assert float(x["train_loss"]) == pytest.approx(float(y["train_loss"]), rel=1e-5)
+
+
+def test_more_micro_batches_than_samples_is_refused(tmp_path: Path) -> None:
+    out = run_hpcdl("train", "trainer.batch_size=8", "trainer.micro_batches=16", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr == (
+        "error: trainer.micro_batches=16: more than trainer.batch_size=8 samples to split; "
+        "give at most 8 (it splits each rank's share of a batch into that many passes)\n"
+    )
+    assert not (tmp_path / "outputs").exists()

@@ -73,6 +73,29 @@ def test_a_job_that_died_before_python_names_the_first_error_line(tmp_path: Path
     assert root_cause(folder, "12") == (0, "/bin/bash: pyth0n: command not found")
 
 
+def test_an_interpreter_srun_could_not_start_is_named_with_the_key_that_chose_it(
+    tmp_path: Path,
+) -> None:
+    """cluster.python (or the login node's own interpreter) missing on the node: slurmstepd's
+    line, read as the interpreter, the node and why, with the key to fix."""
+    text = (
+        "slurmstepd-n1: error: execve(): /nonexistent/python3: No such file or directory\n"
+        "srun: error: n1: task 0: Exited with exit code 2\n"
+    )
+    rank, cause = root_cause(logs(tmp_path, "33", {0: text}), "33") or (None, "")
+    assert rank == 0
+    assert cause.startswith(
+        "could not start /nonexistent/python3 on n1 (No such file or directory); "
+        "set cluster.python to an interpreter the compute nodes have"
+    ), cause
+    # Another program (a container runtime) is named without the interpreter's advice.
+    text = "slurmstepd-n2: error: execve(): apptainer: No such file or directory\n"
+    assert root_cause(logs(tmp_path, "34", {0: text}), "34") == (
+        0,
+        "could not start apptainer on n2 (No such file or directory)",
+    )
+
+
 def test_array_tasks_and_other_jobs_logs_are_kept_apart(tmp_path: Path) -> None:
     folder = logs(tmp_path, "40_3", {0: "KeyError: 'x'\n"})
     logs(tmp_path, "40_31", {0: "OSError: other task\n"})

@@ -409,6 +409,85 @@ def test_overrides_may_follow_flags_and_the_job_uses_this_interpreter(hpcdl, tmp
     assert bad.returncode == 2 and "hpcdl train: unknown option --nope" in bad.stderr
 
 
+def test_cluster_python_is_the_interpreter_srun_starts_after_the_setup(hpcdl, tmp_path) -> None:
+    """An HPC engineer's report: compute nodes that need another environment (another CPU
+    architecture, a module's Python) could not choose it; the login node's absolute path
+    was used whatever cluster.setup activated."""
+    out = hpcdl(
+        "train", "cluster=devcluster", "run_dir=r", "cluster.python=python3",
+        "cluster.setup=[module load python/3.11]", "--no-preflight", "--dry-run",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert srun.endswith(f" --export=ALL python3 -u -m hpcdl.launch.rank_main {tmp_path}/r/logs")
+    assert lines.index("module load python/3.11") < lines.index(srun)  # found on its PATH
+    assert sys.executable not in out.stdout and "# note:" not in out.stdout
+    # A path this machine lacks may exist on the compute nodes only: shown, not refused.
+    missing = "/nonexistent/python3"
+    out = hpcdl(
+        "train", "cluster=devcluster", "run_dir=r", f"cluster.python={missing}",
+        "--no-preflight", "--dry-run",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"--export=ALL {missing} -u -m hpcdl.launch.rank_main" in out.stdout
+    assert (
+        f"# note: cluster.python={missing} does not exist here; the compute nodes must have it"
+        in out.stdout.splitlines()
+    )
+    # `hpcdl run entry=...`: the function's own Python (hpcdl.entry) is the job's too.
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "__init__.py").write_text("")
+    (tmp_path / "lab" / "train.py").write_text("def main():\n    pass\n")
+    out = hpcdl(
+        "run", "cluster=devcluster", f"cluster.python={missing}", "entry=lab.train:main",
+        "--no-preflight", "--dry-run", env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    program = out.stdout.split("# program")[1].splitlines()[1]
+    assert program.strip().startswith(f"{missing} -u -m hpcdl.entry lab.train:main"), program
+
+
+def test_a_chain_link_and_a_sweep_array_run_cluster_python_too(tmp_path) -> None:
+    """Every job hpcdl submits (a run, a chain's next link, a sweep's array) goes through
+    make_executor: its interpreter is cluster.python."""
+    from hpcdl.launch.slurm import make_executor
+    from hpcdl.rundir import RunDir
+
+    cfg = compose_config(["cluster=devcluster", "cluster.python=/opt/py/bin/python3"])
+    executor = make_executor(cfg, RunDir(tmp_path / "r"))
+    assert executor._submitit_command_str.startswith("/opt/py/bin/python3 -u -m ")
+    default = make_executor(compose_config(["cluster=devcluster"]), RunDir(tmp_path / "r"))
+    assert default._submitit_command_str.startswith(f"{sys.executable} -u -m ")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["cluster.python=''"], "cluster.python='': give one interpreter, a name on the node's "
+         "PATH after cluster.setup (python3) or an absolute path, without spaces"),
+        (["cluster.python='python3 -u'"], "cluster.python='python3 -u': give one interpreter"),
+        (["cluster.python='/opt/my py/python3'"], "cluster.python='/opt/my py/python3': give"),
+        (["cluster.python=venv/bin/python"], "cluster.python='venv/bin/python': a relative "
+         "path; give an absolute path ("),
+        (["cluster=local", "cluster.python=python3"], "cluster.python='python3': cluster=local "
+         "runs its ranks here"),
+        (["cluster.container.image=img.sif", "cluster.python=python3"], "cluster.python="
+         "'python3': with cluster.container.image the ranks run the image's interpreter, "
+         "cluster.container.python='python3'; set that instead"),
+    ],
+)  # fmt: skip
+def test_a_cluster_python_the_job_cannot_use_is_one_line_naming_the_key(
+    overrides, expected
+) -> None:
+    from hpcdl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        compose_config(["cluster=devcluster", *overrides])
+    assert str(info.value).startswith(expected), str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def test_sweep_dry_run_prints_the_job_array_under_the_sweep_dir(hpcdl, tmp_path) -> None:
     out = hpcdl(
         "train",

@@ -758,9 +758,12 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
 
 def print_job(cfg: Config, run_dir: JobDir) -> None:
     """A dry run's Slurm job: the sbatch script, the program and each rank's environment."""
-    from hpcdl.launch.slurm import rank_environment, sbatch_text
+    from hpcdl.launch.slurm import python_note, rank_environment, sbatch_text
 
     print(sbatch_text(cfg, run_dir))
+    note = python_note(cfg.cluster)
+    if note is not None:
+        print(note)
     if cfg.script is not None:
         print("# program (what each Slurm task runs, its script from the frozen copy)")
         print("  " + program_line(cfg, run_dir))
@@ -826,7 +829,7 @@ def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
 def print_array_scripts(configs: list[Config], sweep_dir: Path) -> None:
     """The sbatch script of each job array these trials go in: one per distinct cluster
     config (an array's tasks share its header); a lone trial is a plain job."""
-    from hpcdl.launch.slurm import sbatch_text
+    from hpcdl.launch.slurm import python_note, sbatch_text
     from hpcdl.rundir import SweepDir, with_workdir
 
     groups: dict[str, list[Config]] = {}
@@ -836,6 +839,9 @@ def print_array_scripts(configs: list[Config], sweep_dir: Path) -> None:
         size = len(members) if len(members) > 1 else None
         # As the trials' run dirs record it (a rerun's have it already).
         print(sbatch_text(with_workdir(members[0]), SweepDir(sweep_dir), array_size=size))
+        note = python_note(members[0].cluster)
+        if note is not None:
+            print(note)
 
 
 def program_line(cfg: Config, run_dir: JobDir) -> str:
@@ -850,6 +856,8 @@ def program_line(cfg: Config, run_dir: JobDir) -> str:
     assert cfg.script is not None
     command, _ = frozen_script(run_dir.code_dir, cfg.script.command, cfg.workdir)
     tokens = program_command(replace(cfg.script, command=command), cfg, RankEnv())
+    if cfg.cluster.python is not None and tokens[:1] == [sys.executable]:
+        tokens[0] = cfg.cluster.python  # the job's own interpreter (hpcdl.entry)
     known_in_the_job = {  # torchrun's per-node options, decided once the job runs
         "--node-rank=": "<SLURM_NODEID>",
         "--rdzv-endpoint=": "<first host of SLURM_JOB_NODELIST>:<15000 + SLURM_JOB_ID % 15000>",

@@ -471,6 +471,10 @@ class ClusterConfig:
     requeue_on_stall: bool = False
     # Shell lines run before the payload, e.g. "module load cuda".
     setup: list[str] = field(default_factory=list)
+    # The interpreter the Slurm job's ranks run: a name looked up on the node's PATH after
+    # `setup` (python3), or an absolute path; null = the one running hpcdl here. Not with a
+    # container, whose interpreter is container.python.
+    python: Optional[str] = None
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     rendezvous_timeout_s: int = 300

@@ -472,6 +472,7 @@ def _check_cluster(c: schema.ClusterConfig) -> None:
             f"cluster.container.image: cluster={c.name} runs on this machine, outside any "
             "container; containers are for Slurm profiles (or start hpcdl inside the image)"
         )
+    _check_cluster_python(c)
     if c.launcher != schema.Launcher.slurm and c.nodes != 1:
         raise ConfigError(
             f"cluster.nodes={c.nodes}: cluster={c.name} runs on this machine only; use nodes=1 "
@@ -486,6 +487,41 @@ def _check_cluster(c: schema.ClusterConfig) -> None:
         raise ConfigError(
             f"cluster.signal_delay_s={c.signal_delay_s}: must be shorter than "
             f"cluster.timeout_min={c.timeout_min} minutes"
+        )
+
+
+def _check_cluster_python(c: schema.ClusterConfig) -> None:
+    """cluster.python: one word, a name the node's PATH has after cluster.setup or an
+    absolute path. A path missing here is not refused: it may exist on the compute nodes
+    only (--dry-run says so)."""
+    python = c.python
+    if python is None:
+        return
+    if not python or any(ch.isspace() for ch in python):
+        raise ConfigError(
+            f"cluster.python={python!r}: give one interpreter, a name on the node's PATH after "
+            "cluster.setup (python3) or an absolute path, without spaces; activate an "
+            "environment in cluster.setup, or drop the key (cluster.python=null: the "
+            "interpreter running hpcdl)"
+        )
+    if "/" in python and not python.startswith("/"):
+        where = Path(python).expanduser()
+        example = where if where.is_absolute() else Path.cwd() / python
+        raise ConfigError(
+            f"cluster.python={python!r}: a relative path; give an absolute path ({example}) "
+            "or a name on the node's PATH after cluster.setup (python3)"
+        )
+    if c.launcher != schema.Launcher.slurm:
+        raise ConfigError(
+            f"cluster.python={python!r}: cluster={c.name} runs its ranks here, in the "
+            "interpreter running hpcdl; cluster.python is for Slurm profiles (or start hpcdl "
+            "with that interpreter)"
+        )
+    if c.container.image is not None:
+        raise ConfigError(
+            f"cluster.python={python!r}: with cluster.container.image the ranks run the "
+            f"image's interpreter, cluster.container.python={c.container.python!r}; set that "
+            "instead, and drop cluster.python (cluster.python=null)"
         )
 
 
@@ -525,8 +561,8 @@ def _check_logger(logger: schema.LoggerConfig, cluster: schema.ClusterConfig) ->
         raise ConfigError(
             "logger.mlflow.experiment='': name the MLflow experiment, e.g. logger.mlflow.experiment=mnist"
         )
-    if cluster.container.image is not None:
-        return  # the job runs the image's Python, whose packages this machine cannot see
+    if cluster.container.image is not None or cluster.python is not None:
+        return  # the job runs another Python (the image's), whose packages are not seen here
     for name in logger.chosen():
         _check_tracker_installed(name)
 

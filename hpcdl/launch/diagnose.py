@@ -45,6 +45,10 @@ SHELL_ERROR = re.compile(
     re.M | re.I,
 )
 
+# slurmstepd's line for a task whose program could not start ("slurmstepd-n1: error:
+# execve(): /opt/py/bin/python3: No such file or directory"): for hpcdl's ranks, the
+# job's interpreter (cluster.python, or the login node's own where it is null).
+EXEC_FAILED = re.compile(r"^slurmstepd(?:-(\S+))?: error: execve\(\): (.+?): (.+)$", re.M)
 # A cluster.setup line that failed ends the job script (hpcdl.launch.slurm.SETUP_FAILED).
 SETUP_FAILED = re.compile(r"^error: (cluster\.setup: `.*` failed \(exit \d+\)); the job stops$", re.M)
 
@@ -126,10 +130,25 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
             said = SHELL_ERROR.search(text[: setup.start()])
             why = f": {clipped(said.group(0).strip(), 160)}" if said else ""
             return None, f"{setup.group(1)}{why}"
+        exec_failed = EXEC_FAILED.search(text)
+        if exec_failed:
+            return rank, not_started(*exec_failed.groups())
         shell = SHELL_ERROR.search(text)
         if shell:
             return rank, clipped(shell.group(0).strip(), 200)
     return None
+
+
+def not_started(node: Optional[str], program: str, why: str) -> str:
+    """A task srun could not start: its program, where, why; for an interpreter, the key
+    that chose it."""
+    said = f"could not start {program}" + (f" on {node}" if node else "") + f" ({why.strip()})"
+    if not Path(program).name.startswith("python"):
+        return said
+    return (
+        f"{said}; set cluster.python to an interpreter the compute nodes have: a name on "
+        "their PATH after cluster.setup (python3), or an absolute path"
+    )
 
 
 def program_exit(text: str, exited: re.Match[str]) -> str:

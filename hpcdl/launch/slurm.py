@@ -105,6 +105,23 @@ def setup_lines(cluster: ClusterConfig, code_dir: Path) -> list[str]:
     return lines
 
 
+def host_python(cluster: ClusterConfig) -> str:
+    """The interpreter the ranks run outside a container: cluster.python (a name the node's
+    PATH has once cluster.setup ran, or an absolute path), else the one hpcdl runs in, as
+    submitit's own submission uses (sys.executable): a venv's hpcdl called without
+    activating the venv still gets that venv in the job."""
+    return cluster.python or sys.executable
+
+
+def python_note(cluster: ClusterConfig) -> Optional[str]:
+    """A dry run's line for a cluster.python this machine does not have: not refused (it may
+    exist on the compute nodes only), but said."""
+    python = cluster.python
+    if python is None or not python.startswith("/") or os.path.exists(python):
+        return None
+    return f"# note: cluster.python={python} does not exist here; the compute nodes must have it"
+
+
 def make_executor(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None) -> Any:
     """A submitit executor writing logs to the job dir's logs, running the code in its code
     dir (a run dir, or a sweep dir whose trials share one snapshot)."""
@@ -121,7 +138,7 @@ def make_executor(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None)
     executor = Executor(
         folder=str(base_dir.log_dir),
         max_num_timeout=cfg.cluster.max_requeues,
-        python=container.interpreter(cfg.cluster, base_dir, sys.executable, cfg.workdir),
+        python=container.interpreter(cfg.cluster, base_dir, host_python(cfg.cluster), cfg.workdir),
     )
     executor.update_parameters(**job_parameters(cfg, base_dir, job_name))
     return executor
@@ -159,10 +176,7 @@ def sbatch_text(cfg: Config, run_dir: JobDir, array_size: Optional[int] = None) 
         params["map_count"] = array_size
         if cfg.cluster.array_parallelism:  # else submitit's default, as when submitting
             params["array_parallelism"] = cfg.cluster.array_parallelism
-    # The interpreter hpcdl runs in, as submitit's own submission uses (sys.executable):
-    # a venv's hpcdl called without activating the venv still gets that venv in the job.
-    # (Or the image's, through the container runtime.)
-    python = container.interpreter(cfg.cluster, run_dir, sys.executable, cfg.workdir)
+    python = container.interpreter(cfg.cluster, run_dir, host_python(cfg.cluster), cfg.workdir)
     command = rank_command(python, str(run_dir.log_dir))
     return _make_sbatch_string(command=command, folder=str(run_dir.log_dir), **params)
 

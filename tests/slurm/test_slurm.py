@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -154,6 +156,40 @@ def test_export_none_job_name_and_a_failing_setup_line(devcluster, tmp_path) -> 
         "cause: cluster.setup: `ls /nonexistent` failed (exit 2): ls: cannot access "
         "'/nonexistent': No such file or directory\n"
     ) in status.stdout, status.stdout
+
+
+def test_cluster_python_found_after_the_setup_and_one_no_node_has(devcluster, tmp_path) -> None:
+    """cluster.python=python3 is looked up on the node's PATH after cluster.setup (which
+    puts a folder first whose python3 records that it ran, then runs this interpreter); one
+    no node has fails the job, and `hpcdl status` names it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ran = tmp_path / "ran"
+    python3 = bin_dir / "python3"
+    python3.write_text(
+        f'#!/bin/sh\necho ran >> {shlex.quote(str(ran))}\nexec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    python3.chmod(0o755)
+    for run_dir, python, setup in [
+        ("found", "python3", f"['export PATH={bin_dir}:$PATH']"),
+        ("missing", "/nonexistent/python3", "[]"),
+    ]:
+        out = run_hpcdl(
+            "train", "cluster=devcluster", f"run_dir={run_dir}", "trainer.max_epochs=1",
+            f"cluster.python={python}", f"cluster.setup={setup}", cwd=tmp_path,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+    wait_done(tmp_path / "found", 120)
+    assert ran.read_text() == "ran\n"  # one rank, through the setup's PATH
+    failed = json.loads((tmp_path / "missing" / "slurm.json").read_text())["job_id"]
+    wait_until(lambda: sacct_state(failed) == "FAILED", 120, "the missing interpreter's job")
+    status = run_hpcdl("status", "missing", cwd=tmp_path)
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert re.search(
+        r"cause: rank 0: could not start /nonexistent/python3 on n[12] \(No such file or "
+        r"directory\); set cluster.python to an interpreter the compute nodes have",
+        status.stdout,
+    ), status.stdout
 
 
 def test_submission_path_never_imports_torch(devcluster, tmp_path) -> None:

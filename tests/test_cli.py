@@ -288,15 +288,33 @@ def test_cfg_prints_a_config_train_would_refuse_then_refuses_it(hpcdl, tmp_path:
 
 
 def test_bad_data_found_inside_local_ranks_is_one_line_exit_2(hpcdl, tmp_path: Path) -> None:
-    np.savez(tmp_path / "bad.npz", q=np.zeros(3))
+    np.savez(tmp_path / "bad.npz", x=np.zeros((40, 3)), y=np.zeros(30))  # read by the ranks
     out = hpcdl(
         "train", "cluster=local", "data=files", f"data.path={tmp_path / 'bad.npz'}", "run_dir=run"
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        f"error: data.path='{tmp_path / 'bad.npz'}': no array 'x' (has ['q']); "
-        "save with np.savez(path, x=features, y=labels)"
+        f"error: data.path='{tmp_path / 'bad.npz'}': 40 feature rows but 30 labels; give one "
+        "label per row"
     ]
+
+
+def test_an_array_file_that_is_none_is_refused_on_the_login_node(hpcdl, tmp_path: Path) -> None:
+    """A Slurm submission read nothing of data.path but its existence: a job waited in the
+    queue to find an .npz without its x array, or no .npz at all."""
+    np.savez(tmp_path / "upper.npz", X=np.zeros(3), y=np.zeros(3))
+    (tmp_path / "junk.npy").write_bytes(b"not numpy")
+    slurm = ["train", "cluster=slurm", "data=files", "--dry-run", "--no-preflight"]
+    out = hpcdl(*slurm, "data.path=upper.npz")
+    assert out.returncode == 2 and out.stderr == (
+        "error: data.path='upper.npz': no array 'x' (has ['X', 'y']); save with "
+        "np.savez(path, x=features, y=labels)\n"
+    )
+    out = hpcdl(*slurm, "data.path=junk.npy", "data.labels_path=junk.npy")
+    assert out.returncode == 2 and out.stderr == (
+        "error: data.path: cannot read 'junk.npy' as .npy: not a NumPy file (neither .npy nor "
+        "a zip of arrays); save it with np.save\n"
+    )
 
 
 def test_dict_keys_can_be_added_from_the_command_line(hpcdl) -> None:

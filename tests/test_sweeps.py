@@ -291,7 +291,8 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
 
     x, y = load_breast_cancer(return_X_y=True)
     np.savez(tmp_path / "good.npz", x=x, y=y)
-    (tmp_path / "broken.npz").write_bytes(b"not an npz file")  # exists: passes the login checks
+    # Arrays of the wrong lengths: a file the login checks pass (they read names, not data).
+    np.savez(tmp_path / "broken.npz", x=x, y=y[:100])
     out = hpcdl(
         "train",
         "-m",
@@ -305,7 +306,7 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
     sweep = tmp_path / "sw"
     assert out.returncode == 1, out.stderr + out.stdout  # a failed trial is the sweep's failure
     assert f"3 of 6 trials failed: hpcdl sweep status {sweep}" in out.stdout
-    assert "trial 3 failed: data.path: cannot read 'broken.npz' as .npz: not a NumPy file" in (
+    assert "trial 3 failed: data.path='broken.npz': 569 feature rows but 100 labels" in (
         out.stdout
     ), out.stdout
     ledger = json.loads((sweep / "sweep.json").read_text())
@@ -318,7 +319,7 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
 
     status = hpcdl("sweep", "status", str(sweep))
     assert status.returncode == 1 and "3 COMPLETED, 3 FAILED" in status.stdout
-    assert "trial 5 failed: data.path: cannot read 'broken.npz'" in status.stdout  # the cause
+    assert "trial 5 failed: data.path='broken.npz': 569 feature rows" in status.stdout
 
     # Fix the cause, rerun only the failed trials: the completed ones are not touched.
     mtimes = {i: (sweep / str(i) / "summary.json").stat().st_mtime for i in range(3)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -158,6 +159,44 @@ def check_data(data: schema.DataCommon) -> None:
         raise ConfigError(
             f"data.label_column={label_column!r}: names a .csv's label column; "
             f"data.path={path!r} is an array file (labels from {labels_from}): remove it"
+        )
+    if data.name == "files" and isinstance(path, str):
+        _check_array_file("data.path", path)
+        if labels is not None:
+            _check_array_file("data.labels_path", labels)
+
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def _check_array_file(key: str, path: str) -> None:
+    """An .npy or .npz that is none, or an .npz without its x and y arrays, named from its
+    first bytes or its zip directory (stdlib only): on a login node, before a job waits in
+    the queue to find it out. Their contents are the job's to read."""
+    file = Path(path).expanduser()
+    suffix = file.suffix.lower()
+    if suffix not in (".npy", ".npz") or not file.is_file():
+        return
+    try:
+        with file.open("rb") as f:
+            head = f.read(len(NPY_MAGIC))
+        names = None
+        if suffix == ".npz" and zipfile.is_zipfile(file):
+            with zipfile.ZipFile(file) as z:
+                names = [n.removesuffix(".npy") for n in z.namelist() if n.endswith(".npy")]
+    except (OSError, zipfile.BadZipFile):
+        return  # unreadable here: the job says why
+    if (suffix == ".npy" and head != NPY_MAGIC) or (suffix == ".npz" and names is None):
+        save = "np.save" if suffix == ".npy" else "np.savez"
+        raise ConfigError(
+            f"{key}: cannot read '{path}' as {suffix}: not a NumPy file (neither .npy nor a zip "
+            f"of arrays); save it with {save}"
+        )
+    missing = [k for k in ("x", "y") if names is not None and k not in names]
+    if missing:
+        raise ConfigError(
+            f"{key}='{path}': no array {missing[0]!r} (has {sorted(names or [])}); save with "
+            "np.savez(path, x=features, y=labels)"
         )
 
 

@@ -155,6 +155,12 @@ def test_trials_cancelled_while_queued_are_cancelled_and_rerun(devcluster, tmp_p
     # the array (sacct: one CANCELLED record, 8_[0-2%1], for the tasks that had not run).
     cancel = run_hpcdl("cancel", first[3]["run_dir"], cwd=tmp_path)
     assert cancel.returncode == 0, cancel.stderr
+    # Slurm 22.05 keeps no record of that last task (the array's pending record becomes
+    # 8_[1-2%1]); the array's batch script still names it.
+    status = run_hpcdl("status", array, cwd=tmp_path)
+    assert f", {array}_3 CANCELLED" in status.stdout, status.stdout + status.stderr
+    status = run_hpcdl("status", f"{array}_3", cwd=tmp_path)
+    assert "state: CANCELLED\n" in status.stdout, status.stdout + status.stderr
     subprocess.run(["scancel", array], check=True)
     wait_until(lambda: not array_queued(array), 60, f"array {array} to leave the queue")
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)

@@ -594,6 +594,7 @@ def test_an_array_by_its_own_id_is_headlined_as_a_whole(monkeypatch, capsys) -> 
     answers = {
         "squeue": "",
         "sacct": "52_0|FAILED|00:00:05|1:0|n1\n52_1|COMPLETED|00:00:09|0:0|n2\n",
+        "scontrol": "",  # the controller has forgotten the array: no batch script
     }
     monkeypatch.setattr(slurm_state, "query", lambda cmd: answers[cmd[0]])
     assert main(["status", "52"]) == 1  # a task failed: the array failed
@@ -774,7 +775,7 @@ def test_a_trial_that_stopped_itself_is_not_blamed_on_its_exit_status(
     out = capsys.readouterr().out
     assert "trial 0 failed: stopped" not in out, out  # an error is no stop of its own
     assert f"trial 1 failed: stopped: timeout ({action})\n" in out, out
-    answers.update(sacct="41_1|FAILED|00:01:09|3:0|n1\n")
+    answers.update(sacct="41_1|FAILED|00:01:09|3:0|n1\n", scontrol="")
     monkeypatch.setattr(slurm_state, "query", lambda cmd: answers[cmd[0]])
     report = status_lines(RunDir(sweep / "1"), capsys)
     assert report["state"] == "FAILED" and report["last_end"] == f"timeout ({action})"
@@ -825,6 +826,8 @@ def test_an_array_task_cancelled_before_it_ran_is_cancelled_not_unknown(
     def query(cmd: list[str]) -> str:
         if cmd[0] == "squeue":
             return "" if "-j" in cmd else "1|RUNNING\n"
+        if cmd[0] == "scontrol":
+            return ""  # the controller has forgotten the array: no batch script
         array = "38_0|CANCELLED by 0|00:00:08|0:0|n1\n38_[1-2%1]|CANCELLED by 0|00:00:00|0:0|None\n"
         return array if cmd[cmd.index("-j") + 1] == "38" else ""
 
@@ -835,6 +838,84 @@ def test_an_array_task_cancelled_before_it_ran_is_cancelled_not_unknown(
     assert "source: sacct (the array's record 38_[1-2%1]: it never ran)" in out
     assert main(["status", "38_5"]) == 2  # no such task: as before
     assert "neither squeue nor sacct knows it" in capsys.readouterr().err
+
+
+def test_an_array_task_cancelled_alone_while_it_waited_is_listed_and_cancelled(
+    monkeypatch, capsys
+) -> None:
+    """`scancel 30_3` while 30_[1-3%1] waited: Slurm 22.05 drops the task from the array's
+    pending record (squeue and sacct then say 30_[1-2%1]) and keeps no record of it; only
+    the batch script's `--array=0-3%1` still names it. `hpcdl status 30` listed 30_0 to
+    30_2 without it, and `hpcdl status 30_3` said 'neither squeue nor sacct knows it'.
+    The answers are the dev cluster's (`sbatch --array=0-3%1`), as hpcdl asks."""
+    from hpcdl.launch import slurm_state
+
+    script = "#!/bin/bash\n#SBATCH --array=0-3%1\nsleep 20\n"
+    squeue = {  # -j ID -> its answer; tasks squeue does not list: "" (exit status 0)
+        "30": "30_[1-2%1]|PENDING|0:00|1:00:00|1|(JobArrayTaskLimit)\n"
+        "30_0|RUNNING|0:03|1:00:00|1|n1\n",
+    }
+    sacct = {"30": "30_0|RUNNING\n30_[1-2%1]|PENDING\n"}
+    controller: dict[str, str] = {"30": script}
+
+    def query(cmd: list[str]) -> str | None:
+        if cmd[0] == "scontrol":
+            return controller.get(cmd[3], "")  # rc 0 and nothing once it is forgotten
+        if cmd[0] == "squeue":
+            return squeue.get(cmd[cmd.index("-j") + 1], "") if "-j" in cmd else "1|RUNNING\n"
+        return None if sacct is None else sacct.get(cmd[cmd.index("-j") + 1], "")
+
+    monkeypatch.setattr(slurm_state, "query", query)
+    state = slurm_state.job_state("30")
+    assert state["state"] == "RUNNING", state
+    assert state["array_tasks"] == "30_0 RUNNING, 30_[1-2%1] PENDING, 30_3 CANCELLED"
+    assert main(["status", "30_3"]) == 1  # ended without completing
+    out = capsys.readouterr().out
+    assert "job_id: 30_3\n" in out and "state: CANCELLED\n" in out, out
+    assert "source: the array's batch script (--array=0-3%1)" in out, out
+    # Every task has ended; the controller still holds the array (MinJobAge).
+    squeue["30"] = ""
+    sacct["30"] = "30_0|COMPLETED|00:00:20|0:0|n1\n30_1|COMPLETED|00:00:20|0:0|n1\n" + (
+        "30_2|COMPLETED|00:00:20|0:0|n1\n"
+    )
+    assert main(["status", "30"]) == 1
+    out = capsys.readouterr().out
+    assert "state: CANCELLED\n" in out, out
+    assert "array_tasks: 30_0 COMPLETED, 30_1 COMPLETED, 30_2 COMPLETED, 30_3 CANCELLED" in out
+    # `--array=0-4%1`, `scancel 34_2` while 34_[1-4%1] waited: squeue says 34_[1,3-4%1] at
+    # once, sacct keeps 34_[1-4%1] PENDING until the next task starts. It was listed twice
+    # (squeue's range and sacct's), and `hpcdl status 34_2` was PENDING.
+    controller["34"] = script.replace("0-3%1", "0-4%1")
+    squeue["34"] = "34_[1,3-4%1]|PENDING|0:00|1:00:00|1|(JobArrayTaskLimit)\n" + (
+        "34_0|RUNNING|0:03|1:00:00|1|n1\n"
+    )
+    sacct["34"] = "34_0|RUNNING\n34_[1-4%1]|PENDING\n"
+    state = slurm_state.job_state("34")
+    assert state["array_tasks"] == "34_0 RUNNING, 34_[1,3-4%1] PENDING, 34_2 CANCELLED"
+    state = slurm_state.job_state("34_2")
+    assert state["state"] == "CANCELLED", state
+    # Without accounting (sacct fails) a task that has ended is in no record either: nothing
+    # is called CANCELLED on the batch script's word.
+    sacct = None
+    assert slurm_state.job_state("30_0")["state"] == "UNKNOWN"
+    squeue["30"] = "30_2|RUNNING|0:03|1:00:00|1|n1\n"
+    assert slurm_state.job_state("30")["array_tasks"] == "30_2 RUNNING"
+    # Once the controller has forgotten the array, no Slurm record names 30_3: as before.
+    sacct = {"30": "30_0|COMPLETED\n30_1|COMPLETED\n30_2|COMPLETED\n"}
+    squeue["30"] = ""
+    del controller["30"]
+    assert main(["status", "30_3"]) == 2
+    assert "neither squeue nor sacct knows it" in capsys.readouterr().err
+    assert main(["status", "30_9"]) == 2  # no such task
+
+
+def test_array_task_ids_read_as_sbatch_writes_them() -> None:
+    from hpcdl.launch.slurm_state import task_ids
+
+    assert task_ids("52_[1-2%1]") == ["52_1", "52_2"]
+    assert task_ids("52_[1,3-4%1]") == ["52_1", "52_3", "52_4"]
+    assert task_ids("52_[0-6:3]") == ["52_0", "52_3", "52_6"]  # a batch script's step
+    assert task_ids("52_3") == ["52_3"] and task_ids("52_[x]") == ["52_[x]"]
 
 
 def test_a_job_ended_at_its_time_limit_before_its_warning_requeues_as_a_time_limit(

@@ -169,6 +169,116 @@ def test_new_sweep_arrays_come_from_its_plan_and_a_rerun_reads_its_run_dirs(
     assert [t.attempts for t in ledger.trials] == [2, 2, 2, 2]
 
 
+class _RecordingExecutor:
+    """submitit's SlurmExecutor without sbatch: each array's trials and the parameters it
+    was given (job ids 1_0, 1_1, ... for the first array; a lone trial a plain job)."""
+
+    def __init__(self, arrays: list[dict], cfg, base) -> None:
+        from hpcdl.launch.slurm import job_parameters
+
+        self.arrays = arrays
+        extra = job_parameters(cfg, base)["additional_parameters"]
+        self.parameters: dict = {"additional_parameters": extra}
+
+    def update_parameters(self, **params) -> None:
+        self.parameters.update(params)
+
+    def map_array(self, _fn, run_dirs):
+        self.arrays.append({"trials": [Path(d).name for d in run_dirs], **self.parameters})
+        n = len(self.arrays)
+        if len(run_dirs) == 1:
+            return [SimpleNamespace(job_id=str(n))]
+        return [SimpleNamespace(job_id=f"{n}_{k}") for k in range(len(run_dirs))]
+
+
+def test_arrays_split_for_max_array_size_hold_array_parallelism_across_them(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Split arrays each had `%N`: two arrays ran 2N trials at once. A later array now waits
+    for the one before it (afterany: however it ended), so at most N run at once, and
+    every trial still runs. Without a limit, or in one array, nothing changes."""
+    from hpcdl.launch import slurm
+    from hpcdl.sweep import launch
+
+    arrays: list[dict] = []
+    monkeypatch.setattr(
+        slurm, "make_executor", lambda cfg, base, **_: _RecordingExecutor(arrays, cfg, base)
+    )
+    monkeypatch.setattr(launch, "max_array_size", lambda: 3)  # at most 2 trials an array
+
+    def submitted(name: str, *overrides: str) -> list[str]:
+        lrs = "optim.lr=0.1,0.05,0.02,0.01,0.005"
+        plan = plan_sweep(
+            ["cluster=rivanna_a100", lrs, *overrides, f"hydra.sweep.dir={tmp_path / name}"]
+        )
+        arrays.clear()
+        return launch.submit_arrays(launch.create_sweep(plan), [0, 1, 2, 3, 4])
+
+    assert submitted("limited", "cluster.array_parallelism=2") == ["1", "2", "3"]
+    assert [a["trials"] for a in arrays] == [["0", "1"], ["2", "3"], ["4"]]
+    assert [a.get("array_parallelism") for a in arrays] == [2, 2, 2]
+    assert [a["additional_parameters"].get("dependency") for a in arrays] == [
+        None,
+        "afterany:1",
+        "afterany:2",
+    ]
+    assert all(a["additional_parameters"]["signal"] == "USR2@180" for a in arrays)  # kept
+    # A dependency of the user's own (cluster.sbatch_extra) is kept: both must hold.
+    submitted("own", "cluster.array_parallelism=2", "+cluster.sbatch_extra.dependency=after:7")
+    assert arrays[1]["additional_parameters"]["dependency"] == "after:7,afterany:1"
+    # No limit: the arrays run side by side, as before.
+    submitted("unlimited")
+    assert [a["additional_parameters"].get("dependency") for a in arrays] == [None] * 3
+    monkeypatch.setattr(launch, "max_array_size", lambda: 1001)
+    submitted("fits", "cluster.array_parallelism=2")
+    assert arrays == [
+        {
+            "trials": ["0", "1", "2", "3", "4"],
+            "additional_parameters": {"signal": "USR2@180", "requeue": True},
+            "array_parallelism": 2,
+        }
+    ]
+
+
+def test_a_split_sweeps_dry_run_shows_each_array_as_submitted(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The dry run of a sweep larger than MaxArraySize printed one `--array=0-1499%3`
+    script, which sbatch refuses; it now shows the split the submission makes."""
+    from hpcdl.cli.main import main
+    from hpcdl.sweep import launch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launch, "max_array_size", lambda: 3)
+    args = ["train", "-m", "cluster=devcluster", "optim.lr=0.1,0.05,0.02,0.01,0.005"]
+    assert main([*args, "hydra.sweep.dir=sw", "cluster.array_parallelism=1", "--dry-run",
+                 "--no-preflight"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert (
+        "# 5 trials in 3 job arrays: MaxArraySize=3, so at most 2 trials in one; each waits "
+        "for the one before it to end (--dependency=afterany), so that at most "
+        "cluster.array_parallelism=1 of the 5 trials run at once\n"
+        "# job array 1 of 3: trials 0-1\n#!/bin/bash\n"
+    ) in out, out
+    assert "#SBATCH --array=0-1%1\n" in out and "--array=0-4" not in out
+    assert (
+        "# job array 2 of 3: trials 2-3: the script of job array 1, with\n"
+        "#SBATCH --dependency=afterany:<job array 1>\n# job 3 of 3: trial 4\n#!/bin/bash\n"
+    ) in out, out
+    # The last, a lone trial, is a plain job: its whole script, waiting for array 2.
+    last = out.split("# job 3 of 3: trial 4\n")[1]
+    assert "#SBATCH --dependency=afterany:<job array 2>\n" in last and "--array" not in last
+    assert "/sw/logs/%j_0_log.out" in last
+    assert out.count("#!/bin/bash") == 2
+    # A sweep that fits in one array: one script, as before, no word of a split.
+    monkeypatch.setattr(launch, "max_array_size", lambda: 1001)
+    assert main([*args, "hydra.sweep.dir=sw2", "cluster.array_parallelism=1", "--dry-run",
+                 "--no-preflight"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("#!/bin/bash") == 1 and "#SBATCH --array=0-4%1\n" in out
+    assert "job array" not in out and "dependency" not in out, out
+
+
 def test_two_reruns_at_once_submit_a_failed_trial_once(tmp_path: Path, monkeypatch, capsys) -> None:
     # Before: both decided from the states before either submitted, and both submitted.
     from hpcdl.cli import main as cli

@@ -638,8 +638,10 @@ def rerun_failed(
         if ledger.launcher == "slurm":
             if fresh_code:
                 print(fresh_sweep_dry_line(ledger))
-            configs = [open_run_dir(ledger.trial(i).run_dir)[0] for i in failed]
-            print_array_scripts(configs, sweep_dir)
+            from hpcdl.cli.array_scripts import print_array_scripts
+
+            trials = [(i, open_run_dir(ledger.trial(i).run_dir)[0]) for i in failed]
+            print_array_scripts(trials, sweep_dir)
         print("# dry run: nothing submitted")
         return failed, EXIT_OK
     if ledger.launcher == "slurm":
@@ -804,11 +806,12 @@ def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
     """`train -m --dry-run`: the job array's sbatch script, one per distinct cluster config
     (trials that differ in `cluster.*` cannot share an array's header), then the
     preflight's verdict on each, as the submission would meet it."""
+    from hpcdl.cli.array_scripts import print_array_scripts
     from hpcdl.sweep.launch import check_new_sweep_dir, default_sweep_dir
 
     sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
     print(f"# sweep dir (not created): {sweep_dir}")
-    print_array_scripts([trial.config for trial in plan.trials], sweep_dir)
+    print_array_scripts([(trial.index, trial.config) for trial in plan.trials], sweep_dir)
     refusal, checked = None, set()
     for trial in plan.trials:
         if repr(trial.config.cluster) in checked:
@@ -824,24 +827,6 @@ def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
     if refusal is not None:
         raise refusal
     return EXIT_OK
-
-
-def print_array_scripts(configs: list[Config], sweep_dir: Path) -> None:
-    """The sbatch script of each job array these trials go in: one per distinct cluster
-    config (an array's tasks share its header); a lone trial is a plain job."""
-    from hpcdl.launch.slurm import python_note, sbatch_text
-    from hpcdl.rundir import SweepDir, with_workdir
-
-    groups: dict[str, list[Config]] = {}
-    for cfg in configs:
-        groups.setdefault(repr(cfg.cluster), []).append(cfg)
-    for members in groups.values():
-        size = len(members) if len(members) > 1 else None
-        # As the trials' run dirs record it (a rerun's have it already).
-        print(sbatch_text(with_workdir(members[0]), SweepDir(sweep_dir), array_size=size))
-        note = python_note(members[0].cluster)
-        if note is not None:
-            print(note)
 
 
 def program_line(cfg: Config, run_dir: JobDir) -> str:

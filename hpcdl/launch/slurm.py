@@ -163,9 +163,14 @@ def job_parameters(cfg: Config, base_dir: JobDir, job_name: Optional[str] = None
     return params
 
 
-def sbatch_text(cfg: Config, run_dir: JobDir, array_size: Optional[int] = None) -> str:
+def sbatch_text(
+    cfg: Config,
+    run_dir: JobDir,
+    array_size: Optional[int] = None,
+    dependency: Optional[str] = None,
+) -> str:
     """The exact sbatch script submitit writes for this run, or for a sweep's job array of
-    array_size tasks (its folder: the sweep dir)."""
+    array_size tasks (its folder: the sweep dir), waiting for `dependency` if given."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     from hpcdl.launch import container
@@ -176,9 +181,20 @@ def sbatch_text(cfg: Config, run_dir: JobDir, array_size: Optional[int] = None) 
         params["map_count"] = array_size
         if cfg.cluster.array_parallelism:  # else submitit's default, as when submitting
             params["array_parallelism"] = cfg.cluster.array_parallelism
+    if dependency is not None:
+        params["additional_parameters"] = with_dependency(
+            params["additional_parameters"], dependency
+        )
     python = container.interpreter(cfg.cluster, run_dir, host_python(cfg.cluster), cfg.workdir)
     command = rank_command(python, str(run_dir.log_dir))
     return _make_sbatch_string(command=command, folder=str(run_dir.log_dir), **params)
+
+
+def with_dependency(extra: dict[str, Any], dependency: str) -> dict[str, Any]:
+    """sbatch's extra options with `dependency` (afterany:52) added to any the user gave in
+    cluster.sbatch_extra (both must hold: Slurm's `,`)."""
+    own = extra.get("dependency")
+    return {**extra, "dependency": f"{own},{dependency}" if own else dependency}
 
 
 def rank_environment(cfg: Config) -> list[dict[str, str]]:

@@ -1,6 +1,8 @@
 """Slurm's view of a job: squeue while it is queued or running, sacct once it has left the
 queue (where accounting exists), arrays as a whole. Stdlib only; one query per call of
-job_state (two for an array asked for by its own id while tasks are still queued)."""
+job_state for a job, more for an array or its task: sacct for the tasks that have left the
+queue, and the array's batch script for the tasks it was submitted with (a task cancelled
+while it waited is in no other record)."""
 
 from __future__ import annotations
 
@@ -86,13 +88,17 @@ def normalized_elapsed(slurm: str) -> str:
 def job_state(job_id: str) -> dict[str, str]:
     """squeue while queued/running; sacct once it has left the queue (if accounting exists)."""
     out = query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
+    queue_answered = out is not None  # "" for a task of a queued array that it does not list
     # squeue also fails ("Invalid job id") for a job the controller has purged (MinJobAge):
     # accounting still knows it, so ask sacct before giving up.
     if out is not None and out.strip():
         lines = out.strip().splitlines()
         jid, state, elapsed, limit, nodes, where = lines[0].split("|")
-        tasks = _array_tasks(job_id, _with_finished_tasks(job_id, lines))
+        with_finished, accounted = _with_finished_tasks(job_id, lines)
+        tasks = _array_tasks(job_id, with_finished)
         if tasks:  # the array as a whole, not whichever task squeue listed first
+            # Without accounting a task that has ended is in no record either: not added.
+            tasks = _with_unrecorded_tasks(job_id, tasks) if accounted else tasks
             return {
                 "job_id": job_id,
                 "state": array_state(tasks),
@@ -116,6 +122,7 @@ def job_state(job_id: str) -> dict[str, str]:
         lines = out.strip().splitlines()
         tasks = _array_tasks(job_id, lines)
         if tasks:
+            tasks = _with_unrecorded_tasks(job_id, tasks)
             return {
                 "job_id": job_id,
                 "state": array_state(tasks),
@@ -132,7 +139,7 @@ def job_state(job_id: str) -> dict[str, str]:
             "source": "sacct",
         }
     if out is not None and not out.strip() and "_" in job_id:
-        grouped = _in_array_record(job_id)
+        grouped = _in_array_record(job_id, queue_answered)
         if grouped is not None:
             return grouped
     if out is None and query(["squeue", "-h", "-o", "%i"]) is None:
@@ -149,25 +156,46 @@ def job_state(job_id: str) -> dict[str, str]:
 ARRAY_RECORD = "sacct (the array's record"
 
 
-def _in_array_record(job_id: str) -> Optional[dict[str, str]]:
+def _in_array_record(job_id: str, queue_answered: bool) -> Optional[dict[str, str]]:
     """An array task that never ran as a job of its own (cancelled while it waited): sacct
-    has no record of it, only its array's for such tasks (`52_[1-2%1] CANCELLED`)."""
+    has no record of it, at most its array's for such tasks (`52_[1-2%1] CANCELLED`, or
+    `52_[1-4%1] PENDING` until accounting catches up with squeue), and Slurm none at all
+    once it dropped the task from the array's pending record (`scancel 52_3`: `52_[2-3%1]`
+    becomes `52_[2%1]`); only the array's batch script still names it then."""
     array = job_id.partition("_")[0]
     out = query(["sacct", "-n", "-P", "-X", "-j", array, "-o", "JobID,State"]) or ""
     for line in out.strip().splitlines():
         record, _, state = line.partition("|")
         if record != job_id and job_id in task_ids(record):
+            state = state.split()[0] if state.strip() else "UNKNOWN"
+            if is_active(state) and queue_answered:  # squeue would list a waiting task
+                return {
+                    "job_id": job_id,
+                    "state": "CANCELLED",
+                    "source": f"{ARRAY_RECORD} {record}, still {state}: squeue does not list "
+                    "the task, so it was cancelled before it ran)",
+                }
             return {
                 "job_id": job_id,
-                "state": state.split()[0] if state.strip() else "UNKNOWN",
+                "state": state,
                 "source": f"{ARRAY_RECORD} {record}: it never ran)",
             }
+    spec = submitted_spec(array)
+    if spec is not None and job_id in task_ids(f"{array}_[{spec}]"):
+        return {
+            "job_id": job_id,
+            "state": "CANCELLED",
+            "source": f"the array's batch script (--array={spec}); no record of the task: it "
+            "was cancelled before it ran",
+        }
     return None
 
 
 # sacct's one record for an array's tasks that have not run as their own job:
 # 52_[1-2%1], 52_[1,3,5-7]. Cancelling the array ends them all under that record.
-_ARRAY_TASKS = re.compile(r"^(\d+)_\[([\d,-]+)(?:%\d+)?\]$")
+# sbatch's --array also takes steps (0-15:4), read as such in a batch script.
+_SPEC = r"(?:\d+(?:-\d+(?::\d+)?)?,)*\d+(?:-\d+(?::\d+)?)?(?:%\d+)?"
+_ARRAY_TASKS = re.compile(rf"^(\d+)_\[({_SPEC})\]$")
 
 
 def task_ids(record: str) -> list[str]:
@@ -177,34 +205,78 @@ def task_ids(record: str) -> list[str]:
         return [record]
     array, spec = match.groups()
     tasks: list[str] = []
-    for part in spec.split(","):
-        first, _, last = part.partition("-")
-        tasks += [f"{array}_{k}" for k in range(int(first), int(last or first) + 1)]
+    for part in spec.partition("%")[0].split(","):
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        numbers = range(int(first), int(last or first) + 1, max(1, int(step or 1)))
+        tasks += [f"{array}_{k}" for k in numbers]
     return tasks
 
 
-def _with_finished_tasks(job_id: str, queued: list[str]) -> list[str]:
+# `#SBATCH --array=0-3%2` (submitit writes it so), `--array 0-3`, `-a 0-3`.
+_ARRAY_OPTION = re.compile(r"^#SBATCH\s+(?:--array[=\s]\s*|-a\s*)(\S+)", flags=re.M)
+
+
+def submitted_spec(array_id: str) -> Optional[str]:
+    """The --array an array was submitted with (`0-3%2`), from the batch script the
+    controller keeps while any of its tasks is queued or running (and MinJobAge after);
+    None once it has forgotten the array, or for a script without --array (an --array on
+    sbatch's command line: only sacct's SubmitLine has it)."""
+    script = query(["scontrol", "write", "batch_script", array_id, "-"]) or ""
+    match = _ARRAY_OPTION.search(script)
+    return match.group(1) if match and re.fullmatch(_SPEC, match.group(1)) else None
+
+
+def _with_unrecorded_tasks(job_id: str, tasks: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """An array's tasks, with those it was submitted with that no record lists: cancelled
+    before they ran (`scancel 52_3` while it waited drops it from the array's pending
+    record, and Slurm keeps none of its own), one line per run (`52_3 CANCELLED`)."""
+    spec = submitted_spec(job_id)
+    if spec is None:
+        return tasks
+    listed = {task for jid, _ in tasks for task in task_ids(jid)}
+    missing = [int(t.partition("_")[2]) for t in task_ids(f"{job_id}_[{spec}]") if t not in listed]
+    runs: list[list[int]] = []
+    for k in missing:
+        if runs and k == runs[-1][1] + 1:
+            runs[-1][1] = k
+        else:
+            runs.append([k, k])
+    cancelled = [
+        (f"{job_id}_{a}" if a == b else f"{job_id}_[{a}-{b}]", "CANCELLED") for a, b in runs
+    ]
+    return sorted(tasks + cancelled, key=lambda task: _task_order(task[0]))
+
+
+def _with_finished_tasks(job_id: str, queued: list[str]) -> tuple[list[str], bool]:
     """An array asked for by its own id while some of its tasks are still queued: squeue
     lists only those, so add the tasks that have left the queue from sacct (squeue's line
-    wins for a task both list)."""
+    wins for a task both list); and whether sacct answered."""
     if "_" in job_id or not any(line.startswith(f"{job_id}_") for line in queued):
-        return queued
-    done = query(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State"]) or ""
+        return queued, False
+    answer = query(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State"])
+    done = answer or ""
     in_queue = {line.split("|")[0] for line in queued}
     # Only task records: for its first seconds of running, sacct still lists the array as
-    # `52|PENDING` (accounting not yet told that its tasks started), which is no task.
+    # `52|PENDING` (accounting not yet told that its tasks started), which is no task. Nor
+    # is its pending record, which squeue's replaces: sacct's lags behind (`52_[1-4%1]`
+    # after `scancel 52_2`, while squeue lists 52_[1,3-4%1]).
     finished = [
         line
         for line in done.strip().splitlines()
-        if line.startswith(f"{job_id}_") and line.split("|")[0] not in in_queue
+        if line.startswith(f"{job_id}_")
+        and line.split("|")[0] not in in_queue
+        and not ("[" in line and is_active(line.split("|")[1].split(" ")[0]))
     ]
-    return sorted(finished + queued, key=_task_order)
+    return sorted(finished + queued, key=_task_order), answer is not None
 
 
 def _task_order(line: str) -> tuple[int, str]:
-    """Array task lines in task order: 52_2 before 52_10, 52_[3-5] (still pending) last."""
+    """Array task lines in task order: 52_2 before 52_10, a range (52_[3-5%1]) at its first
+    task, after that task's own line."""
     task = line.split("|")[0].partition("_")[2]
-    return (int(task), "") if task.isdigit() else (1 << 30, task)
+    first = re.match(r"\[?(\d+)", task)
+    return (int(first.group(1)), "" if task.isdigit() else task) if first else (1 << 30, task)
 
 
 def _array_tasks(job_id: str, lines: list[str]) -> list[tuple[str, str]]:

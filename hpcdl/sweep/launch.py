@@ -130,6 +130,9 @@ def _fill_sweep(plan: SweepPlan, sweep_dir: Path) -> Ledger:
 
 
 def max_array_size() -> int:
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # scontrol would retry it for 60 s
+        return DEFAULT_MAX_ARRAY_SIZE
     try:
         out = subprocess.run(
             ["scontrol", "show", "config"], capture_output=True, text=True, timeout=60
@@ -140,11 +143,35 @@ def max_array_size() -> int:
     return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
 
 
+Trials = list[tuple[int, Config]]  # (trial index, its config)
+
+
+def array_parts(trials: Trials, max_size: int) -> list[list[Trials]]:
+    """The job arrays a sweep's trials go in, as submit_arrays submits them (and a dry run
+    shows them): one group per distinct cluster config (an array's tasks share its sbatch
+    header), each split into parts no larger than MaxArraySize allows, in order."""
+    groups: dict[str, Trials] = {}
+    for i, cfg in trials:
+        groups.setdefault(json.dumps(to_plain(cfg)["cluster"], sort_keys=True), []).append((i, cfg))
+    chunk = max_size - 1  # task ids run 0..N-1 and must stay below MaxArraySize
+    return [[m[k : k + chunk] for k in range(0, len(m), chunk)] for m in groups.values()]
+
+
+def waits_for_previous(cfg: Config, part: int) -> bool:
+    """Whether a group's part after the first waits for the one before it to end
+    (--dependency=afterany): with cluster.array_parallelism=N, so that at most N of the
+    group's trials run at once, not N per part; without a limit the parts run side by
+    side. afterany: it starts however the previous part's tasks ended (or were cancelled)."""
+    return part > 0 and cfg.cluster.array_parallelism > 0
+
+
 def submit_arrays(
     ledger: Ledger, indices: list[int], configs: Optional[Mapping[int, Config]] = None
 ) -> list[str]:
     """One job array per distinct cluster config (the sbatch header is shared by an array's
-    tasks), split so no array exceeds the cluster's MaxArraySize. Returns the array job ids.
+    tasks), split so no array exceeds the cluster's MaxArraySize, a split's later arrays
+    each waiting for the one before it under cluster.array_parallelism (waits_for_previous).
+    Returns the array job ids.
 
     `configs`: the trials' configs by index where the caller has them (a sweep just planned
     and created); otherwise each is read from its run dir (`sweep rerun`: the stored config,
@@ -152,23 +179,26 @@ def submit_arrays(
     the arrays; each task reads its own run dir's config."""
     from submitit.core.utils import FailedJobError
 
-    from hpcdl.launch.slurm import make_executor, outside_job_env, sbatch_refusal
+    from hpcdl.launch.slurm import make_executor, outside_job_env, sbatch_refusal, with_dependency
     from hpcdl.launch.slurm_job import main as job_main
 
     sweep_dir = SweepDir(Path(ledger.sweep_dir))
-    groups: dict[str, list[tuple[int, Config]]] = {}
-    for i in indices:
-        cfg = configs[i] if configs is not None else open_run_dir(ledger.trial(i).run_dir)[0]
-        groups.setdefault(json.dumps(to_plain(cfg)["cluster"], sort_keys=True), []).append((i, cfg))
-    chunk = max_array_size() - 1  # task ids run 0..N-1 and must stay below MaxArraySize
+    trials = [
+        (i, configs[i] if configs is not None else open_run_dir(ledger.trial(i).run_dir)[0])
+        for i in indices
+    ]
     array_ids: list[str] = []
-    for members in groups.values():
-        cfg = members[0][1]
-        executor = make_executor(cfg, sweep_dir)
-        if cfg.cluster.array_parallelism:
-            executor.update_parameters(array_parallelism=cfg.cluster.array_parallelism)
-        for start in range(0, len(members), chunk):
-            part = members[start : start + chunk]
+    for parts in array_parts(trials, max_array_size()):
+        for number, part in enumerate(parts):
+            cfg = part[0][1]
+            executor = make_executor(cfg, sweep_dir)
+            if cfg.cluster.array_parallelism:
+                executor.update_parameters(array_parallelism=cfg.cluster.array_parallelism)
+            if waits_for_previous(cfg, number):
+                extra = executor.parameters.get("additional_parameters", {})
+                executor.update_parameters(
+                    additional_parameters=with_dependency(extra, f"afterany:{array_ids[-1]}")
+                )
             try:
                 # submitit prints sbatch's stderr before raising it: it goes in our one line
                 with outside_job_env(), contextlib.redirect_stderr(io.StringIO()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -155,6 +156,12 @@ def test_trials_cancelled_while_queued_are_cancelled_and_rerun(devcluster, tmp_p
     # the array (sacct: one CANCELLED record, 8_[0-2%1], for the tasks that had not run).
     cancel = run_hpcdl("cancel", first[3]["run_dir"], cwd=tmp_path)
     assert cancel.returncode == 0, cancel.stderr
+    # Slurm 22.05 keeps no record of that last task (the array's pending record becomes
+    # 8_[1-2%1]); the array's batch script still names it.
+    status = run_hpcdl("status", array, cwd=tmp_path)
+    assert f", {array}_3 CANCELLED" in status.stdout, status.stdout + status.stderr
+    status = run_hpcdl("status", f"{array}_3", cwd=tmp_path)
+    assert "state: CANCELLED\n" in status.stdout, status.stdout + status.stderr
     subprocess.run(["scancel", array], check=True)
     wait_until(lambda: not array_queued(array), 60, f"array {array} to leave the queue")
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
@@ -209,15 +216,28 @@ def test_sweeps_larger_than_max_array_size_are_split(devcluster, tmp_path, monke
             f"hydra.sweep.dir={sweep}",
             "optim.lr=0.1,0.05,0.02,0.01,0.005",
             "trainer.max_epochs=1",
+            "cluster.array_parallelism=1",
         ]
     )
     assert rc == 0
     record = ledger(sweep)
     assert [len(s["trials"]) for s in record["submissions"]] == [2, 2, 1]
+    arrays = [s["array_job_id"] for s in record["submissions"]]
     assert len({t["job_id"].split("_")[0] for t in record["trials"]}) == 3
     # (submitit submits a one-element chunk as a plain job: id without _TASK)
     assert all(int(t["job_id"].partition("_")[2] or 0) < 2 for t in record["trials"])
-    wait_until(lambda: all_completed(sweep), 180, "five trials in three arrays")
+    # %1 holds across the arrays: each waits for the one before it to end.
+    for before, after in itertools.pairwise(arrays):
+        shown = subprocess.run(["scontrol", "show", "job", after], capture_output=True, text=True)
+        assert f"Dependency=afterany:{before}" in shown.stdout, shown.stdout + shown.stderr
+    wait_until(lambda: all_completed(sweep), 240, "five trials in three arrays, one at a time")
+    times = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-j", ",".join(arrays), "-o", "JobID,Start,End"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    spans = sorted(tuple(line.split("|")[1:]) for line in times.strip().splitlines())
+    assert len(spans) == 5, times
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)), times
 
 
 def test_a_requeued_array_task_keeps_its_id_and_resumes_exactly(devcluster, tmp_path) -> None:

@@ -165,7 +165,7 @@ def test_local_sweep_status_summary_and_rerun_failed(tmp_path, monkeypatch) -> N
     monkeypatch.chdir(tmp_path)
     x, y = load_breast_cancer(return_X_y=True)
     np.savez("good.npz", x=x, y=y)
-    Path("broken.npz").write_bytes(b"not an npz file")  # exists: passes the login checks
+    np.savez("broken.npz", x=x, y=y[:100])  # wrong lengths: passes the checks before it runs
     sweep = submit_sweep(
         [
             "hydra.sweep.dir=sw",

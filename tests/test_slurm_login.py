@@ -558,7 +558,10 @@ def test_a_value_hydra_cannot_read_unquoted_says_how_to_quote_it(hpcdl) -> None:
 def test_an_attempt_that_raises_records_its_end(hpcdl, tmp_path) -> None:
     """The job payload (rank 0 of a Slurm job) records a `failed` end with the error when
     training raises, as it does for every other end (slurm.md: each attempt's end reason)."""
-    (tmp_path / "broken.npz").write_bytes(b"not an npz file")  # exists: passes the login checks
+    import numpy as np
+
+    # Arrays of the wrong lengths: the login checks pass (they read names, not data).
+    np.savez(tmp_path / "broken.npz", x=np.zeros((10, 3)), y=np.zeros(5))
     out = hpcdl(
         "train", "cluster=devcluster", "run_dir=r", "data=files", "data.path=broken.npz",
         "--no-launch", "--no-preflight",
@@ -576,7 +579,9 @@ def test_an_attempt_that_raises_records_its_end(hpcdl, tmp_path) -> None:
     assert [r["event"] for r in records] == ["start", "end"], records
     assert records[-1]["reason"] == "failed"
     broken = tmp_path / "broken.npz"  # made absolute at compose
-    assert records[-1]["error"].startswith(f"DataError: data.path: cannot read '{broken}'")
+    assert records[-1]["error"].startswith(
+        f"DataError: data.path='{broken}': 10 feature rows but 5 labels"
+    ), records[-1]
 
 
 def test_a_resume_of_a_slurm_run_whose_model_code_was_edited_warns(hpcdl, tmp_path) -> None:

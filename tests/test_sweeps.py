@@ -755,7 +755,7 @@ def test_a_local_trial_resumed_by_hand_counts_as_an_attempt(hpcdl, tmp_path: Pat
 
     x, y = load_breast_cancer(return_X_y=True)
     np.savez(tmp_path / "good.npz", x=x, y=y)
-    (tmp_path / "broken.npz").write_bytes(b"not an npz file")
+    np.savez(tmp_path / "broken.npz", x=x, y=y[:100])  # passes the checks before it runs
     local = ["cluster=local", "cluster.tasks_per_node=1", "trainer.max_epochs=1", "data=files"]
     out = hpcdl("train", "-m", *local, "data.path=good.npz,broken.npz", "hydra.sweep.dir=sw")
     assert out.returncode == 1, out.stdout + out.stderr

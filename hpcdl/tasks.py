@@ -304,8 +304,10 @@ class CustomTask(Task):
             result = fn(dict(means))
         except Exception as exc:
             said = str(exc).strip().splitlines()
+            has = f" (means has {', '.join(means)}: one split's, without train_/val_)"
             raise ConfigError(
                 f"{where}: raised {type(exc).__name__}{': ' + said[0] if said else ''}"
+                f"{has if isinstance(exc, KeyError) else ''}"
             ) from exc
         if not isinstance(result, Mapping) or not all(isinstance(k, str) for k in result):
             raise ConfigError(

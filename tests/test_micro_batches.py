@@ -71,11 +71,18 @@ def test_micro_batches_train_the_same_weights_and_metrics(tmp_path: Path, extra)
         assert float(x["train_loss"]) == pytest.approx(float(y["train_loss"]), rel=1e-5)
 
 
-def test_more_micro_batches_than_samples_is_refused(tmp_path: Path) -> None:
+def test_more_micro_batches_than_a_ranks_samples_is_refused(tmp_path: Path) -> None:
     out = run_hpcdl("train", "trainer.batch_size=8", "trainer.micro_batches=16", cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr == (
-        "error: trainer.micro_batches=16: more than trainer.batch_size=8 samples to split; "
-        "give at most 8 (it splits each rank's share of a batch into that many passes)\n"
+        "error: trainer.micro_batches=16: more passes than samples in each rank's share of "
+        "trainer.batch_size=8 (8); give at most 8\n"
+    )
+    # Each rank's share: 40 was taken as 32 on 2 ranks of 64 (persona, lm2).
+    two = ["cluster=local", "cluster.tasks_per_node=2", "trainer.batch_size=64"]
+    out = run_hpcdl("train", *two, "trainer.micro_batches=40", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == (
+        "error: trainer.micro_batches=40: more passes than samples in each rank's share of "
+        "trainer.batch_size=64 (32 on 2 ranks); give at most 32\n"
     )
     assert not (tmp_path / "outputs").exists()

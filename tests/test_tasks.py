@@ -142,7 +142,10 @@ def test_custom_task_derived_metrics_come_from_the_means_and_bad_ones_are_one_li
         (lambda means: [1.0], "returned a list; return a dict of name -> number"),
         (lambda means: {"acc": 1.0}, "returned 'acc', a name task.target's metrics"),
         (lambda means: {"ppl": "high"}, "metric 'ppl' is 'high'"),
-        (lambda means: {"ppl": means["los"]}, "raised KeyError: 'los'"),
+        (
+            lambda means: {"ppl": means["los"]},
+            r"raised KeyError: 'los' \(means has loss, acc: one split's, without train_/val_\)$",
+        ),
     ]:
         bad = CustomTask("lab:step", step, ("lab:derive", derive))
         with pytest.raises(ConfigError, match=f"^task.derived='lab:derive': {message}"):

@@ -415,12 +415,6 @@ def _check_trainer(t: schema.TrainerConfig) -> None:
     _positive("trainer.max_steps", t.max_steps, allow_none=True)
     _positive("trainer.batch_size", t.batch_size)
     _positive("trainer.micro_batches", t.micro_batches)
-    if t.micro_batches > t.batch_size:
-        raise ConfigError(
-            f"trainer.micro_batches={t.micro_batches}: more than trainer.batch_size="
-            f"{t.batch_size} samples to split; give at most {t.batch_size} (it splits each "
-            "rank's share of a batch into that many passes)"
-        )
     _positive("trainer.grad_clip_norm", t.grad_clip_norm, allow_none=True)
     _positive("trainer.eval_every_steps", t.eval_every_steps, allow_none=True)
     _positive("trainer.eval_every_s", t.eval_every_s, allow_none=True)
@@ -572,6 +566,14 @@ def _check_batch_covers_ranks(cfg: schema.Config) -> None:
             f"trainer.batch_size={cfg.trainer.batch_size}: smaller than the {cfg.world_size} "
             "ranks; the batch size is global, give each rank at least one sample per step "
             f"(trainer.batch_size={cfg.world_size} or more, or fewer ranks)"
+        )
+    share = cfg.trainer.batch_size // cfg.world_size  # each rank's (the smallest)
+    if cfg.script is None and cfg.trainer.micro_batches > share:
+        on = f" on {cfg.world_size} ranks" if cfg.world_size > 1 else ""
+        raise ConfigError(
+            f"trainer.micro_batches={cfg.trainer.micro_batches}: more passes than samples in "
+            f"each rank's share of trainer.batch_size={cfg.trainer.batch_size} ({share}{on}); "
+            f"give at most {share}"
         )
 
 

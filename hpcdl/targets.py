@@ -72,6 +72,17 @@ def parameter_names(signature: inspect.Signature) -> str:
     return ", ".join(names) or "none"
 
 
+def required_not_given(signature: inspect.Signature, given: Mapping[str, Any]) -> list[str]:
+    """The parameters a call by keyword must give that `given` lacks (no default)."""
+    return [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in given
+    ]
+
+
 def star(param: inspect.Parameter) -> str:
     if param.kind == param.VAR_POSITIONAL:
         return "*"

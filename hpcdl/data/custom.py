@@ -17,7 +17,12 @@ from hpcdl.config.schema import CustomDataConfig, DataCommon
 from hpcdl.data.loader import quiet_default_collate
 from hpcdl.errors import DataError, raised
 from hpcdl.samples import first_array_shape, input_target_pair
-from hpcdl.targets import parameter_names, refuse_kwargs_not_taken, resolve_callable
+from hpcdl.targets import (
+    parameter_names,
+    refuse_kwargs_not_taken,
+    required_not_given,
+    resolve_callable,
+)
 
 SPLITS = ("train", "val", "test")
 
@@ -64,13 +69,7 @@ def kwargs_not_bound(
 ) -> str:
     """Why fn(**data.kwargs) cannot be called: the required parameters not given, named as
     the keys to set (inspect's text otherwise)."""
-    missing = [
-        p.name
-        for p in signature.parameters.values()
-        if p.default is p.empty
-        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        and p.name not in kwargs
-    ]
+    missing = required_not_given(signature, kwargs)
     if not missing:
         return f"does not take data.kwargs={dict(kwargs)} ({exc})"
     name = getattr(fn, "__name__", "it")

@@ -15,7 +15,7 @@ from torch import nn
 
 from hpcdl.config.schema import CustomModelConfig
 from hpcdl.errors import ConfigError, first_line, raised
-from hpcdl.targets import accepts, parameter_names, resolve_callable
+from hpcdl.targets import accepts, parameter_names, required_not_given, resolve_callable
 
 
 def build_custom(
@@ -85,13 +85,7 @@ def check_kwargs_fit(
         reason = first_line(exc)
     name = cfg.target.partition(":")[2]
     unknown = [k for k in kwargs if not accepts(signature, k)]
-    missing = [
-        p.name
-        for p in signature.parameters.values()
-        if p.default is p.empty
-        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        and p.name not in passed
-    ]
+    missing = required_not_given(signature, passed)
     if unknown:
         problem = f"{name} takes no {', '.join(f'model.kwargs.{k}' for k in unknown)}"
     elif missing:

@@ -28,6 +28,9 @@ def frozen_run(tmp_path: Path, *extra: str) -> Path:
         "--no-preflight", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
+    # The plain sbatch route, by a path that works from here (slurm/... only from the checkout).
+    script = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"
+    assert f"not launched; e.g. sbatch {script} {tmp_path / 'r'}\n" in out.stdout, out.stdout
     return tmp_path / "r"
 
 

@@ -404,6 +404,15 @@ def _unknown_option(
     return f"{parser.prog}: unknown option {name}{hint} ({parser.prog} --help)"
 
 
+def plain_sbatch_script() -> str:
+    """hpcdl's own sbatch script for a run dir made with --no-launch: by its path in the
+    checkout hpcdl runs from (a relative slurm/... is only found from there)."""
+    import hpcdl
+
+    script = Path(hpcdl.__file__).resolve().parents[1] / "slurm" / "train.sbatch"
+    return str(script) if script.is_file() else "slurm/train.sbatch (in hpcdl's source tree)"
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from hpcdl.cli.compose import compose, compose_config, conf_dir, user_conf_dirs
     from hpcdl.config.schema import Launcher
@@ -434,7 +443,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             from hpcdl.launch.slurm import freeze_code
 
             freeze_code(run_dir, cfg)
-        print(f"not launched; e.g. sbatch slurm/train.sbatch {run_dir.path}")
+        print(f"not launched; e.g. sbatch {plain_sbatch_script()} {run_dir.path}")
         return EXIT_OK
     return launch_new(cfg, run_dir)
 

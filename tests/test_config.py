@@ -513,6 +513,14 @@ def write_conf(root: Path, path: str, text: str) -> None:
             ["cluster=mycluster"],
             "myconf/cluster/mycluster.yaml: cluster.mem_gb=lots: must be a whole number",
         ),
+        (  # an experiment without its header: its keys landed under `experiment`
+            "experiment/nohdr.yaml",
+            "trainer:\n  max_epochs: 3\n",
+            ["experiment=nohdr"],
+            "myconf/experiment/nohdr.yaml: experiment: unknown key; experiment is a group "
+            "(experiment=NAME), whose files set keys of the whole config: make `# @package "
+            "_global_` an experiment file's first line",
+        ),
         (  # YAML 1.1's yes: a boolean, exported as True before
             "cluster/mycluster.yaml",
             "name: mycluster\nlauncher: slurm\nenv:\n  FOO: yes\n",

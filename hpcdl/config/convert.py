@@ -386,6 +386,12 @@ def _other_options_key(group: str, cls: type, key: str) -> Optional[str]:
 
 
 def _unknown_key_message(key: str, valid: list[str]) -> str:
+    if key.split(".")[0] == "experiment" or "@experiment." in key:  # under its group's name
+        return (
+            f"{key}: unknown key; experiment is a group (experiment=NAME), whose files set "
+            "keys of the whole config: make `# @package _global_` an experiment file's first "
+            "line (conf/experiment/*.yaml start so)"
+        )
     ours = SBATCH_NAMES.get(key) or SBATCH_NAMES.get(key.replace("-", "_"))
     if ours is not None:
         name = key.partition(".")[2]

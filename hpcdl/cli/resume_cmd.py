@@ -303,7 +303,7 @@ def refuse_another_split(
     raise HpcdlError(
         f"{new}{where}: {run_dir.path}'s checkpoints were trained {trained_on}; resume with "
         f"{old}, or start a new run: the command that made this one "
-        f"({run_dir.path / 'commands.log'}) with {new} (init_from={run_dir.path} for its "
+        f"({run_dir.path / run_dir.COMMANDS}) with {new} (init_from={run_dir.path} for its "
         "weights only)"
     )
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 from hpcdl.config import schema
 from hpcdl.config.metrics import TASK_METRICS
-from hpcdl.errors import ConfigError
+from hpcdl.errors import ConfigError, DataError
 
 TARGET_FORM = "expected 'package.module:factory', e.g. mypkg.models:build"
 AUTO_TRUE_FALSE = ("auto", "true", "false")
@@ -188,13 +188,13 @@ def _check_array_file(key: str, path: str) -> None:
         return  # unreadable here: the job says why
     if (suffix == ".npy" and head != NPY_MAGIC) or (suffix == ".npz" and names is None):
         save = "np.save" if suffix == ".npy" else "np.savez"
-        raise ConfigError(
+        raise DataError(
             f"{key}: cannot read '{path}' as {suffix}: not a NumPy file (neither .npy nor a zip "
             f"of arrays); save it with {save}"
         )
     missing = [k for k in ("x", "y") if names is not None and k not in names]
     if missing:
-        raise ConfigError(
+        raise DataError(
             f"{key}='{path}': no array {missing[0]!r} (has {sorted(names or [])}); save with "
             "np.savez(path, x=features, y=labels)"
         )

@@ -11,7 +11,7 @@ import pytest
 
 from hpcdl.cli.compose import compose_config
 from hpcdl.launch.preflight import constraint_satisfied, parse_gres, parse_partitions, slurm_minutes
-from hpcdl.launch.slurm import rank_environment, sbatch_parameters
+from hpcdl.launch.slurm import rank_environment, sbatch_parameters, sbatch_refusal
 from tests.conftest import run_hpcdl, run_without_torch
 
 
@@ -209,6 +209,24 @@ def test_parse_partitions() -> None:
     )
     parts = parse_partitions(text)
     assert parts["cpu"]["Default"] == "YES" and parts["gpu"]["MaxNodes"] == "2"
+
+
+def test_sbatch_refusal_names_the_sbatch_extra_options_it_may_come_from() -> None:
+    cluster = compose_config(["cluster=rivanna_a100"]).cluster
+    stderr = 'sbatch: error: Invalid --begin specification\nTry "sbatch --help"\n'
+    assert sbatch_refusal(stderr, cluster) == (
+        "sbatch refused the job: sbatch: error: Invalid --begin specification"
+    )
+    cluster.sbatch_extra = {"begin": "soon", "nodelist": "n[1-2]"}
+    assert sbatch_refusal(stderr, cluster) == (
+        "sbatch refused the job: sbatch: error: Invalid --begin specification "
+        "(cluster.sbatch_extra adds --begin=soon --nodelist=n[1-2]: check those)"
+    )
+    unknown = "sbatch: unrecognized option '--beginn=soon'\n"
+    cluster.sbatch_extra = {"beginn": "soon"}
+    assert sbatch_refusal(unknown, cluster).startswith(
+        "cluster.sbatch_extra.beginn: sbatch has no option --beginn"
+    )
 
 
 def test_requeue_policy_counts_timeouts_not_preemptions() -> None:

@@ -757,8 +757,8 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     run_dir = RunDir(Path(cfg.run_dir or default_run_dir()).expanduser().resolve())
     print(f"# run dir (not created): {run_dir.path}")
     cfg = with_workdir(cfg)  # as the run would record it
-    print_job(cfg, run_dir)
-    refusal = preflight_verdict(cfg, skip_preflight)
+    script = print_job(cfg, run_dir)
+    refusal = preflight_verdict(cfg, skip_preflight, script)
     print("# dry run: nothing submitted", flush=True)
     if cfg.run_dir is not None:  # the refusal `hpcdl train` would meet first
         check_new_run_dir(cfg.run_dir)
@@ -767,11 +767,13 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     return EXIT_OK
 
 
-def print_job(cfg: Config, run_dir: JobDir) -> None:
-    """A dry run's Slurm job: the sbatch script, the program and each rank's environment."""
+def print_job(cfg: Config, run_dir: JobDir) -> str:
+    """A dry run's Slurm job: the sbatch script, the program and each rank's environment;
+    returns the script."""
     from hpcdl.launch.slurm import python_note, rank_environment, sbatch_text
 
-    print(sbatch_text(cfg, run_dir))
+    script = sbatch_text(cfg, run_dir)
+    print(script)
     note = python_note(cfg.cluster)
     if note is not None:
         print(note)
@@ -781,11 +783,15 @@ def print_job(cfg: Config, run_dir: JobDir) -> None:
     print("# per-rank environment")
     for row in rank_environment(cfg):
         print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
+    return script
 
 
-def preflight_verdict(cfg: Config, skip_preflight: bool) -> Optional[ConfigError]:
+def preflight_verdict(
+    cfg: Config, skip_preflight: bool, script: Optional[str] = None
+) -> Optional[ConfigError]:
     """A dry run's preflight line; the refusal a submission would meet, to raise once the
-    script is printed (None: the cluster can run it, or no Slurm answers here)."""
+    script is printed (None: the cluster can run it, or no Slurm answers here). Where the
+    preflight passes, `script` (the job's sbatch script) goes to `sbatch --test-only`."""
     from hpcdl.config.schema import slurm_tasks_per_node
     from hpcdl.launch import container
     from hpcdl.launch.preflight import SlurmUnreachable, check_request
@@ -808,6 +814,13 @@ def preflight_verdict(cfg: Config, skip_preflight: bool) -> Optional[ConfigError
     except ConfigError as err:
         return err
     print("# preflight: the cluster can run this request")
+    if script is not None:
+        from hpcdl.launch.slurm import sbatch_test
+
+        try:
+            print(f"# sbatch --test-only: {sbatch_test(script, cfg.cluster)}")
+        except ConfigError as err:
+            return err
     return None
 
 
@@ -816,6 +829,8 @@ def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
     (trials that differ in `cluster.*` cannot share an array's header), then the
     preflight's verdict on each, as the submission would meet it."""
     from hpcdl.cli.array_scripts import print_array_scripts
+    from hpcdl.launch.slurm import sbatch_text
+    from hpcdl.rundir import SweepDir, with_workdir
     from hpcdl.sweep.launch import check_new_sweep_dir, default_sweep_dir
 
     sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
@@ -826,7 +841,10 @@ def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
         if repr(trial.config.cluster) in checked:
             continue
         checked.add(repr(trial.config.cluster))
-        refusal = preflight_verdict(trial.config, skip_preflight)
+        # sbatch --test-only gets the group's job as a lone trial's: the array's own size
+        # and throttle are hpcdl's to check (MaxArraySize)
+        script = sbatch_text(with_workdir(trial.config), SweepDir(sweep_dir))
+        refusal = preflight_verdict(trial.config, skip_preflight, script)
         if refusal is not None:  # named as start_sweep names it
             refusal.args = (f"trial {trial.index} ({' '.join(trial.overrides)}): {refusal}",)
             break

@@ -57,8 +57,8 @@ def dry_run_resume(
             print(dry_run_line(run_dir, cfg))
         else:
             warn_edited(run_dir, target)  # a branch's job freezes the code anew
-        print_job(cfg, target.job_base())  # a sweep trial's job: its sweep's code and logs
-        refusal = preflight_verdict(cfg, skip_preflight)
+        script = print_job(cfg, target.job_base())  # a sweep trial's job: its sweep's code, logs
+        refusal = preflight_verdict(cfg, skip_preflight, script)
     else:
         ranks = plural(cfg.world_size, "rank")
         print(f"# trains here, in the foreground: cluster={cfg.cluster.name}, {ranks}")

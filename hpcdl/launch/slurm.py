@@ -11,6 +11,7 @@ import io
 import os
 import re
 import shlex
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from hpcdl.config.schema import (
     tasks_per_node,
 )
 from hpcdl.env import CHAIN_LINK
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import ConfigError, HpcdlError
 from hpcdl.launch.snapshot import freeze_script_files, snapshot_code
 from hpcdl.rundir import JobDir, RunDir
 
@@ -81,7 +82,9 @@ def signal_name(cluster: ClusterConfig) -> str:
 
 
 # Said in the job's log, where `hpcdl status` finds a job's first error line.
-SETUP_FAILED = 'echo "error: cluster.setup: \\`$BASH_COMMAND\\` failed (exit $?); the job stops" >&2'
+SETUP_FAILED = (
+    'echo "error: cluster.setup: \\`$BASH_COMMAND\\` failed (exit $?); the job stops" >&2'
+)
 
 
 def setup_lines(cluster: ClusterConfig, code_dir: Path) -> list[str]:
@@ -289,7 +292,29 @@ def sbatch_refusal(stderr: str, cluster: ClusterConfig) -> str:
                     f"cluster.sbatch_extra.{key}: sbatch has no option --{option} ({reason}); "
                     f"fix its name, or drop it with ~cluster.sbatch_extra.{key}"
                 )
-    return f"sbatch refused the job: {reason}"
+    extra = " ".join(f"--{k}={v}" for k, v in cluster.sbatch_extra.items())
+    hint = f" (cluster.sbatch_extra adds {extra}: check those)" if extra else ""
+    return f"sbatch refused the job: {reason}{hint}"
+
+
+def sbatch_test(script: str, cluster: ClusterConfig) -> str:
+    """`sbatch --test-only` on a job's script: the controller's estimate (`to start at ...
+    on nodes n1 in partition gpu`), or a ConfigError with what sbatch and the controller
+    refuse beyond the preflight's checks (an option's value from cluster.sbatch_extra, a
+    node list, an account or QOS where the site enforces them). Submits nothing."""
+    try:
+        out = subprocess.run(
+            ["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"not run ({err})"
+    if out.returncode != 0:
+        why = sbatch_refusal(out.stderr, cluster)
+        raise ConfigError(why.replace("sbatch refused", "sbatch --test-only refused", 1))
+    estimate = re.search(r"Job \d+ (to start at .*)", out.stderr)
+    return (
+        f"the controller would take it, {estimate.group(1)}" if estimate else last_line(out.stderr)
+    )
 
 
 @dataclass

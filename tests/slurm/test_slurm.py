@@ -458,6 +458,20 @@ def test_dry_run_script_is_accepted_by_sbatch(devcluster, tmp_path) -> None:
     )
     assert test.returncode == 0 and "to start at" in test.stderr, test.stderr
     assert "# preflight: the cluster can run this request" in out.stdout
+    # ... and the dry run asked sbatch --test-only itself
+    assert "# sbatch --test-only: the controller would take it, to start at" in out.stdout
+    # What only sbatch and the controller check (a node list from sbatch_extra): refused by
+    # the dry run in one line that names the key, nothing submitted.
+    before = set(squeue_ids())
+    refused = run_hpcdl(
+        "train", "cluster=devcluster", "cluster.sbatch_extra.nodelist=nosuchnode", "--dry-run",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "#SBATCH --nodelist=nosuchnode" in refused.stdout
+    assert refused.stderr.startswith("error: sbatch --test-only refused the job: "), refused.stderr
+    assert "cluster.sbatch_extra adds --nodelist=nosuchnode" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert not (set(squeue_ids()) - before)
     # A request the cluster would refuse: the script, then the refusal, as a submit gives it.
     refused = run_hpcdl(
         "train", "cluster=devcluster", "cluster.gpus_per_node=5", "--dry-run", cwd=tmp_path

@@ -17,7 +17,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hpcdl"
 
 # Lowest first. A module may import from its own layer or any layer below it.
 LAYERS: list[list[str]] = [
-    ["hpcdl", "hpcdl.errors", "hpcdl.exit_codes", "hpcdl.atomic", "hpcdl.process_end"],
+    [
+        "hpcdl",
+        "hpcdl.errors",
+        "hpcdl.exit_codes",
+        "hpcdl.atomic",
+        "hpcdl.process_end",
+        "hpcdl.number_ranges",
+    ],
     ["hpcdl.config"],
     [
         "hpcdl.rundir",

@@ -1022,7 +1022,8 @@ def test_logs_of_an_earlier_job_of_the_run(tmp_path, monkeypatch, capsys) -> Non
 
 def test_a_big_sweeps_cancel_names_its_trials_and_jobs_as_ranges() -> None:
     """`hpcdl cancel SWEEP_DIR` of 1002 trials printed every index and job id (12 KB)."""
-    from hpcdl.cli.cancel import job_ranges, number_ranges
+    from hpcdl.cli.cancel import job_ranges
+    from hpcdl.number_ranges import number_ranges
 
     assert number_ranges([*range(1, 1000), 1001, 1003, 1004]) == "1-999, 1001, 1003-1004"
     jobs = [f"28_{i}" for i in range(1, 1000)] + ["30_0", "30_2", "45", "31_7"]

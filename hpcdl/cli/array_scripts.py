@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from hpcdl.cli.cancel import number_ranges
 from hpcdl.config.schema import Config
+from hpcdl.number_ranges import number_ranges
 
 # Where the previous array's id goes in a later array's --dependency, unknown before it is
 # submitted (submitit would quote a `<...>` in the script; put in after).

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hpcdl.errors import HpcdlError, plural
 from hpcdl.exit_codes import EXIT_OK
+from hpcdl.number_ranges import number_ranges
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -57,17 +58,6 @@ def cancel_sweep(sweep_dir: Path) -> int:
         f"rerun {sweep_dir} --failed` continues them"
     )
     return EXIT_OK
-
-
-def number_ranges(numbers: list[int], sep: str = ", ") -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (a 1000-trial sweep's cancel is one short line)."""
-    spans: list[list[int]] = []
-    for n in sorted(set(numbers)):
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def job_ranges(jobs: list[str]) -> str:

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 from typing import Optional
 
+from hpcdl.number_ranges import number_spans
+
 NO_ACCOUNTING = "none (not queued; no accounting)"
 NOT_IN_ACCOUNTING = "none (not queued; sacct does not know it)"
 # No answer at all: the controller does not answer, or this machine has no Slurm.
@@ -236,14 +238,9 @@ def _with_unrecorded_tasks(job_id: str, tasks: list[tuple[str, str]]) -> list[tu
         return tasks
     listed = {task for jid, _ in tasks for task in task_ids(jid)}
     missing = [int(t.partition("_")[2]) for t in task_ids(f"{job_id}_[{spec}]") if t not in listed]
-    runs: list[list[int]] = []
-    for k in missing:
-        if runs and k == runs[-1][1] + 1:
-            runs[-1][1] = k
-        else:
-            runs.append([k, k])
     cancelled = [
-        (f"{job_id}_{a}" if a == b else f"{job_id}_[{a}-{b}]", "CANCELLED") for a, b in runs
+        (f"{job_id}_{a}" if a == b else f"{job_id}_[{a}-{b}]", "CANCELLED")
+        for a, b in number_spans(missing)
     ]
     return sorted(tasks + cancelled, key=lambda task: _task_order(task[0]))
 

@@ -1,0 +1,22 @@
+"""Runs of consecutive numbers, as people and Slurm write them: [0, 1, 2, 5] -> '0-2, 5'.
+Plain stdlib, for the CLI's one-line summaries and `hpcdl status`'s array tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def number_spans(numbers: Iterable[int]) -> list[tuple[int, int]]:
+    """[0, 1, 2, 5, 7, 8] -> [(0, 2), (5, 5), (7, 8)] (sorted, duplicates once)."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return [(a, b) for a, b in spans]
+
+
+def number_ranges(numbers: Iterable[int], sep: str = ", ") -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (a 1000-trial sweep's cancel is one short line)."""
+    return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in number_spans(numbers))

@@ -525,6 +525,18 @@ def test_sweep_dry_run_prints_the_job_array_under_the_sweep_dir(hpcdl, tmp_path)
     assert not (tmp_path / "sw").exists() and not (tmp_path / "outputs").exists()
 
 
+def test_array_parallelism_zero_runs_every_task_at_once(tmp_path) -> None:
+    # submitit's own default throttle is 256: a 300-task array ran at most 256 at once,
+    # though cluster.array_parallelism=0 is documented as no limit.
+    from hpcdl.launch.slurm import sbatch_text
+    from hpcdl.rundir import SweepDir
+
+    cfg = compose_config(["cluster=rivanna_a100"])
+    assert "#SBATCH --array=0-299%300\n" in sbatch_text(cfg, SweepDir(tmp_path), array_size=300)
+    cfg.cluster.array_parallelism = 8
+    assert "#SBATCH --array=0-299%8\n" in sbatch_text(cfg, SweepDir(tmp_path), array_size=300)
+
+
 def test_containers_wrap_each_rank_and_preflight_checks_runtime_and_image(hpcdl, tmp_path) -> None:
     (tmp_path / "img.sif").write_bytes(b"")
     out = hpcdl(

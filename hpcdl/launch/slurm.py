@@ -182,8 +182,7 @@ def sbatch_text(
     params = job_parameters(cfg, run_dir)
     if array_size is not None:
         params["map_count"] = array_size
-        if cfg.cluster.array_parallelism:  # else submitit's default, as when submitting
-            params["array_parallelism"] = cfg.cluster.array_parallelism
+        params["array_parallelism"] = array_throttle(cfg.cluster, array_size)
     if dependency is not None:
         params["additional_parameters"] = with_dependency(
             params["additional_parameters"], dependency
@@ -191,6 +190,12 @@ def sbatch_text(
     python = container.interpreter(cfg.cluster, run_dir, host_python(cfg.cluster), cfg.workdir)
     command = rank_command(python, str(run_dir.log_dir))
     return _make_sbatch_string(command=command, folder=str(run_dir.log_dir), **params)
+
+
+def array_throttle(cluster: ClusterConfig, num_tasks: int) -> int:
+    """The N of an array's `--array=0-K%N`: cluster.array_parallelism, or all its tasks at
+    once where that is 0 (submitit's own default would hold them to 256)."""
+    return cluster.array_parallelism or num_tasks
 
 
 def with_dependency(extra: dict[str, Any], dependency: str) -> dict[str, Any]:

@@ -179,7 +179,13 @@ def submit_arrays(
     the arrays; each task reads its own run dir's config."""
     from submitit.core.utils import FailedJobError
 
-    from hpcdl.launch.slurm import make_executor, outside_job_env, sbatch_refusal, with_dependency
+    from hpcdl.launch.slurm import (
+        array_throttle,
+        make_executor,
+        outside_job_env,
+        sbatch_refusal,
+        with_dependency,
+    )
     from hpcdl.launch.slurm_job import main as job_main
 
     sweep_dir = SweepDir(Path(ledger.sweep_dir))
@@ -192,8 +198,7 @@ def submit_arrays(
         for number, part in enumerate(parts):
             cfg = part[0][1]
             executor = make_executor(cfg, sweep_dir)
-            if cfg.cluster.array_parallelism:
-                executor.update_parameters(array_parallelism=cfg.cluster.array_parallelism)
+            executor.update_parameters(array_parallelism=array_throttle(cfg.cluster, len(part)))
             if waits_for_previous(cfg, number):
                 extra = executor.parameters.get("additional_parameters", {})
                 executor.update_parameters(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ from hpcdl.signals import StopFlag
 from hpcdl.tasks import build_task
 from hpcdl.telemetry import Telemetry
 from hpcdl.trackers import build_logger
-from hpcdl.trainer import Parts, Start, Trainer, total_steps
+from hpcdl.trainer import Parts, Start, Trainer, saved_with, total_steps
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -52,6 +53,25 @@ def warm_start_checkpoint(ref: str) -> Path:
         return resolve_checkpoint(ref, "last")
 
 
+def warm_start(model: nn.Module, ckpt: Path, model_config: dict[str, Any]) -> None:
+    """init_from: the checkpoint's weights into `model`, refusing a mismatch in one line that
+    names the model config the checkpoint was saved with where this run's differs."""
+    state = read_checkpoint(ckpt, mmap=True)
+    try:
+        load_matching_weights(model, state["model"], str(ckpt))
+    except CheckpointError as err:
+        saved = state.get("model_config") or {}
+        if saved.get("name") not in (None, model_config.get("name")):
+            hint = (
+                f"; it was saved by a model={saved['name']} run and this run builds "
+                f"model={model_config.get('name')}: init_from needs the same model"
+            )
+        else:
+            keys = saved_with(saved, model_config, "model")
+            hint = f"; it was saved with{keys}" if keys else ""
+        raise CheckpointError(f"{err}{hint}") from None
+
+
 def build_trainer(
     cfg: Config, env: RankEnv, run_dir: RunDir, device: torch.device, stop: StopFlag
 ) -> Trainer:
@@ -71,8 +91,7 @@ def build_trainer(
     start = first_batches(cfg, feed, sharder, store, device)
     raw_model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     if cfg.init_from and not store.list_steps():  # a resumed run restores its own weights
-        ckpt = warm_start_checkpoint(cfg.init_from)
-        load_matching_weights(raw_model, read_checkpoint(ckpt, mmap=True)["model"], str(ckpt))
+        warm_start(raw_model, warm_start_checkpoint(cfg.init_from), to_plain(cfg)["model"])
     raw_model.to(device)
     if t.channels_last:
         raw_model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]

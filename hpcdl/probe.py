@@ -74,12 +74,10 @@ def probe_user_code(cfg: Config) -> None:
         feed = build_feed(data, device, seed=cfg.trainer.seed, task=cfg.task)
     model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     if cfg.init_from is not None:  # as the job's warm start does (hpcdl.build)
-        from hpcdl.build import warm_start_checkpoint
-        from hpcdl.checkpoint import read_checkpoint
-        from hpcdl.evaluation import load_matching_weights
+        from hpcdl.build import warm_start, warm_start_checkpoint
+        from hpcdl.config.convert import to_plain
 
-        ckpt = warm_start_checkpoint(cfg.init_from)
-        load_matching_weights(model, read_checkpoint(ckpt, mmap=True)["model"], str(ckpt))
+        warm_start(model, warm_start_checkpoint(cfg.init_from), to_plain(cfg)["model"])
     task = build_task(cfg.task, feed.target_stats, feed.num_classes)
     sharder = EpochSharder(
         num_samples=feed.num_samples("train"),

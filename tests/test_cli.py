@@ -244,6 +244,12 @@ def test_init_from_warm_starts_and_refuses_mismatch(hpcdl, trained: Path, tmp_pa
     assert out.returncode == 2
     assert "parameter 'net.0.weight'" in out.stderr or "has shape" in out.stderr
     assert "(30, 30)" in out.stderr and "(16, 30)" in out.stderr
+    assert out.stderr.rstrip().endswith("; it was saved with (model.hidden_sizes=[30, 60])")
+    # Another model altogether: named, not only its first missing parameter.
+    out = hpcdl("train", "run_dir=cnn", f"init_from={trained}", "model=cnn", "data=digits")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "saved by a model=mlp run and this run builds model=cnn" in out.stderr
+    assert not (tmp_path / "cnn").exists()
     out = hpcdl("evaluate", str(trained), "--checkpoint", str(tmp_path / "mismatch" / "nothing.pt"))
     assert out.returncode == 2
 

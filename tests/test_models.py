@@ -176,8 +176,8 @@ def test_custom_target_with_kwargs(user_module):
 @pytest.mark.parametrize(
     ("target", "kwargs", "match"),
     [
-        ("???", {}, "model.target='\\?\\?\\?': expected 'package.module:factory'"),
-        ("{m}.build", {}, "expected 'package.module:factory'"),
+        ("???", {}, "model.target='\\?\\?\\?': expected 'package.module:name'"),
+        ("{m}.build", {}, "expected 'package.module:name' .*, e.g. {m}:build \\(or {m}.build:NAME"),
         ("no_such_pkg_xyz.models:build", {}, "cannot import 'no_such_pkg_xyz.models'"),
         ("{m}:missing", {}, "has no attribute 'missing'"),
         ("{m}:NOT_CALLABLE", {}, "'NOT_CALLABLE' is a int, not callable"),

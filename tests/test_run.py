@@ -172,7 +172,7 @@ def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl
         (["--", "no-such-program-xyz"], "no-such-program-xyz: command not found on PATH"),
         (["--", "pyhton", "t.py"], "pyhton: command not found on PATH; did you mean python?"),
         (["entry=nosuchpkg_xyz.train:main"], "entry='nosuchpkg_xyz.train:main': module"),
-        (["entry=no_colon"], "entry='no_colon': expected 'package.module:factory'"),
+        (["entry=no_colon"], "entry='no_colon': expected 'package.module:name'"),
         (["launcher=mpirun", "--", "python", "ok.py"], "launcher='mpirun': unknown"),
         (["launcher=torchrun", "--", "python", "ok.py"], "launcher=torchrun: starts one torchrun"),
         ([], "give a command after -- or entry=..., not neither"),

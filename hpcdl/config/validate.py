@@ -19,7 +19,7 @@ from hpcdl.config import schema
 from hpcdl.config.metrics import TASK_METRICS
 from hpcdl.errors import ConfigError, DataError
 
-TARGET_FORM = "expected 'package.module:factory', e.g. mypkg.models:build"
+TARGET_FORM = "expected 'package.module:name' (a module, a colon, then a function or class in it)"
 AUTO_TRUE_FALSE = ("auto", "true", "false")
 
 
@@ -84,8 +84,14 @@ def check_model(model: object) -> None:
 def check_target_form(key: str, target: str) -> None:
     """'package.module:attribute', checked on the login node without importing anything."""
     module, sep, attr = target.partition(":")
-    if not sep or not module or not attr:
-        raise ConfigError(f"{key}={target!r}: {TARGET_FORM}")
+    if sep and module and attr:
+        return
+    head, dot, tail = target.rpartition(".")
+    if not sep and dot and head and tail.isidentifier():  # 'mylab.tasks.perplexity'
+        example = f"{head}:{tail} (or {target}:NAME if {target} is the module)"
+    else:
+        example = "mypkg.models:build"
+    raise ConfigError(f"{key}={target!r}: {TARGET_FORM}, e.g. {example}")
 
 
 def _check_model_fits_data(model: object, data: schema.DataCommon) -> None:

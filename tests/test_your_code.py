@@ -595,7 +595,7 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
 @pytest.mark.parametrize(
     ("changes", "key"),
     [
-        (["data.target=badcode:ragged"], "data.collate_fn"),
+        (["data.target=badcode:ragged"], "data.target='badcode:ragged': samples of different"),
         (["task.target=badcode:per_sample_loss"], "task.target='badcode:per_sample_loss'"),
         (["task.target=badcode:metrics_as_list"], "task.target='badcode:metrics_as_list'"),
         (["trainer.early_stopping.monitor=val_nosuch"], "trainer.early_stopping.monitor"),

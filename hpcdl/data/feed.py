@@ -148,8 +148,10 @@ class DatasetFeed(Feed):
         input_shape: tuple[int, ...],
         num_classes: int,
         class_names: list[str],
+        source: str = "data.target",
     ) -> None:
         self.datasets = datasets
+        self.source = source  # data.target='mylab.data:build', named in errors
         self.settings = settings
         self.input_shape = input_shape
         self.num_classes = num_classes
@@ -164,7 +166,7 @@ class DatasetFeed(Feed):
         batches = dataset_batches(
             self.datasets["train"], sharder, epoch, start_step, device, self.settings
         )
-        return _named_collate_errors(batches)
+        return _named_collate_errors(batches, self.source)
 
     def eval_batches(
         self, split: str, rank: int, world_size: int, device: torch.device, batch_size: int
@@ -172,10 +174,10 @@ class DatasetFeed(Feed):
         batches = dataset_eval_batches(
             self.datasets[split], rank, world_size, batch_size, device, self.settings
         )
-        return _named_collate_errors(batches)
+        return _named_collate_errors(batches, self.source)
 
 
-def _named_collate_errors(batches: Iterator[Any]) -> Iterator[Any]:
+def _named_collate_errors(batches: Iterator[Any], source: str) -> Iterator[Any]:
     """torch's collate error for samples of different shapes, as one line naming the fix;
     a DataError raised in a DataLoader worker (an unreadable image), as its own line."""
     try:
@@ -187,7 +189,7 @@ def _named_collate_errors(batches: Iterator[Any]) -> Iterator[Any]:
         if "stack expects each tensor to be equal size" in text:
             detail = next((ln for ln in text.splitlines() if "stack expects" in ln), text)
             raise DataError(
-                f"data.target: samples of different shapes in one batch ({detail.strip()}); make "
+                f"{source}: samples of different shapes in one batch ({detail.strip()}); make "
                 "every sample the same shape (resize/crop), or set data.collate_fn to pad them"
             ) from None
         raise
@@ -284,6 +286,7 @@ def build_dataset_feed(
         input_shape=input_shape,
         num_classes=num_classes,
         class_names=class_names,
+        source=where,
     )
 
 

@@ -685,7 +685,8 @@ def create_run_dir(cfg: Config) -> tuple[Config, RunDir]:
         for suffix in range(1, 1000):  # runs started in the same second get -1, -2, ...
             if not path.exists():
                 try:
-                    return _create_run_dir(replace(cfg, run_dir=str(path)), f"run dir {path}")
+                    default = replace(cfg, run_dir=str(path))
+                    return _create_run_dir(default, f"run dir {path}", DEFAULT_RUN_DIR_FIX)
                 except _TakenMeanwhile:
                     pass
             path = base.with_name(f"{base.name}-{suffix}")
@@ -724,7 +725,11 @@ class _TakenMeanwhile(Exception):
     """The run dir's name was taken by another command after it was checked."""
 
 
-def _create_run_dir(cfg: Config, key: str) -> tuple[Config, RunDir]:
+# Appended where the default run dir (outputs/ under the current folder) cannot be made.
+DEFAULT_RUN_DIR_FIX = "; set run_dir=... (runs go under outputs/ in the current folder by default)"
+
+
+def _create_run_dir(cfg: Config, key: str, fix: str = "") -> tuple[Config, RunDir]:
     assert cfg.run_dir is not None
     path = Path(cfg.run_dir)
     if path.exists() and not (path.is_dir() and not any(path.iterdir())):
@@ -739,7 +744,7 @@ def _create_run_dir(cfg: Config, key: str) -> tuple[Config, RunDir]:
             _build_and_rename(cfg, path)
     except (OSError, WriteError) as err:
         reason = err.reason if isinstance(err, WriteError) else os_error_reason(err)
-        raise RunDirError(f"{key}: cannot create {path}: {reason}") from err
+        raise RunDirError(f"{key}: cannot create {path}: {reason}{fix}") from err
     return cfg, RunDir(path)
 
 

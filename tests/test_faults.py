@@ -213,6 +213,13 @@ def test_run_dir_on_a_read_only_file_system(hpcdl, mount_tmpfs) -> None:
     out = hpcdl("train", f"run_dir={fs}/runs/exp1", *FAST)
     one_line_error(out, f"{fs}/runs/exp1", "Read-only file system (EROFS)")
     assert tree(fs) == []
+    # The default run dir (outputs/ here): the key that chooses another folder is named.
+    out = run_hpcdl("train", *FAST, cwd=fs)
+    line = one_line_error(out, f"run dir {fs}/outputs/", "Read-only file system (EROFS)")
+    assert line.endswith(
+        "; set run_dir=... (runs go under outputs/ in the current folder by default)"
+    )
+    assert tree(fs) == []
 
 
 def test_evaluate_of_a_run_on_a_read_only_file_system(hpcdl, mount_tmpfs) -> None:

@@ -97,8 +97,8 @@ def status_lines(ref: str, capsys) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("ends", "state", "last_end"),
     [
-        (cancelled, "CANCELLED", "cancelled (exit)"),
-        (fails, "FAILED", "failed (exit): RuntimeError: CUDA error: an illegal memory access"),
+        (cancelled, "CANCELLED", "cancelled"),
+        (fails, "FAILED", "failed: RuntimeError: CUDA error: an illegal memory access"),
         (killed, "FAILED", "none recorded: killed"),  # not the first attempt's completed
     ],
 )

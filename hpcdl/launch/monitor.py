@@ -400,9 +400,11 @@ def requeue_pending(run_dir: RunDir, job_id: str) -> bool:
 
 
 def end_text(end: dict[str, Any]) -> str:
-    """An end record as `last_end` shows it: `timeout (not requeued: ...)`, `failed (exit):
-    DataError: ...`."""
+    """An end record as `last_end` shows it: `timeout (not requeued: ...)`, `failed:
+    DataError: ...` (an end whose job simply exited says no more than its reason)."""
     action, error = end.get("action"), end.get("error")
+    if action == "exit":
+        action = None
     return (
         f"{end.get('reason')}"
         + (f" ({action})" if action else "")

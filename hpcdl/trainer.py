@@ -217,6 +217,10 @@ class Trainer:
         self._copies = HostCopies()  # lagged: their pinned buffers
         self._last_loss = float("nan")  # the latest step's mean loss read on the host
         self._unlogged: list[tuple[int, float]] = []  # (step, loss) not yet sent to the tracker
+        # The gradient norm of each step a tracker keeps (on the device until it is sent):
+        # only where a tracker gets it, and only those steps, so no other step pays for it.
+        self._tracks_grad_norm = not isinstance(parts.logger, NullLogger)
+        self._grad_norms: dict[int, torch.Tensor] = {}
         self._loss_gradients: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
         # One rank reading each step's sums at once: the task's statistics (classification's
         # correct predictions) are counted a chunk of steps at a time (hpcdl.deferred_stats).
@@ -602,9 +606,18 @@ class Trainer:
 
     def _optimizer_step(self) -> None:
         p = self.p
-        if self.t.grad_clip_norm is not None:
-            p.scaler.unscale_(p.optimizer)
-            nn.utils.clip_grad_norm_(p.raw_model.parameters(), self.t.grad_clip_norm)
+        step = self.progress.global_step + 1  # the step being taken
+        tracked = self._tracks_grad_norm and step % self.t.log_every_steps == 0
+        if self.t.grad_clip_norm is not None or tracked:
+            p.scaler.unscale_(p.optimizer)  # the norm of the true gradients (fp16)
+        norm: Optional[torch.Tensor] = None
+        if self.t.grad_clip_norm is not None:  # the norm before clipping, as torch returns it
+            norm = nn.utils.clip_grad_norm_(p.raw_model.parameters(), self.t.grad_clip_norm)
+        elif tracked:
+            grads = [q.grad for q in p.raw_model.parameters() if q.grad is not None]
+            norm = nn.utils.get_total_norm(grads) if grads else None
+        if tracked and norm is not None:
+            self._grad_norms[step] = norm.detach()
         p.scaler.step(p.optimizer)
         p.scaler.update()
         p.scheduler.step()
@@ -665,10 +678,16 @@ class Trainer:
                 continue
             lr = self.p.optimizer.param_groups[0]["lr"]
             values: dict[str, float] = {"train_loss": loss, "lr": lr}
+            norm = self._grad_norms.pop(step, None)
+            if norm is not None:  # none for a step skipped as non-finite
+                values["grad_norm"] = float(norm)
             if self.p.telemetry is not None:
                 sample = self.p.telemetry.sample(step)  # step time, GPU figures: to the tracker too
                 values.update({k: v for k, v in sample.items() if k not in ("time", "global_step")})
             self.p.logger.log_step(step, values)
+        if self._unlogged:  # a skipped step's norm, never sent
+            newest = self._unlogged[-1][0]
+            self._grad_norms = {k: v for k, v in self._grad_norms.items() if k > newest}
         self._unlogged.clear()
 
     # ------------------------------------------------------------------ evaluation

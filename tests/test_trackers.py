@@ -99,6 +99,41 @@ def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path, tensorboard_r
     assert [s for s, _ in scalars(run_dir / "tensorboard", "summary/test_accuracy")] == [52]
 
 
+def test_the_gradient_norm_of_each_logged_step_is_the_one_the_optimizer_used(tmp_path):
+    # Plain SGD (no momentum, no decay, constant lr): a step moves the weights by lr times
+    # the gradient, so each step's norm can be read back from two checkpoints in a row.
+    run_dir, lr = tmp_path / "run", 0.05
+    out = run_hpcdl(
+        "train", f"run_dir={run_dir}", "trainer.max_epochs=1", "trainer.log_every_steps=2",
+        "trainer.checkpoint_every_steps=1", "trainer.keep_last=20", f"optim.lr={lr}",
+        "optim.momentum=0", "logger=tensorboard", cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    norms = dict(scalars(run_dir / "tensorboard", "step/grad_norm"))
+    assert sorted(norms) == list(range(2, 14, 2))  # the steps the tracker keeps, only
+    from hpcdl.checkpoint import read_checkpoint
+
+    def weights(step: int) -> list:
+        path = run_dir / "checkpoints" / f"step_{step:09d}.pt"
+        return list(read_checkpoint(path)["model"].values())
+
+    for step, logged in norms.items():
+        moved = [(a - b).double().norm() for a, b in zip(weights(step - 1), weights(step))]
+        expected = float(sum(m**2 for m in moved) ** 0.5) / lr
+        assert logged == pytest.approx(expected, rel=1e-4), step
+    # With trainer.grad_clip_norm the norm is clip_grad_norm_'s own (before clipping): with
+    # a limit no step reaches, the same run and the same norms.
+    clipped = tmp_path / "clipped"
+    out = run_hpcdl(
+        "train", f"run_dir={clipped}", "trainer.max_epochs=1", "trainer.log_every_steps=2",
+        f"optim.lr={lr}", "optim.momentum=0", "trainer.grad_clip_norm=1e6",
+        "logger=tensorboard", "trainer.max_steps=4", cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    again = scalars(clipped / "tensorboard", "step/grad_norm")
+    assert again == [(2, pytest.approx(norms[2], rel=1e-6)), (4, pytest.approx(norms[4], rel=1e-6))]
+
+
 @pytest.mark.slow
 def test_only_rank_0_writes_to_the_tracker(tmp_path):
     run_dir = tmp_path / "run"

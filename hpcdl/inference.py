@@ -83,8 +83,9 @@ def _checkpoint_for(run_dir: RunDir, which: str) -> Path:
         if which == "best" and not (folder / BEST_NAME).is_file():
             raise CheckpointError(
                 f"{run_dir.path}: no {BEST_NAME} in {folder} (a run saves it at its best "
-                "validated epoch: this one has no validation split, or none so far); use its "
-                "newest checkpoint: --checkpoint last"
+                "validated epoch: this one has no validation split, none so far, or it went "
+                "on from a checkpoint older than its run's best.pt (hpcdl resume --from) and "
+                "has not beaten that best yet); use its newest checkpoint: --checkpoint last"
             )
         return resolve_checkpoint(run_dir.path, "best" if which == "best" else "last")
     given = Path(which).expanduser()

@@ -150,6 +150,17 @@ class ChosenCheckpoint:
         new.checkpoint_dir.mkdir()
         step_file = new.checkpoint_dir / step_file_name(self.step)
         copy_atomic(self.path, step_file)
+        best = source.checkpoint_dir / BEST
+        if best.is_file() and self.path != best:
+            if 0 <= _step_of_best(source) <= self.step:  # the best as of the chosen one
+                copy_atomic(best, new.checkpoint_dir / BEST)
+            else:
+                print(
+                    f"--new-run-dir: {best} was saved after {self.path.name}, so not taken; "
+                    "the new run saves its own best.pt when it validates better than its "
+                    "best so far",
+                    flush=True,
+                )
         self._write_record(new, step_file, _record_keys(source))
         new.append_attempt(self.lineage(source.path.resolve()))
         save_config(cfg, new.config_file)  # last: what makes the folder a run dir

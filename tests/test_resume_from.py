@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcdl.checkpoint_file import read_plain_entries
 from hpcdl.config.schema import ScriptConfig
 from hpcdl.errors import HpcdlError
 from hpcdl.resume_from import choose
@@ -229,6 +230,29 @@ def test_a_branch_leaves_the_run_as_it_was(run: Path, reference: Path) -> None:
     assert again.stderr.startswith("error: --new-run-dir lr05:")
     assert "already exists" in again.stderr
     assert (snapshot(run), snapshot(branch)) == both
+
+
+def test_a_branch_takes_the_runs_best_checkpoint_from_before_its_point(run: Path) -> None:
+    """The run's best.pt, saved before the checkpoint a branch goes on from, is its best
+    too: it was not copied, so a branch that never beat it had none (evaluate, predict and
+    load_model refused it) while its summary named a best epoch."""
+    stalled = ["trainer.max_epochs=5", "optim.lr=1e-12"]  # the weights do not move: no new best
+    out = run_hpcdl(
+        "resume", "run", "--from", LATER[-1], "--new-run-dir", "b", *stalled, cwd=run.parent
+    )
+    assert out.returncode == 0, out.stderr
+    best = run.parent / "b" / "checkpoints" / "best.pt"
+    assert best.read_bytes() == (run / "checkpoints" / "best.pt").read_bytes()
+    summary = json.loads((run.parent / "b" / "summary.json").read_text())
+    assert summary["best_epoch"] == json.loads((run / "summary.json").read_text())["best_epoch"]
+    assert run_hpcdl("evaluate", "b", cwd=run.parent).returncode == 0
+    # From before the run's best: not taken, and said so.
+    step = read_plain_entries(run / "checkpoints" / "best.pt")["progress"]["global_step"]
+    older = sorted(p.name for p in (run / "checkpoints").glob("step_*.pt"))[0]
+    assert int(older[5:14]) < step, (older, step)
+    out = run_hpcdl("resume", "run", "--from", older, "--new-run-dir", "c", cwd=run.parent)
+    assert out.returncode == 0, out.stderr
+    assert f"--new-run-dir: {run / 'checkpoints' / 'best.pt'} was saved after {older}" in out.stdout
 
 
 def test_a_branch_its_job_refuses_is_removed_so_the_command_can_be_fixed(run: Path) -> None:

@@ -491,6 +491,20 @@ class RunDir(JobDir):
         ]
         return events[fresh[-1] :] if fresh else events
 
+    def wrote_since(self, since: float) -> bool:
+        """Whether training wrote anything since `since` (time.time()): a checkpoint, a
+        metrics row or the summary (a job that refused its run at once wrote none)."""
+        written = [self.summary_file, self.path / self.METRICS]
+        if self.checkpoint_dir.is_dir():
+            written += list(self.checkpoint_dir.glob("*.pt"))
+        for path in written:
+            try:
+                if path.stat().st_mtime >= since:
+                    return True
+            except OSError:
+                continue
+        return False
+
     def has_started(self) -> bool:
         """Some attempt has run: an attempt record, a checkpoint or a metrics row."""
         checkpoints = self.checkpoint_dir

@@ -255,6 +255,27 @@ def test_a_branch_takes_the_runs_best_checkpoint_from_before_its_point(run: Path
     assert f"--new-run-dir: {run / 'checkpoints' / 'best.pt'} was saved after {older}" in out.stdout
 
 
+def test_a_branch_that_trained_then_stopped_on_bad_input_is_kept(run: Path) -> None:
+    """Exit status 2 after an epoch of training (non-finite losses, a bad sample) is no
+    refusal: the branch was removed "as nothing was trained in it", its metrics with it."""
+    (run.parent / "stopper.py").write_text(
+        "from hpcdl.errors import DataError\n\n"
+        "def after_step(event):\n"
+        "    if event.global_step == 20:\n"
+        "        raise DataError('shard 7: a sample of another shape')\n"
+    )
+    out = run_hpcdl(
+        "resume", "run", "--from", EPOCH_2, "--new-run-dir", "b", "trainer.max_epochs=4",
+        "trainer.step_hooks=[stopper:after_step]", cwd=run.parent,
+        env={"PYTHONPATH": str(run.parent)},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "removed" not in out.stdout and "shard 7" in out.stderr
+    branch = run.parent / "b"
+    assert (branch / "checkpoints" / "step_000000018.pt").is_file()  # epoch 3, trained here
+    assert "step_hooks" in (branch / "config.yaml").read_text()  # as it was trained
+
+
 def test_a_branch_its_job_refuses_is_removed_so_the_command_can_be_fixed(run: Path) -> None:
     """The job refuses a checkpoint that does not fit the overrides (another model here):
     NEW_DIR was left behind with the run's config, without the overrides, and the same

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -107,7 +108,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         run_dir.record_command("resume")
         # A sweep trial's first attempt goes through resume too: it starts.
         verb = "resuming" if run_dir.has_started() else "starting"
-        fresh = None
+        fresh, launched = None, time.time()
         try:
             if fresh_code:  # refused (a trial of its sweep running): before the line below
                 from hpcdl.cli.fresh import refreeze_for_resume
@@ -119,13 +120,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
                 from hpcdl.cli.fresh import record_trial_refreeze
 
                 record_trial_refreeze(run_dir, fresh)
-        except HpcdlError:  # refused at submission (sbatch, the cluster)
+        except HpcdlError:  # refused at submission (sbatch, the cluster), or in-process
+            if run_dir.wrote_since(launched):  # after training (cluster=debug): keep it all
+                raise
             if fresh is not None:
                 fresh.put_back()
             keep_config(run_dir, stored_config, args.overrides, chosen)
             raise
-        if code == EXIT_BAD_INPUT:  # refused by the job that ran here (its checkpoint
-            keep_config(run_dir, stored_config, args.overrides, chosen)  # does not fit)
+        # Refused by the job that ran here (its checkpoint does not fit), before it trained:
+        # a run that trained, then stopped on bad input (non-finite losses), keeps it all.
+        if code == EXIT_BAD_INPUT and not run_dir.wrote_since(launched):
+            keep_config(run_dir, stored_config, args.overrides, chosen)
         return code
 
 

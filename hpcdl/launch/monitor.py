@@ -442,15 +442,7 @@ def _refused_unchanged(attempts: list[dict[str, Any]], index: int, run_dir: RunD
     started = start.get("start_time_s")
     if not isinstance(started, (int, float)):
         return False  # an older record: not known
-    written = [run_dir.summary_file, *run_dir.checkpoint_dir.glob("*.pt")]
-    return not any(_mtime(path) >= started for path in written)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+    return not run_dir.wrote_since(started)
 
 
 def shown(value: Any) -> str:

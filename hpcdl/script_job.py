@@ -110,8 +110,10 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     )
     peers = PeerFailure(run_dir, env)
     forwarded = forced = False
+    stop_s = None  # when the wrapper saw the stop (time.time())
     while proc.poll() is None:
         if stop.requested and not forwarded:
+            stop_s = time.time() - POLL_S  # Slurm's signal may have reached the program first
             _touch(stop_file)
             # torchrun turns SIGTERM into SIGTERM to each worker and waits up to 30 s for
             # them (hpcdl.api treats it as a stop request: the workers save and exit).
@@ -133,6 +135,7 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
         time.sleep(POLL_S)
     if stop.requested:  # Slurm may have signalled (and ended) the program itself first
         _touch(stop_file)
+        stop_s = stop_s if stop_s is not None else time.time() - POLL_S
     code = proc.returncode
     if code not in (EXIT_OK, EXIT_INTERRUPTED) and not stop.requested and peers.failed is None:
         peers.report(_status(code))  # first: the others end theirs meanwhile
@@ -157,14 +160,39 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
         return JobOutcome(env.rank, True, None, summary if env.is_main else {}, 0)
     if stopped:
         if code != EXIT_INTERRUPTED:  # hpcdl cannot know whether the program saved
-            print(
-                f"hpcdl: the program exited with status {_status(code)} when asked to stop; "
-                "status 3 would confirm that it saved (docs/scripts.md)",
-                flush=True,
-            )
+            saved_s = stop_s if stop_s is not None else time.time()
+            print(f"hpcdl: {_unconfirmed_stop(code, torchrun, run_dir, saved_s)}", flush=True)
         return JobOutcome(env.rank, False, stop.signal_name, {}, 0)
     print(f"hpcdl: the program exited with status {_status(code)}", flush=True)
     return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=_status(code))
+
+
+def _unconfirmed_stop(code: int, torchrun: bool, run_dir: RunDir, since_s: float) -> str:
+    """A stop the program did not confirm with status 3: what it ended with, and the
+    checkpoint it saved meanwhile if any (torchrun always ends with status 1 on hpcdl's
+    SIGTERM, after a SignalException traceback of its own, whatever its workers did)."""
+    saved = [path.name for _, path in run_dir.step_files() if _mtime(path) >= since_s]
+    found = (
+        f"{saved[-1]} was saved after the stop"
+        if saved
+        else "no checkpoint was saved after the stop"
+    )
+    if torchrun:
+        return (
+            f"torchrun exited with status {_status(code)} on hpcdl's SIGTERM (the stop; its "
+            f"SignalException traceback above is how it ends); {found}"
+        )
+    return (
+        f"the program exited with status {_status(code)} when asked to stop; {found} "
+        "(status 3 would confirm that it saved: docs/scripts.md)"
+    )
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 class PeerFailure:

@@ -393,6 +393,9 @@ def test_torchrun_survives_the_warning_signal_until_its_workers_have_saved(tmp_p
     result = json.loads(out.strip().splitlines()[-1])
     # The stop was seen, and the program ended only once both workers had saved.
     assert result == {"signal": "SIGUSR2", "failed": None, "saved": ["saved-0", "saved-1"]}
+    # torchrun's own status on hpcdl's SIGTERM is 1: said so, not "status 3 would confirm"
+    assert "hpcdl: torchrun exited with status 1 on hpcdl's SIGTERM" in out, out
+    assert "no checkpoint was saved after the stop" in out and "status 3 would" not in out
 
 
 def test_script_sweep_shows_and_ranks_by_the_programs_own_metric(hpcdl, tmp_path: Path) -> None:
@@ -730,7 +733,7 @@ def test_a_terminals_ctrl_c_gives_each_local_rank_one_sigterm_and_time_to_save(
             assert (run / f"saved-{rank}").exists(), output
         assert "when asked to stop" not in output  # status 3: it saved
     else:
-        assert "the program exited with status 143 when asked to stop" in output
+        assert "the program exited with status 143 when asked to stop; no checkpoint" in output
     end = json.loads((run / "attempts.jsonl").read_text().splitlines()[-1])
     assert end["reason"] == "interrupted", end
 

@@ -88,3 +88,27 @@ def test_a_job_id_this_slurm_does_not_know_without_accounting_is_one_line(
     assert main(["status", str(run.path)]) == 0
     out = capsys.readouterr().out
     assert "state: COMPLETED" in out and "source: run dir (not queued; no accounting)" in out
+
+
+def test_a_failed_foreground_run_keeps_why_for_status(tmp_path, capsys) -> None:
+    """cluster=debug prints to the terminal only: its end record said `failed` and nothing
+    else, so `hpcdl status` (or Job.wait() in a later session) could not say why."""
+    import sys
+
+    (tmp_path / "hk.py").write_text(
+        "def after(event):\n"
+        "    if event.global_step == 3:\n"
+        "        raise ValueError('bad sample 17')\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        run = ["train", f"run_dir={tmp_path / 'r'}", "trainer.max_epochs=1"]
+        try:
+            main([*run, "trainer.step_hooks=[hk:after]"])
+        except ValueError:
+            pass
+    finally:
+        sys.path.remove(str(tmp_path))
+    capsys.readouterr()
+    assert main(["status", str(tmp_path / "r")]) == 1
+    assert "last_end: failed: ValueError: bad sample 17\n" in capsys.readouterr().out

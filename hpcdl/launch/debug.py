@@ -17,11 +17,14 @@ def run_in_process(run_dir: RunDir) -> int:
         record_start(run_dir, "debug", None, 1)
         try:
             code = run_job(str(run_dir.path)).exit_code
-        except HpcdlError:  # bad input found by the job: one line, exit 2 (as cluster=local)
-            record_end(run_dir, "debug", None, EXIT_BAD_INPUT)
+        except HpcdlError as err:  # bad input found by the job: one line, exit 2 (as local)
+            record_end(run_dir, "debug", None, EXIT_BAD_INPUT, err)
             raise
-        except BaseException:  # a traceback
+        except KeyboardInterrupt:
             record_end(run_dir, "debug", None, None)
+            raise
+        except BaseException as err:  # a traceback
+            record_end(run_dir, "debug", None, None, err)
             raise
     record_end(run_dir, "debug", None, code)
     return code

@@ -163,6 +163,13 @@ def program_exit(text: str, exited: re.Match[str]) -> str:
     return f"the program exited with status {exited.group(1)}{said}"
 
 
+def error_line(err: BaseException) -> str:
+    """An exception as an end record keeps it (`ValueError: bad sample 17`): its first line,
+    at most about 300 characters, as `hpcdl status` shows it."""
+    lines = str(err).strip().splitlines()
+    return clipped(f"{type(err).__name__}: {lines[0] if lines else ''}".strip(), 300)
+
+
 def clipped(text: str, limit: int) -> str:
     """At most about `limit` characters, cut at a space (never mid-word) with ' ...' after."""
     if len(text) <= limit:

@@ -48,12 +48,21 @@ def record_start(run_dir: RunDir, launcher: str, job_id: Optional[str], world_si
 
 
 def record_end(
-    run_dir: RunDir, launcher: str, job_id: Optional[str], exit_code: Optional[int]
+    run_dir: RunDir,
+    launcher: str,
+    job_id: Optional[str],
+    exit_code: Optional[int],
+    error: Optional[BaseException] = None,
 ) -> None:
-    """exit_code: the attempt's exit status; None when it raised."""
+    """exit_code: the attempt's exit status; None when it raised `error` (kept as its first
+    line: `hpcdl status` shows it, a foreground run having no log to find it in)."""
     reason = END_REASONS.get(exit_code, "failed") if exit_code is not None else "failed"
     record: dict[str, Any] = {"event": "end", "launcher": launcher, "job_id": job_id}
     record.update(end=_now(), reason=reason)
     if reason == "failed" and exit_code is not None:
         record["exit_code"] = exit_code
+    if error is not None:
+        from hpcdl.launch.diagnose import error_line
+
+        record["error"] = error_line(error)
     run_dir.append_attempt(record)

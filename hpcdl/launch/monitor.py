@@ -405,6 +405,8 @@ def end_text(end: dict[str, Any]) -> str:
     action, error = end.get("action"), end.get("error")
     if action == "exit":
         action = None
+    if error is None and isinstance(end.get("exit_code"), int) and end.get("reason") == "failed":
+        error = f"exit status {end['exit_code']}"  # a foreground run's: it has no log to read
     return (
         f"{end.get('reason')}"
         + (f" ({action})" if action else "")

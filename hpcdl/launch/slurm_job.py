@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hpcdl.config.schema import Requeue
 from hpcdl.env import RankEnv, rank_env_from, slurm_job_ref
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED
-from hpcdl.launch.diagnose import clipped
+from hpcdl.launch.diagnose import error_line
 from hpcdl.requeue import requeue
 
 if TYPE_CHECKING:
@@ -200,14 +200,12 @@ def come_back(cfg: Config, path: RunDir, env: RankEnv, job_id: str) -> str:
 
 def failed_record(job_id: str | None, err: BaseException) -> dict[str, Any]:
     """The end record of an attempt that raised: its error's first line, as status shows it."""
-    lines = str(err).strip().splitlines()
-    error = f"{type(err).__name__}: {lines[0] if lines else ''}".strip()
     return {
         "event": "end",
         "job_id": job_id,
         "end": _now(),
         "reason": "failed",
-        "error": clipped(error, 300),
+        "error": error_line(err),
         "action": "exit",
     }
 

@@ -338,6 +338,8 @@ def test_a_package_a_script_put_on_sys_path_reaches_its_local_ranks(tmp_path: Pa
         "                    'model=custom', 'model.target=apipkg.nets:build',\n"
         "                    'trainer.max_epochs=1'])\n"
         "print('epochs:', job.wait()['epochs'])\n"
+        "hpcdl.submit_sweep(['hydra.sweep.dir=sw', 'model=custom', 'trainer.max_epochs=1',\n"
+        "                    'model.target=apipkg.nets:build', 'optim.lr=0.1,0.2'])\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run(
@@ -346,6 +348,9 @@ def test_a_package_a_script_put_on_sys_path_reaches_its_local_ranks(tmp_path: Pa
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert "epochs: 1" in out.stdout
+    # A sweep's trials too (each in a process of its own): they could not import it.
+    for trial in ("0", "1"):
+        assert (tmp_path / "sw" / trial / "summary.json").is_file(), out.stdout
 
 
 def test_logs_of_a_rank_the_job_did_not_have_and_a_job_that_never_ran(

@@ -327,8 +327,13 @@ def _pass_stops(trial: _Running, num_stops: int) -> None:
 
 
 def _start_trial(ledger: Ledger, index: int, sweep_dir: Path, env: dict[str, str]) -> _Running:
+    from hpcdl.launch.local import ranks_pythonpath
+
     record = ledger.trial(index)
     run_dir = RunDir(Path(record.run_dir))
+    # A package the caller put on sys.path (the Python API), not on PYTHONPATH: the trial's
+    # process finds it too, as a run's local ranks do.
+    env = {**env, **ranks_pythonpath(open_run_dir(record.run_dir)[0])}
     num_starts = sum(a.get("event") == "start" for a in run_dir.read_attempts())
     log = open(run_dir.trial_log, "a")  # noqa: SIM115 (the child holds it; closed below)
     log_from = log.tell()  # this attempt's part of the log: its failure's cause

@@ -171,6 +171,13 @@ def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl
         (["--", "./notexec.sh"], "./notexec.sh: not executable"),
         (["--", "no-such-program-xyz"], "no-such-program-xyz: command not found on PATH"),
         (["--", "pyhton", "t.py"], "pyhton: command not found on PATH; did you mean python?"),
+        (["--", "python", "kk.py"], "give its path relative to here (did you mean ok.py?)"),
+        (
+            ["--", "OMP_NUM_THREADS=1", "python", "ok.py"],
+            "OMP_NUM_THREADS=1: a variable, not a command (no shell reads the command); set it "
+            "with cluster.env.OMP_NUM_THREADS=1, or start with env: -- env OMP_NUM_THREADS=1 "
+            "python ok.py",
+        ),
         (["entry=nosuchpkg_xyz.train:main"], "entry='nosuchpkg_xyz.train:main': module"),
         (["entry=no_colon"], "entry='no_colon': expected 'package.module:name'"),
         (["launcher=mpirun", "--", "python", "ok.py"], "launcher='mpirun': unknown"),
@@ -955,3 +962,16 @@ def test_a_stop_signal_during_python_s_exit_leaves_the_exit_status_as_it_was(
         [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == status, done.stderr
+
+
+def test_hpcdls_own_flag_after_the_double_dash_is_warned_about(hpcdl, tmp_path) -> None:
+    # `hpcdl run cluster=X -- python train.py --dry-run` submitted a real job (the flag went
+    # to the program): a program may take --dry-run too, so it runs, with a warning.
+    (tmp_path / "t.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
+    out = hpcdl("run", "run_dir=run", "--", "python", "t.py", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "args ['--dry-run']" in out.stdout
+    assert out.stderr.startswith(
+        "hpcdl: warning: --dry-run is after --, so it goes to your program, not to hpcdl; "
+        "for hpcdl's --dry-run, put it before --\n"
+    ), out.stderr

@@ -281,6 +281,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     return code
 
 
+# hpcdl's flags that change what `run`/`resume` do (submit nothing, ...): after `--` they
+# reach the program instead, and the job is submitted.
+HPCDL_ONLY_FLAGS = ("--dry-run", "--no-launch", "--no-preflight", "--fresh-code", "--multirun")
+
+
 def run_command(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
@@ -288,6 +293,14 @@ def run_command(argv: Optional[list[str]] = None) -> int:
     if argv[:1] in (["run"], ["resume"]) and "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
+        own = [a for a in command if a in HPCDL_ONLY_FLAGS and a not in argv]
+        if own:  # a program may take them too: said, not refused
+            print(
+                f"hpcdl: warning: {own[0]} is after --, so it goes to your program, not to "
+                f"hpcdl; for hpcdl's {own[0]}, put it before --",
+                file=sys.stderr,
+                flush=True,
+            )
     elif argv[:1] == ["run"]:
         values = {i + 1 for i, a in enumerate(argv) if a in ("--config-dir", "-cd")}
         words = [

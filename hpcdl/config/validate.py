@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shlex
 import zipfile
 from pathlib import Path
@@ -310,7 +311,9 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
                 f"({program} train.py ...), or {program} -m package.module, or -c CODE"
             )
         if not (base / Path(script).expanduser()).is_file():
-            raise ConfigError(f"{script}: no such script (from {base}); {fix}")
+            raise ConfigError(
+                f"{script}: no such script (from {base}); {fix}{_close_file(script, base)}"
+            )
         return
     path = base / Path(program).expanduser()
     if "/" in program:
@@ -324,6 +327,12 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
                 f"(python {program}, bash {program})"
             )
         return
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", program):  # `VAR=1 python train.py`
+        name, _, value = program.partition("=")
+        raise ConfigError(
+            f"{program}: a variable, not a command (no shell reads the command); set it with "
+            f"cluster.env.{name}={value}, or start with env: -- env {program} {shlex.join(command[1:])}"
+        )
     if shutil.which(program) is None:
         import difflib
 
@@ -331,6 +340,19 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
         close = difflib.get_close_matches(program, [p for p in usual if shutil.which(p)], n=1)
         hint = f"did you mean {close[0]}?" if close else "give its full path"
         raise ConfigError(f"{program}: command not found on PATH; {hint}")
+
+
+def _close_file(script: str, base: Path) -> str:
+    """' (did you mean train.py?)' for a script name a letter or two off one in its folder."""
+    import difflib
+
+    folder = (base / Path(script).expanduser()).parent
+    try:
+        names = [p.name for p in folder.iterdir() if p.is_file()]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(Path(script).name, names, n=1, cutoff=0.8)
+    return f" (did you mean {Path(script).with_name(close[0])}?)" if close else ""
 
 
 def _module_not_found(module: str, base: Path) -> str:

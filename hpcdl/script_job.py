@@ -297,6 +297,12 @@ def with_run_dir(command: list[str], run_dir: str) -> list[str]:
     return [RUN_DIR_REF.sub(lambda _: run_dir, token) for token in command]
 
 
+def cuda_on_node() -> bool:
+    """Whether this node has an NVIDIA driver (its control device or its /proc entry),
+    known without importing torch."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
+
+
 def program_env(cfg: Config, env: RankEnv, run_dir: RunDir, stop_file: Any) -> dict[str, str]:
     """The variables torch.distributed (env://) and torchrun-style scripts read, and
     hpcdl's own."""
@@ -317,7 +323,10 @@ def program_env(cfg: Config, env: RankEnv, run_dir: RunDir, stop_file: Any) -> d
     if cfg.script is not None and cfg.script.launcher.value == "torchrun":
         return variables  # torchrun sets the per-worker ones itself
     variables.update(torchrun_variables(env, per_node))
-    variables["HPCDL_DEVICE"] = f"cuda:{env.local_rank % gpus}" if gpus else "cpu"
+    # cuda:N only where the node has an NVIDIA driver: a GPU request Slurm granted without
+    # one (the dev cluster's placeholder GPUs) gets the CPU, as hpcdl train's ranks do.
+    cuda = gpus and cuda_on_node()
+    variables["HPCDL_DEVICE"] = f"cuda:{env.local_rank % gpus}" if cuda else "cpu"
     # The node's CPUs shared among its ranks, as torchrun does (hpcdl.threads).
     threads = threads_per_rank(os.environ, env.launcher, per_node, usable_cpus())
     if threads is not None:

@@ -258,7 +258,8 @@ def test_dry_run_and_the_login_path_never_import_torch(tmp_path: Path) -> None:
     assert "RANK(SLURM_PROCID)=0" in srun.stdout and "BACKEND" not in srun.stdout, srun.stdout
 
 
-def test_program_env_names_the_rank_and_the_stop_file(tmp_path: Path) -> None:
+def test_program_env_names_the_rank_and_the_stop_file(tmp_path: Path, monkeypatch) -> None:
+    from hpcdl import script_job
     from hpcdl.cli.compose import compose_config
     from hpcdl.config.schema import ScriptConfig
     from hpcdl.env import RankEnv
@@ -282,6 +283,9 @@ def test_program_env_names_the_rank_and_the_stop_file(tmp_path: Path) -> None:
         restart_count=2,
     )
     run = RunDir(tmp_path)
+    monkeypatch.setattr(script_job, "cuda_on_node", lambda: False)  # the dev cluster's nodes
+    assert program_env(cfg, env, run, run.stop_file("42", 2))["HPCDL_DEVICE"] == "cpu"
+    monkeypatch.setattr(script_job, "cuda_on_node", lambda: True)
     values = program_env(cfg, env, run, run.stop_file("42", 2))
     assert {k: values[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
         "RANK": "5",

@@ -118,7 +118,9 @@ def test_the_gradient_norm_of_each_logged_step_is_the_one_the_optimizer_used(tmp
         return list(read_checkpoint(path)["model"].values())
 
     for step, logged in norms.items():
-        moved = [(a - b).double().norm() for a, b in zip(weights(step - 1), weights(step))]
+        moved = [
+            (a - b).double().norm() for a, b in zip(weights(step - 1), weights(step), strict=True)
+        ]
         expected = float(sum(m**2 for m in moved) ** 0.5) / lr
         assert logged == pytest.approx(expected, rel=1e-4), step
     # With trainer.grad_clip_norm the norm is clip_grad_norm_'s own (before clipping): with

@@ -201,6 +201,7 @@ def choose(
             "--from and --from-scratch: give one (--from continues from that checkpoint, "
             "--from-scratch retrains from epoch 1)"
         )
+    path = _named(run_dir, ref)  # first: the advice below must name one that exists
     if cfg.script is not None and new_run_dir is not None:
         raise HpcdlError(
             f"--new-run-dir: {run_dir.path} is an `hpcdl run` run, whose program keeps files "
@@ -208,7 +209,6 @@ def choose(
             f"`hpcdl resume {run_dir.path} --from {ref}`"
         )
     target = _new_run_dir(new_run_dir, run_dir)
-    path = _named(run_dir, ref)
     try:
         entries = read_plain_entries(path)
     except CheckpointError as err:

@@ -21,12 +21,15 @@ PathLike = Union[str, Path]
 
 # Above this many classes the per-cell counts are unreadable, so they are left out.
 MAX_ANNOTATED_CLASSES = 30
+# Learning-curve panels side by side; more go in further rows.
+MAX_PANELS_PER_ROW = 4
 
 
 def plot_learning_curves(rows: Sequence[Mapping[str, Any]], out_png: PathLike) -> None:
     """One panel per metric against epoch, train and val (rows of metrics.csv): loss first,
     then the task's metrics (accuracy for classification)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     metrics = ["loss"]
     for key in rows[0] if rows else ():
@@ -35,22 +38,31 @@ def plot_learning_curves(rows: Sequence[Mapping[str, Any]], out_png: PathLike) -
             metrics.append(metric)
     if metrics == ["loss"]:
         metrics.append("accuracy")  # an empty panel rather than a different picture
+    # At most MAX_PANELS_PER_ROW panels a row, more rows below: a task with many metrics made
+    # one row of them, a picture 23 panels (13800 pixels) wide.
+    num_cols = min(len(metrics), MAX_PANELS_PER_ROW)
+    num_rows = -(-len(metrics) // num_cols)
     # Fixed margins (in inches: tick labels and one axis label a side) instead of
     # constrained layout, which measured every text and took more than half the time.
-    width, height = 5.0 * len(metrics), 4.0
+    width, height = 5.0 * num_cols, 4.0 * num_rows
     fig = Figure(figsize=(width, height))
-    axes = fig.subplots(1, len(metrics))
+    grid = fig.subplots(num_rows, num_cols, squeeze=False)
     fig.subplots_adjust(
         left=0.85 / width,
         right=1 - 0.2 / width,
         bottom=0.55 / height,
         top=1 - 0.35 / height,
         wspace=1.05 / 3.95,  # the gap between panels, as a share of a panel's width
+        hspace=0.9 / 3.1,  # between rows: the x label and the next title, of a panel's height
     )
-    for ax, metric in zip(axes, metrics, strict=True):
+    axes = [ax for row in grid for ax in row]
+    for ax in axes[len(metrics) :]:
+        ax.set_visible(False)
+    for ax, metric in zip(axes, metrics, strict=False):
         for split in ("train", "val"):
             _plot_series(ax, rows, f"{split}_{metric}", split)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no epoch 1.5
         ax.set_ylabel(metric)
         ax.set_title(metric)
         ax.grid(alpha=0.3)

@@ -162,6 +162,23 @@ def test_plot_learning_curves_writes_a_png(tmp_path: Path) -> None:
     assert_png(out)
 
 
+def test_many_metrics_wrap_into_rows_of_panels(tmp_path: Path) -> None:
+    # 23 metrics made one row 13800 pixels wide; at 120 dpi a panel is 600 x 480 pixels.
+    import struct
+
+    names = ["loss", *(f"m{k}" for k in range(22))]
+    rows = [
+        {"epoch": e, **{f"{split}_{n}": 1 / e for n in names for split in ("train", "val")}}
+        for e in range(1, 4)
+    ]
+    out = tmp_path / "learning_curves.png"
+    plot_learning_curves(rows, out)
+    width, height = struct.unpack(">II", out.read_bytes()[16:24])  # the PNG's IHDR
+    assert (width, height) == (4 * 600, 6 * 480)
+    plot_learning_curves([{k: v for k, v in r.items() if "_m" not in k} for r in rows], out)
+    assert struct.unpack(">II", out.read_bytes()[16:24]) == (2 * 600, 480)  # loss, accuracy
+
+
 def test_plot_confusion_matrix_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "confusion_matrix.png"
     plot_confusion_matrix(torch.tensor([[5, 1], [2, 7]]), ["benign", "malignant"], out)

@@ -388,7 +388,7 @@ def test_a_script_run_continues_in_place_but_is_not_branched(run: Path) -> None:
     with pytest.raises(HpcdlError, match="is an `hpcdl run` run"):
         choose(script, run_dir, EPOCH_2, from_scratch=False, new_run_dir=str(run.parent / "b"))
     # A checkpoint it does not have: named as such (its advice named that one to use).
-    with pytest.raises(HpcdlError, match="step_000000025.pt: no such checkpoint in"):
+    with pytest.raises(HpcdlError, match=r"step_000000025\.pt: no such checkpoint in"):
         choose(script, run_dir, "step_000000025.pt", from_scratch=False, new_run_dir="b")
     chosen = choose(script, run_dir, EPOCH_2, from_scratch=False, new_run_dir=None)
     assert chosen.step == 12

@@ -1083,3 +1083,29 @@ def test_images_stored_channels_last_are_pointed_out(tmp_path) -> None:
                 f"pixels; if they are {h}x{w} images with {c} channel(s) last, save them as "
                 "[N, C, H, W]: np.moveaxis(x, -1, 1)"
             )
+
+
+class _OneOddSample(torch.utils.data.Dataset):
+    """Samples of 6x8x8 but one of 6x8x7, well into the epoch (the check before a run reads
+    only the first batch)."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        return torch.zeros(6, 8, 7 if i == 13 else 8), 0
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_sample_of_another_shape_mid_epoch_is_named_as_such(num_workers: int) -> None:
+    # With a worker, torch stacks into shared memory sized for the batch's first sample,
+    # and the odd one failed as "Trying to resize storage that is not resizable".
+    from hpcdl.data.feed import _named_collate_errors
+    from hpcdl.errors import DataError
+
+    loader = torch.utils.data.DataLoader(_OneOddSample(), batch_size=4, num_workers=num_workers)
+    with pytest.raises(DataError) as info:
+        list(_named_collate_errors(iter(loader), "data.target='rs.data:build'"))
+    message = str(info.value)
+    assert message.startswith("data.target='rs.data:build': samples of different shapes in one")
+    assert message.endswith("or set data.collate_fn to pad them") and "\n" not in message

@@ -186,8 +186,11 @@ def _named_collate_errors(batches: Iterator[Any], source: str) -> Iterator[Any]:
         raise DataError(worker_error_message(exc)) from None
     except RuntimeError as exc:
         text = str(exc)
-        if "stack expects each tensor to be equal size" in text:
-            detail = next((ln for ln in text.splitlines() if "stack expects" in ln), text)
+        # In a DataLoader worker, torch stacks into shared memory sized for the first
+        # sample: a larger one later fails as a storage resize, its shapes unnamed.
+        marks = ("stack expects each tensor to be equal size", "Trying to resize storage")
+        detail = next((ln for ln in text.splitlines() if any(m in ln for m in marks)), None)
+        if detail is not None:
             raise DataError(
                 f"{source}: samples of different shapes in one batch ({detail.strip()}); make "
                 "every sample the same shape (resize/crop), or set data.collate_fn to pad them"

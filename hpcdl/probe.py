@@ -174,6 +174,14 @@ def batch_hint(cfg: Config, exc: BaseException, batch: Any) -> str:
             f" (the batch holds {', '.join(shown)} tensors: token ids and class labels must be "
             f"torch.int64; cast them in {source}, e.g. torch.from_numpy(ids.astype('int64')))"
         )
+    integers = sorted(
+        {str(t.dtype) for t in leaves if isinstance(t, torch.Tensor) and not t.is_floating_point()}
+    )
+    if integers and any(marker in str(exc) for marker in INPUT_DTYPE_ERRORS):
+        return (
+            f" (the batch holds {', '.join(integers)} tensors: a model's inputs must be floating "
+            f"point; convert them in {source}, e.g. torch.from_numpy(x.astype('float32')))"
+        )
     others = sorted({type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)})
     if others:
         return (
@@ -184,6 +192,15 @@ def batch_hint(cfg: Config, exc: BaseException, batch: Any) -> str:
         shapes = [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
         return f" (the batch's tensors have shapes {', '.join(map(str, shapes))})"
     return ""
+
+
+# What torch says when a layer's float weights get integer inputs (a uint16 memmap's).
+INPUT_DTYPE_ERRORS = (
+    "Input type (",  # conv: "Input type (short unsigned int) and bias type (float) ..."
+    "must have the same dtype",  # linear: "mat1 and mat2 must have the same dtype"
+    "not implemented for '",  # "addmm_impl_cpu_" not implemented for 'Short'
+    "expected scalar type",
+)
 
 
 # What torch says when a layer gets inputs of another size than it was built for.

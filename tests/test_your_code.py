@@ -475,6 +475,20 @@ def ragged(root):
     return Ragged(), Ragged()
 
 
+class RawCounts(Dataset):
+    '''Images as a uint16 memmap gives them, not converted to float.'''
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return {"image": torch.zeros(1, 8, 8, dtype=torch.uint16), "mask": torch.zeros(1, 8, 8)}
+
+
+def raw_counts(root):
+    return RawCounts(), RawCounts()
+
+
 class Labels(Dataset):
     '''Three classes, but every label after the first is 3 or 4.'''
 
@@ -596,6 +610,11 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
     ("changes", "key"),
     [
         (["data.target=badcode:ragged"], "data.target='badcode:ragged': samples of different"),
+        (
+            ["data.target=badcode:raw_counts"],
+            "(the batch holds torch.uint16 tensors: a model's inputs must be floating point; "
+            "convert them in data.target='badcode:raw_counts', e.g. ",
+        ),
         (["task.target=badcode:per_sample_loss"], "task.target='badcode:per_sample_loss'"),
         (["task.target=badcode:metrics_as_list"], "task.target='badcode:metrics_as_list'"),
         (["trainer.early_stopping.monitor=val_nosuch"], "trainer.early_stopping.monitor"),
@@ -623,6 +642,7 @@ def replaced(overrides: list[str], changes: list[str]) -> list[str]:
     ],
     ids=[
         "ragged-samples",
+        "integer-inputs",
         "non-scalar-loss",
         "non-dict-metrics",
         "monitor",

@@ -115,3 +115,13 @@ def raised(exc: BaseException) -> str:
 def first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else ""
+
+
+def did_you_mean(given: str, choices: list[str]) -> str:
+    """'did you mean val_macro_f1? ' for a name close to one of `choices` (case aside), else
+    ''."""
+    import difflib
+
+    lowered = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(given.lower(), list(lowered), n=1, cutoff=0.75)
+    return f"did you mean {lowered[close[0]]}? " if close else ""

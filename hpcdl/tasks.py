@@ -33,7 +33,7 @@ from hpcdl.config.schema import (
     RegressionTaskConfig,
     TaskConfig,
 )
-from hpcdl.errors import ConfigError, DataError, HpcdlError, raised
+from hpcdl.errors import ConfigError, DataError, HpcdlError, did_you_mean, raised
 from hpcdl.samples import first_array_shape, input_target_pair
 from hpcdl.step_sums import Value
 from hpcdl.targets import check_step_kwargs, resolve_callable
@@ -475,10 +475,10 @@ def check_monitor(monitor: str, task: Task) -> None:
     metric = monitor.partition("_")[2]
     names = task.metric_names
     if metric != "loss" and metric not in names:
-        choices = ", ".join(f"{s}_{m}" for s in ("val", "train") for m in ("loss", *names))
+        choices = [f"{s}_{m}" for s in ("val", "train") for m in ("loss", *names)]
         raise ConfigError(
-            f"trainer.early_stopping.monitor={monitor!r}: task={task.name} reports "
-            f"{choices}; choose one of those"
+            f"trainer.early_stopping.monitor={monitor!r}: {did_you_mean(monitor, choices)}"
+            f"task={task.name} reports {', '.join(choices)}; choose one of those"
         )
 
 

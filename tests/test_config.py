@@ -229,6 +229,11 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
         (["cluster.mem=16"], "cluster.mem: unknown key; sbatch's --mem is set by cluster.mem_gb"),
         (["trainer.early_stopping.monitor=acc"], "trainer.early_stopping.monitor='acc'"),
         (
+            ["trainer.early_stopping.monitor=val_Acuracy"],
+            "trainer.early_stopping.monitor='val_Acuracy': did you mean val_accuracy? "
+            "task=classification reports val_loss, val_accuracy",
+        ),
+        (
             ["data=digits", "model.hidden_sizes=abc"],
             "model.hidden_sizes='abc' is not a list; give one in brackets, "
             "e.g. model.hidden_sizes=[30,60]",

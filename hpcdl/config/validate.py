@@ -18,7 +18,7 @@ from typing import Optional
 
 from hpcdl.config import schema
 from hpcdl.config.metrics import TASK_METRICS
-from hpcdl.errors import ConfigError, DataError
+from hpcdl.errors import ConfigError, DataError, did_you_mean
 
 TARGET_FORM = "expected 'package.module:name' (a module, a colon, then a function or class in it)"
 AUTO_TRUE_FALSE = ("auto", "true", "false")
@@ -512,8 +512,8 @@ def _check_monitor(monitor: str, task: object) -> None:
     if name in TASK_METRICS and metric not in ("loss", *TASK_METRICS[name]):
         choices = [f"{s}_{m}" for s in ("val", "train") for m in ("loss", *TASK_METRICS[name])]
         raise ConfigError(
-            f"trainer.early_stopping.monitor={monitor!r}: task={name} reports "
-            f"{', '.join(choices)}; choose one of those"
+            f"trainer.early_stopping.monitor={monitor!r}: {did_you_mean(monitor, choices)}"
+            f"task={name} reports {', '.join(choices)}; choose one of those"
         )
 
 

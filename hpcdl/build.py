@@ -17,7 +17,7 @@ from hpcdl.config.schema import Config, Precision
 from hpcdl.data import EpochSharder
 from hpcdl.data.feed import Feed, build_feed
 from hpcdl.env import RankEnv
-from hpcdl.errors import CheckpointError
+from hpcdl.errors import CheckpointError, plural
 from hpcdl.evaluation import load_matching_weights
 from hpcdl.hooks import load_step_hooks
 from hpcdl.models import build_model
@@ -25,6 +25,7 @@ from hpcdl.optim import build_optimizer, build_scheduler, use_fused
 from hpcdl.progress import ProgressReporter
 from hpcdl.rundir import RunDir
 from hpcdl.signals import StopFlag
+from hpcdl.state import Progress
 from hpcdl.tasks import build_task
 from hpcdl.telemetry import Telemetry
 from hpcdl.trackers import build_logger
@@ -53,9 +54,10 @@ def warm_start_checkpoint(ref: str) -> Path:
         return resolve_checkpoint(ref, "last")
 
 
-def warm_start(model: nn.Module, ckpt: Path, model_config: dict[str, Any]) -> None:
+def warm_start(model: nn.Module, ckpt: Path, model_config: dict[str, Any]) -> str:
     """init_from: the checkpoint's weights into `model`, refusing a mismatch in one line that
-    names the model config the checkpoint was saved with where this run's differs."""
+    names the model config the checkpoint was saved with where this run's differs; returns
+    what was loaded (`the weights of .../best.pt, saved after 4 epochs (global step 52)`)."""
     state = read_checkpoint(ckpt, mmap=True)
     try:
         load_matching_weights(model, state["model"], str(ckpt))
@@ -70,6 +72,16 @@ def warm_start(model: nn.Module, ckpt: Path, model_config: dict[str, Any]) -> No
             keys = saved_with(saved, model_config, "model")
             hint = f"; it was saved with{keys}" if keys else ""
         raise CheckpointError(f"{err}{hint}") from None
+    progress = state.get("progress")
+    if not isinstance(progress, dict):
+        return f"the weights of {ckpt}"
+    pr = Progress.from_dict(progress)
+    when = (
+        f"saved after {plural(pr.epoch, 'epoch')} (global step {pr.global_step})"
+        if pr.step_in_epoch == 0
+        else f"saved at {pr.position()}"
+    )
+    return f"the weights of {ckpt}, {when}"
 
 
 def build_trainer(
@@ -91,7 +103,11 @@ def build_trainer(
     start = first_batches(cfg, feed, sharder, store, device)
     raw_model = build_model(cfg.model, feed.input_shape, feed.num_classes)
     if cfg.init_from and not store.list_steps():  # a resumed run restores its own weights
-        warm_start(raw_model, warm_start_checkpoint(cfg.init_from), to_plain(cfg)["model"])
+        described = warm_start(
+            raw_model, warm_start_checkpoint(cfg.init_from), to_plain(cfg)["model"]
+        )
+        if env.is_main:
+            print(f"init_from: {described}", flush=True)
     raw_model.to(device)
     if t.channels_last:
         raw_model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]

@@ -233,6 +233,7 @@ def test_predict_decides_a_csvs_first_row_by_the_training_names(hpcdl, tmp_path:
 def test_init_from_warm_starts_and_refuses_mismatch(hpcdl, trained: Path, tmp_path: Path) -> None:
     warm = hpcdl("train", "run_dir=warm", f"init_from={trained}", "trainer.max_epochs=1")
     assert warm.returncode == 0, warm.stderr
+    assert f"init_from: the weights of {trained}/checkpoints/best.pt, saved after " in warm.stdout
     cold = hpcdl("train", "run_dir=cold", "trainer.max_epochs=1")
     assert cold.returncode == 0, cold.stderr
 

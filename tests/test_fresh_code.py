@@ -101,15 +101,23 @@ def test_a_script_runs_folder_is_recorded_compared_and_frozen_anew(tmp_path: Pat
     (proj / "util").mkdir(parents=True)
     (proj / "train.py").write_text("print('v1')\n")
     (proj / "util" / "__init__.py").write_text("")
-    (proj / "notes").mkdir()  # not a package: never copied, never compared
+    (proj / "notes").mkdir()  # no Python there: never copied, never compared
+    (proj / "chemutils").mkdir()  # a namespace package (no __init__.py): its .py files
+    (proj / "chemutils" / "feats.py").write_text("def featurize(x):\n    return x\n")
+    (proj / "chemutils" / "data.csv").write_text("1,2\n")
     run = RunDir(tmp_path / "r")
     code = run.code_dir
     command = freeze_script_files(code, ["python", str(proj / "train.py"), "--lr", "0.1"])
     assert command == ["python", str(code / "script" / "train.py"), "--lr", "0.1"]
     assert (code / "SCRIPT").read_text() == f"{proj}\n"
+    assert (code / "script" / "chemutils" / "feats.py").is_file()
+    assert not (code / "script" / "chemutils" / "data.csv").exists()
     (code / "hpcdl").mkdir()  # as snapshot_code leaves it
-    (proj / "notes" / "scratch.py").write_text("x = 1\n")
+    (proj / "notes" / "scratch.txt").write_text("x = 1\n")
     assert changed_since_frozen(code) == []
+    (proj / "chemutils" / "feats.py").write_text("def featurize(x):\n    return 2 * x\n")
+    assert changed_since_frozen(code) == [f"{proj}/ (chemutils/feats.py edited)"]
+    (proj / "chemutils" / "feats.py").write_text("def featurize(x):\n    return x\n")
     (proj / "util" / "io.py").write_text("y = 2\n")
     assert changed_since_frozen(code) == [f"{proj}/ (util/io.py added)"]
     cfg = Config(script=ScriptConfig(command=command))

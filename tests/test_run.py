@@ -171,7 +171,7 @@ def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl
         (["--", "./notexec.sh"], "./notexec.sh: not executable"),
         (["--", "no-such-program-xyz"], "no-such-program-xyz: command not found on PATH"),
         (["--", "pyhton", "t.py"], "pyhton: command not found on PATH; did you mean python?"),
-        (["--", "python", "kk.py"], "give its path relative to here (did you mean ok.py?)"),
+        (["--", "python", "okk.py"], "; did you mean ok.py?); give its path relative to here"),
         (
             ["--", "OMP_NUM_THREADS=1", "python", "ok.py"],
             "OMP_NUM_THREADS=1: a variable, not a command (no shell reads the command); set it "

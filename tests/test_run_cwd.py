@@ -272,7 +272,8 @@ def test_resume_with_a_new_command_runs_it_from_the_runs_folder(
     assert main(["resume", str(completed), "--", "python", "wehre.py", "0"]) == 2
     proj = completed.parents[1]
     assert capsys.readouterr().err == (
-        f"error: wehre.py: no such script (from {proj}); the run's job starts its program "
+        f"error: wehre.py: no such script (from {proj}; did you mean where.py?); the run's job "
+        "starts its program "
         "there (workdir); give its path from there (hpcdl resume RUN_DIR -- COMMAND...), or "
         "workdir=FOLDER where it moved\n"
     )

@@ -312,7 +312,7 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
             )
         if not (base / Path(script).expanduser()).is_file():
             raise ConfigError(
-                f"{script}: no such script (from {base}); {fix}{_close_file(script, base)}"
+                f"{script}: no such script (from {base}{_close_file(script, base)}); {fix}"
             )
         return
     path = base / Path(program).expanduser()
@@ -343,7 +343,7 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
 
 
 def _close_file(script: str, base: Path) -> str:
-    """' (did you mean train.py?)' for a script name a letter or two off one in its folder."""
+    """'; did you mean train.py?' for a script name a letter or two off one in its folder."""
     import difflib
 
     folder = (base / Path(script).expanduser()).parent
@@ -351,8 +351,8 @@ def _close_file(script: str, base: Path) -> str:
         names = [p.name for p in folder.iterdir() if p.is_file()]
     except OSError:
         return ""
-    close = difflib.get_close_matches(Path(script).name, names, n=1, cutoff=0.8)
-    return f" (did you mean {Path(script).with_name(close[0])}?)" if close else ""
+    close = difflib.get_close_matches(Path(script).name, names, n=1, cutoff=0.85)
+    return f"; did you mean {Path(script).with_name(close[0])}?" if close else ""
 
 
 def _module_not_found(module: str, base: Path) -> str:

@@ -103,7 +103,9 @@ def frozen_script(
 
 
 def copy_python_tree(source: Path, target: Path) -> None:
-    """The .py files of `source`, and its sub-folders that are packages (with __init__.py)."""
+    """The .py files of `source`, its sub-folders that are packages (with __init__.py), and
+    those that Python imports as namespace packages (a folder named like a module, holding
+    .py files but no __init__.py: `import chemutils.feats`), their .py files only."""
     target.mkdir(parents=True, exist_ok=True)
     for entry in sorted(source.iterdir()):
         if entry.name.startswith(".") or entry.name == "__pycache__":
@@ -112,6 +114,8 @@ def copy_python_tree(source: Path, target: Path) -> None:
             shutil.copy2(entry, target / entry.name)
         elif entry.is_dir() and (entry / "__init__.py").is_file():
             shutil.copytree(entry, target / entry.name, ignore=IGNORED)
+        elif entry.is_dir() and entry.name.isidentifier() and any(entry.glob("*.py")):
+            copy_python_tree(entry, target / entry.name)
 
 
 def find_top_level(name: str) -> Optional[ModuleSpec]:
@@ -227,7 +231,8 @@ def frozen_modules(code: Path) -> dict[str, str]:
 
 
 def _script_files(folder: Path) -> dict[str, bytes]:
-    """What copy_python_tree copies of `folder`: its .py files and its packages' (.py)."""
+    """What copy_python_tree copies of `folder`: its .py files, its packages' and its
+    namespace packages' (.py)."""
     files: dict[str, bytes] = {}
     try:
         for entry in folder.iterdir():
@@ -237,6 +242,8 @@ def _script_files(folder: Path) -> dict[str, bytes]:
                 files[entry.name] = entry.read_bytes()
             elif entry.is_dir() and (entry / "__init__.py").is_file():
                 files.update({f"{entry.name}/{k}": v for k, v in _python_files(entry).items()})
+            elif entry.is_dir() and entry.name.isidentifier() and any(entry.glob("*.py")):
+                files.update({f"{entry.name}/{k}": v for k, v in _script_files(entry).items()})
     except OSError:
         return {}
     return files

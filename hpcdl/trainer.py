@@ -944,8 +944,8 @@ class Trainer:
         self.p.reporter.message(
             f"{path}: saved with {saved} CPU thread{'s' * (saved != 1)} per rank, resumed "
             f"with {threads}: sums "
-            "run in another order, so results will differ from an uninterrupted run (set "
-            f"OMP_NUM_THREADS={saved} to match{cost})"
+            f"run in another order, so results will differ from those of {saved} thread"
+            f"{'s' * (saved != 1)} throughout (set OMP_NUM_THREADS={saved} to match{cost})"
         )
 
     def _report_early_stop(self, path: Path, state: dict[str, Any]) -> None:

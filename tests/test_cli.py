@@ -706,7 +706,7 @@ def test_resume_with_another_cpu_thread_count_warns_that_results_differ(
     assert out.returncode == 0, out.stderr
     assert (
         "step_000000013.pt: saved with 1 CPU thread per rank, resumed with 2: sums run in "
-        "another order, so results will differ from an uninterrupted run (set "
+        "another order, so results will differ from those of 1 thread throughout (set "
         "OMP_NUM_THREADS=1 to match)\n" in out.stdout
     ), out.stdout
     out = hpcdl("resume", "run", "trainer.max_epochs=3", env={"OMP_NUM_THREADS": "2"})
@@ -724,7 +724,8 @@ def test_resume_with_another_cpu_thread_count_warns_that_results_differ(
     assert (
         f"step_000000013.pt: saved with {cpus} CPU thread{'s' * (cpus != 1)} per rank, "
         f"resumed with {max(1, cpus // 2)}: sums run in another order, so results will "
-        f"differ from an uninterrupted run (set OMP_NUM_THREADS={cpus} to match, which puts "
+        f"differ from those of {cpus} thread{'s' * (cpus != 1)} throughout (set "
+        f"OMP_NUM_THREADS={cpus} to match, which puts "
         f"{2 * cpus} threads on {cpus} CPUs: slower)\n" in out.stdout
     ), out.stdout
 

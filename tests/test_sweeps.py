@@ -1046,9 +1046,9 @@ def test_a_kfold_summary_shows_no_spread_for_one_fold_and_names_the_folds_left_o
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith("| ")]
     assert [[cell.strip() for cell in line.split("|")[1:-1]] for line in table[1:]] == [
-        ["1", "optim.lr=0.01", "0.9500", "-", "1"],
-        ["2", "optim.lr=0.1", "0.8500", "0.0707", "2"],
-        ["3", "optim.lr=0.001", "-", "-", "0"],
+        ["1", "optim.lr=0.01", "0.9500", "-", "1", "2-3"],
+        ["2", "optim.lr=0.1", "0.8500", "0.0707", "2", "0-1"],
+        ["3", "optim.lr=0.001", "-", "-", "0", "4-5"],
     ]
     note = (
         "optim.lr=0.01: trial 3 reports no val_accuracy (FAILED); its mean is over the other "

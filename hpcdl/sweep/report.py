@@ -37,6 +37,7 @@ from hpcdl.launch.monitor import (
     own_stop,
     requeue_pending,
 )
+from hpcdl.number_ranges import number_ranges
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.direction import Direction
@@ -401,7 +402,7 @@ def summarize(ledger: Ledger, metric: str, direction: Direction) -> list[dict[st
 
 
 def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> str:
-    head = ["rank", "overrides", f"{metric} mean", "std" if folds else "", "n"]
+    head = ["rank", "overrides", f"{metric} mean", "std" if folds else "", "n", "trials"]
     rows = [[h for h in head if h]]
     for rank, e in enumerate(entries, 1):
         # No value, or one fold's: no mean, or no spread to show (a std of 0 would claim
@@ -409,7 +410,7 @@ def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> st
         cells = [str(rank), e["overrides"], f"{e['mean']:.4f}" if e["n"] else "-"]
         if folds:
             cells.append(f"{e['std']:.4f}" if e["n"] > 1 else "-")
-        cells.append(str(e["n"]))
+        cells += [str(e["n"]), number_ranges(e["trials"])]  # SWEEP_DIR/<trial> to resume
         rows.append(cells)
     return _markdown(rows)
 

@@ -522,7 +522,6 @@ def _dumped(data: dict[str, Any]) -> str:
 SCRIPT_RUN_HEADER = (
     "# hpcdl run: the job is the program in `script`, on the resources in `cluster`; the model,\n"
     "# data, task, optim, schedule and trainer sections are hpcdl train's and unused here\n"
-    "# (on Slurm, trainer.device=cpu still requests no GPU)\n"
 )
 
 

@@ -644,20 +644,32 @@ class Sweep:
         )
 
     def summary(
-        self, metric: Optional[str] = None, mode: Optional[str] = None
+        self,
+        metric: Optional[str] = None,
+        mode: Optional[str] = None,
+        over: Sequence[str] = (),
     ) -> list[dict[str, Any]]:
         """`hpcdl sweep summary` as data, best first: rank, overrides, trials, n, mean, std
-        (across the folds of a k-fold sweep), the metric's name and `mode` ('min': lowest
-        first). `mode` is `--mode`: 'min' or 'max' to choose the direction, else as the
-        command decides it. Also writes summary.md, summary.csv and summary_<metric>.png
-        into the sweep dir, as the command does."""
+        (across the folds of a k-fold sweep, and the keys of `over`), the metric's name and
+        `mode` ('min': lowest first). `mode` is `--mode`: 'min' or 'max' to choose the
+        direction, else as the command decides it; `over` is `--over`: swept keys to average
+        over (['trainer.seed']). Also writes summary.md, summary.csv and
+        summary_<metric>.png into the sweep dir, as the command does."""
         from hpcdl.sweep.direction import direction
-        from hpcdl.sweep.report import refresh, summarize, trial_notes, write_summary
+        from hpcdl.sweep.report import (
+            averaged_keys,
+            refresh,
+            summarize,
+            trial_notes,
+            write_summary,
+        )
 
+        over = [over] if isinstance(over, str) else list(over)
         with _in_api_words():
             ledger, metric = refresh(self.sweep_dir, metric)
             ranking = direction(ledger, metric, mode)
-        write_summary(ledger, metric, ranking)
+            averaged_keys(ledger, over)
+        write_summary(ledger, metric, ranking, over)
         notes = trial_notes(ledger)  # the lines the command prints below its table
         return [
             {
@@ -667,7 +679,7 @@ class Sweep:
                 "mode": ranking.mode.value,
                 "notes": [line for i in entry["trials"] for line in notes.get(i, [])],
             }
-            for rank, entry in enumerate(summarize(ledger, metric, ranking), 1)
+            for rank, entry in enumerate(summarize(ledger, metric, ranking, over), 1)
         ]
 
     def cancel(self) -> None:

@@ -1267,3 +1267,33 @@ def test_a_sweep_ranked_by_hpcdls_own_wall_time_says_so(tmp_path: Path) -> None:
         "ranked by wall_s, lowest first (wall_s: hpcdl's wall time, lower is better); "
         "--mode max reverses it"
     )
+
+
+def test_a_summary_averages_over_seeds_with_over(tmp_path: Path, capsys) -> None:
+    """`--over trainer.seed` groups the seeds of each configuration, as data.fold is grouped:
+    mean, std and n across them, and the trials named; a key no trial sweeps is one line."""
+    from hpcdl import Sweep
+    from hpcdl.cli.main import main
+
+    plan = plan_sweep(
+        ["optim.lr=0.1,0.01", "trainer.seed=1,2,3", f"hydra.sweep.dir={tmp_path / 'sw'}"]
+    )
+    values = [0.90, 0.80, 0.85, 0.95, 0.97, 0.96]  # lr 0.1: trials 0-2; lr 0.01: 3-5
+    sweep = _completed_sweep(plan, [{"val_accuracy": v} for v in values])
+    assert main(["sweep", "summary", str(sweep), "--over", "trainer.seed"]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [[cell.strip() for cell in line.split("|")[1:-1]] for line in table] == [
+        ["rank", "overrides", "val_accuracy mean", "std", "n", "trials"],
+        ["1", "optim.lr=0.01", "0.9600", "0.0100", "3", "3-5"],
+        ["2", "optim.lr=0.1", "0.8500", "0.0500", "3", "0-2"],
+    ]
+    rows = Sweep(sweep).summary(over=["trainer.seed"])
+    assert [(r["overrides"], r["trials"], r["n"]) for r in rows] == [
+        ("optim.lr=0.01", [3, 4, 5], 3),
+        ("optim.lr=0.1", [0, 1, 2], 3),
+    ]
+    assert main(["sweep", "summary", str(sweep), "--over", "seed"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --over seed: not a swept key of this sweep; its swept keys are optim.lr, "
+        "trainer.seed\n"
+    )

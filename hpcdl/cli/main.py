@@ -195,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_summary.add_argument("--metric", help=METRIC_HELP)
     sweep_summary.add_argument("--format", choices=["markdown", "csv"], default="markdown")
     sweep_summary.add_argument(
+        "--over",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="average over this swept key too (mean, std, n), as over data.fold: "
+        "--over trainer.seed, or a script's --over seed; repeatable",
+    )
+    sweep_summary.add_argument(
         "--mode",
         choices=["min", "max"],
         help="rank lowest (min) or highest (max) first; default: the trials' "
@@ -576,6 +584,7 @@ METRIC_HELP = (
 def cmd_sweep(args: argparse.Namespace) -> int:
     from hpcdl.sweep.direction import direction
     from hpcdl.sweep.report import (
+        averaged_keys,
         edit_notes,
         no_metric_hint,
         refresh_states,
@@ -607,7 +616,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return EXIT_FAILED if failed or silent is not None else EXIT_OK
     if args.sweep_command == "summary":
         ranking = direction(ledger, metric, args.mode)  # refused before anything is written
-        text, files = write_summary(ledger, metric, ranking)
+        averaged_keys(ledger, args.over)  # so is an --over that is no swept key
+        text, files = write_summary(ledger, metric, ranking, args.over)
         if args.format == "csv":
             print(files[1].read_text(), end="")
             print(ranking.header(metric))

@@ -13,6 +13,7 @@ import shlex
 import shutil
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -369,22 +370,45 @@ def _markdown(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def summarize(ledger: Ledger, metric: str, direction: Direction) -> list[dict[str, Any]]:
-    """One entry per configuration (folds of a k-fold sweep grouped), best first."""
+def averaged_keys(ledger: Ledger, over: Sequence[str] = ()) -> list[str]:
+    """The swept keys a summary averages over: data.fold, and each `--over KEY` (`seed`
+    matches a script's `--seed=1` too), checked against the trials' overrides."""
+    swept = sorted({o.partition("=")[0] for t in ledger.trials for o in t.overrides if "=" in o})
+    keys = [FOLD_KEY]
+    for name in over:
+        found = [k for k in swept if k.lstrip("-") == name.lstrip("-")]
+        if not found:
+            raise HpcdlError(
+                f"--over {name}: not a swept key of this sweep; its swept keys are "
+                f"{', '.join(swept) or 'none'}"
+            )
+        keys += [k for k in found if k not in keys]
+    return keys
+
+
+def summarize(
+    ledger: Ledger, metric: str, direction: Direction, over: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """One entry per configuration, best first: the trials that differ only in data.fold
+    (a k-fold sweep) or in a key of `over` (`--over trainer.seed`) grouped, with the mean
+    and standard deviation of their values."""
+    averaged = averaged_keys(ledger, over)
     groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
     members: dict[tuple[str, ...], list[int]] = defaultdict(list)
     for t in ledger.trials:
-        key = tuple(o for o in t.overrides if not o.startswith(FOLD_KEY + "="))
+        key = tuple(o for o in t.overrides if o.partition("=")[0] not in averaged)
         members[key].append(t.index)
         value = trial_metric(RunDir(Path(t.run_dir)), metric)
         if value is not None:
             groups[key].append(value)
+    used = {o.partition("=")[0] for t in ledger.trials for o in t.overrides}
+    swept = [k for k in averaged if k in used] or [FOLD_KEY]
     entries = []
     for key, trial_ids in members.items():
         values = groups.get(key, [])
         entries.append(
             {
-                "overrides": " ".join(key) or "(no swept key besides data.fold)",
+                "overrides": " ".join(key) or f"(no swept key besides {', '.join(swept)})",
                 "trials": trial_ids,
                 "n": len(values),
                 "mean": statistics.fmean(values) if values else math.nan,
@@ -449,12 +473,14 @@ def _states(ledger: Ledger, indices: list[int]) -> str:
     return ", ".join(sorted({ledger.trial(i).state for i in indices}))
 
 
-def write_summary(ledger: Ledger, metric: str, direction: Direction) -> tuple[str, list[Path]]:
+def write_summary(
+    ledger: Ledger, metric: str, direction: Direction, over: Sequence[str] = ()
+) -> tuple[str, list[Path]]:
     """summary.md (the direction's line, then the table), summary.csv and the plot; returns
-    summary.md's text and the files."""
+    summary.md's text and the files. `over`: keys averaged over besides data.fold."""
     sweep_dir = SweepDir(Path(ledger.sweep_dir))
-    entries = summarize(ledger, metric, direction)
-    folds = any(k == FOLD_KEY for k in ledger.swept_keys)
+    entries = summarize(ledger, metric, direction, over)
+    folds = bool(over) or any(k == FOLD_KEY for k in ledger.swept_keys)
     text = direction.header(metric) + "\n\n" + summary_table(entries, metric, folds)
     notes = missing_notes(entries, ledger, metric) + unfinished_note(ledger, metric)
     text += "\n" + notes.rstrip("\n") if notes else ""

@@ -472,7 +472,8 @@ def _refuse_input_without_rows(state: dict[str, Any], input_path: str) -> None:
     if not state.get("preprocessing"):
         raise ConfigError(
             f"--input {input_path!r}: this run's data (data=custom) is not feature rows; "
-            "predict on one of its splits with --split test|val|train"
+            "predict on one of its splits with --split test|val|train, or on new data that "
+            "your data.target builds: --split all data.kwargs.KEY=VALUE (docs/your-code.md)"
         )
 
 

@@ -220,6 +220,15 @@ def test_sbatch_refusal_names_the_sbatch_extra_options_it_may_come_from() -> Non
     cluster.sbatch_extra = {"begin": "soon", "nodelist": "n[1-2]"}
     assert sbatch_refusal(stderr, cluster) == (
         "sbatch refused the job: sbatch: error: Invalid --begin specification "
+        "(from cluster.sbatch_extra: --begin=soon)"
+    )
+    # Words that name a key of the profile: that key, not sbatch_extra (a support ticket's
+    # user went looking there for a bad account).
+    account = "sbatch: error: Batch job submission failed: Invalid account or account/partition"
+    cluster.account = "lab9"
+    assert sbatch_refusal(account, cluster).endswith("partition (cluster.account=lab9)")
+    generic = "sbatch: error: Batch job submission failed: Unspecified error"
+    assert sbatch_refusal(generic, cluster).endswith(
         "(cluster.sbatch_extra adds --begin=soon --nodelist=n[1-2]: check those)"
     )
     unknown = "sbatch: unrecognized option '--beginn=soon'\n"

@@ -379,7 +379,8 @@ def test_an_array_sbatch_refuses_is_one_line_and_a_sweep_never_submitted_is_remo
         submitted(tmp_path / "new", "cluster.gpus_per_node=2")
     assert str(refused.value) == (
         "sbatch refused the job: sbatch: error: Batch job submission failed: Invalid partition "
-        f"name specified; nothing submitted (sweep dir {tmp_path / 'new'} removed)"
+        f"name specified (cluster.partition=gpu); nothing submitted (sweep dir {tmp_path / 'new'} "
+        "removed)"
     )
     assert not (tmp_path / "new").exists()
 

@@ -297,9 +297,44 @@ def sbatch_refusal(stderr: str, cluster: ClusterConfig) -> str:
                     f"cluster.sbatch_extra.{key}: sbatch has no option --{option} ({reason}); "
                     f"fix its name, or drop it with ~cluster.sbatch_extra.{key}"
                 )
-    extra = " ".join(f"--{k}={v}" for k, v in cluster.sbatch_extra.items())
-    hint = f" (cluster.sbatch_extra adds {extra}: check those)" if extra else ""
-    return f"sbatch refused the job: {reason}{hint}"
+    return f"sbatch refused the job: {reason}{_refused_key(reason, cluster)}"
+
+
+# sbatch's and the controller's words for a value, and the key of the profile it came from.
+_REFUSED_KEYS = (
+    ("invalid account", "cluster.account"),
+    ("invalid qos", "cluster.qos"),
+    ("invalid partition", "cluster.partition"),
+    ("invalid feature", "cluster.constraint"),
+    ("invalid generic resource", "cluster.gpus_per_node / cluster.gpu_type"),
+    ("time limit", "cluster.timeout_min"),
+)
+
+
+def _refused_key(reason: str, cluster: ClusterConfig) -> str:
+    """' (cluster.account=lab1)': the key a refusal is about, where sbatch's words name one;
+    else the cluster.sbatch_extra options it names (`Invalid --begin specification`, a node
+    name for --nodelist), or all of them when it names none; '' without any."""
+    lowered = reason.lower()
+    for words, key in _REFUSED_KEYS:
+        if words in lowered:
+            values = []
+            for name in key.split(" / "):
+                value = getattr(cluster, name.removeprefix("cluster."), None)
+                values.append(f"{name}={'null' if value is None else value}")
+            return f" ({', '.join(values)})"
+    extra = {str(k): v for k, v in cluster.sbatch_extra.items()}
+    nodes = ("nodelist", "w", "exclude", "x") if "node name" in lowered else ()
+    named = [
+        k
+        for k in extra
+        if k in nodes or re.search(rf"\b{re.escape(k.replace('_', '-'))}\b", lowered)
+    ]
+    if named:
+        return f" (from cluster.sbatch_extra: {' '.join(f'--{k}={extra[k]}' for k in named)})"
+    if not extra:
+        return ""
+    return f" (cluster.sbatch_extra adds {' '.join(f'--{k}={v}' for k, v in extra.items())}: check those)"
 
 
 def sbatch_test(script: str, cluster: ClusterConfig) -> str:

@@ -469,7 +469,7 @@ def test_dry_run_script_is_accepted_by_sbatch(devcluster, tmp_path) -> None:
     )  # fmt: skip
     assert refused.returncode == 2 and "#SBATCH --nodelist=nosuchnode" in refused.stdout
     assert refused.stderr.startswith("error: sbatch --test-only refused the job: "), refused.stderr
-    assert "cluster.sbatch_extra adds --nodelist=nosuchnode" in refused.stderr
+    assert "(from cluster.sbatch_extra: --nodelist=nosuchnode)" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert not (set(squeue_ids()) - before)
     # A request the cluster would refuse: the script, then the refusal, as a submit gives it.

@@ -656,3 +656,31 @@ def test_a_resume_of_a_slurm_run_whose_model_code_was_edited_warns(hpcdl, tmp_pa
         f"frozen copy is in {code}: PYTHONPATH={code} hpcdl evaluate {tmp_path / 'r'} ... (or "
         "your own checkout's folder)\n"
     ), out.stderr
+
+
+def test_shell_variables_in_a_profile_reach_the_script_as_written(tmp_path) -> None:
+    """`${USER}` in cluster.setup or cluster.env is the shell's: OmegaConf took it for an
+    interpolation of a config key USER and failed with a 105-line traceback. Config
+    interpolations (`${trainer.seed}`) still resolve; the run's config.yaml reads back."""
+    from hpcdl.config.convert import load_config, save_config
+    from hpcdl.launch.slurm import sbatch_text
+    from hpcdl.rundir import RunDir
+
+    site = tmp_path / "site" / "cluster"
+    site.mkdir(parents=True)
+    (site / "uni.yaml").write_text(
+        "defaults:\n  - slurm\n  - _self_\nname: uni\n"
+        "setup:\n  - export SCRATCH=/scratch/${USER}\n  - echo seed ${trainer.seed}\n"
+        "env:\n  TMPDIR: /tmp/${USER}\n"
+    )
+    cfg = compose_config(["cluster=uni", "trainer.seed=7"], [str(tmp_path / "site")])
+    assert cfg.cluster.setup == ["export SCRATCH=/scratch/${USER}", "echo seed 7"]
+    assert cfg.cluster.env["TMPDIR"] == "/tmp/${USER}"
+    script = sbatch_text(cfg, RunDir(tmp_path / "r"))
+    assert "\nexport SCRATCH=/scratch/${USER}\n" in script and "\necho seed 7\n" in script
+    save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml")
+    assert again.cluster.setup == cfg.cluster.setup and again.cluster.env == cfg.cluster.env
+    # On the command line too.
+    line = compose_config(["cluster=slurm", "cluster.setup=['export A=/s/${SLURM_JOB_ID}']"])
+    assert line.cluster.setup == ["export A=/s/${SLURM_JOB_ID}"]

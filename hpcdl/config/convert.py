@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hpcdl.atomic import write_atomic
@@ -52,8 +52,37 @@ GROUPS = (*NAMED_GROUPS, *FIXED_GROUPS)
 PRESET_GROUPS = ("experiment",)
 
 
+# A shell variable in a line of shell (cluster.setup, cluster.env): `${USER}`, which
+# OmegaConf would take for an interpolation of a config key that does not exist.
+_SHELL_VARIABLE = re.compile(r"(?<!\\)\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def keep_shell_variables(cfg: DictConfig) -> None:
+    """cluster.setup's and cluster.env's `${NAME}` (no config key of that name) kept as the
+    shell's, escaped for OmegaConf (`\\${USER}`): the batch script gets `${USER}` as written.
+    A site's `export SCRATCH=/scratch/${USER}` failed with OmegaConf's traceback."""
+    cluster = cfg._get_node("cluster") if "cluster" in cfg else None
+    if not isinstance(cluster, DictConfig):
+        return
+    for key in ("setup", "env"):
+        node = cluster._get_node(key) if key in cluster else None
+        if not isinstance(node, (DictConfig, ListConfig)) or node._is_none():
+            continue
+        items: list[Any] = list(node.keys() if isinstance(node, DictConfig) else range(len(node)))
+        for item in items:
+            raw = node._get_node(item)._value()  # type: ignore[union-attr]
+            if not isinstance(raw, str):
+                continue
+            kept = _SHELL_VARIABLE.sub(
+                lambda m: m.group(0) if m.group(1) in cfg else "\\" + m.group(0), raw
+            )
+            if kept != raw:
+                node[item] = kept
+
+
 def to_config(cfg: DictConfig) -> schema.Config:
     """Validate a composed DictConfig against the schemas and return the typed Config."""
+    keep_shell_variables(cfg)
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
     return from_dict(container)
@@ -168,11 +197,23 @@ def _typed(group: str, cls: type, node: dict[str, Any]) -> Any:
 
 def _converted(group: str, cls: type, node: dict[str, Any]) -> Any:
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(cls), node)
+        merged = OmegaConf.merge(OmegaConf.structured(cls), _literal(node))
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ConfigError(_omegaconf_message(group, cls, err, node)) from None
     return obj
+
+
+def _literal(value: Any) -> Any:
+    """Resolved values as OmegaConf must take them again: a `${` left in a string is text
+    (a shell's `${USER}`, kept by keep_shell_variables), escaped so it stays text."""
+    if isinstance(value, str):
+        return value.replace("${", "\\${") if "${" in value else value
+    if isinstance(value, dict):
+        return {k: _literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    return value
 
 
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
@@ -593,7 +634,10 @@ def load_config(path: Path) -> schema.Config:
     if fast is not None:
         return from_dict(fast)
     try:
-        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        loaded = OmegaConf.load(path)
+        if isinstance(loaded, DictConfig):
+            keep_shell_variables(loaded)  # a run's `${USER}`, as it was submitted
+        raw = OmegaConf.to_container(loaded, resolve=True)
     except yaml.YAMLError as err:
         raise ConfigError(yaml_message(err)) from None
     except (OSError, OmegaConfBaseException) as err:

@@ -70,6 +70,13 @@ def test_tasks_default_to_one_per_gpu_and_extra_parameters_win() -> None:
     assert params["additional_parameters"]["signal"] == "USR1@60"
     assert params["additional_parameters"]["exclusive"] is True
     assert len(rank_environment(cfg)) == 3
+    # `exclusive: false` is no option (it was written --exclusive=False, which sbatch
+    # refuses); mem_gb=0 is sbatch's --mem=0, a node's whole memory (it was refused).
+    off = compose_config(["cluster=slurm", "+cluster.sbatch_extra.exclusive=false"])
+    assert "exclusive" not in sbatch_parameters(off.cluster, "job")["additional_parameters"]
+    whole = compose_config(["cluster=slurm", "cluster.mem_gb=0"])
+    assert sbatch_parameters(whole.cluster, "job")["mem"] == "0"
+    assert "mem" not in sbatch_parameters(off.cluster, "job")  # null: the site's default
 
 
 def test_job_name_export_none_and_a_failing_setup_line_in_the_script(hpcdl) -> None:

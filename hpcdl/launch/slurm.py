@@ -56,7 +56,8 @@ def sbatch_parameters(
         "account": cluster.account,
         "qos": cluster.qos,
         "constraint": cluster.constraint,
-        "mem": f"{cluster.mem_gb}GB" if cluster.mem_gb else None,
+        # 0: all of each node's memory, as sbatch's --mem=0 (a GPU node's usual request)
+        "mem": None if cluster.mem_gb is None else f"{cluster.mem_gb}GB" if cluster.mem_gb else "0",
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     if cluster.gpus_per_node:
@@ -71,6 +72,8 @@ def sbatch_parameters(
     for key, value in cluster.sbatch_extra.items():
         if str(key).replace("_", "-") == "job-name":  # the user's name, not hpcdl-RUN
             params["job_name"] = str(value)  # (submitit writes --job-name itself: one line)
+        elif value is False:  # a flag turned off (exclusive: false): no option, not =False
+            continue
         else:
             extra[key] = value
     params["additional_parameters"] = extra

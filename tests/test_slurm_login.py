@@ -76,7 +76,8 @@ def test_tasks_default_to_one_per_gpu_and_extra_parameters_win() -> None:
     assert "exclusive" not in sbatch_parameters(off.cluster, "job")["additional_parameters"]
     whole = compose_config(["cluster=slurm", "cluster.mem_gb=0"])
     assert sbatch_parameters(whole.cluster, "job")["mem"] == "0"
-    assert "mem" not in sbatch_parameters(off.cluster, "job")  # null: the site's default
+    unset = compose_config(["cluster=slurm", "cluster.mem_gb=null"])
+    assert "mem" not in sbatch_parameters(unset.cluster, "job")  # the site's default
 
 
 def test_job_name_export_none_and_a_failing_setup_line_in_the_script(hpcdl) -> None:

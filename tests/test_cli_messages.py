@@ -28,6 +28,12 @@ OPTIMS = "choose one of adam, adamw, rmsprop, sgd"
             f"optim=adamm: unknown option; did you mean optim=adam? (or {OPTIMS})",
         ),
         (["cluster=lcoal"], "cluster=lcoal: unknown option; did you mean cluster=local? (or "),
+        (
+            ["cluster=uni"],
+            "cluster=uni: unknown option; choose one of cpu_partition, debug, devcluster, local, "
+            "rivanna_a100, slurm; a profile of your own: --config-dir DIR with "
+            "DIR/cluster/uni.yaml, or ~/.config/hpcdl/cluster/uni.yaml",
+        ),
     ],
 )
 def test_a_bad_group_choice_on_the_command_line_names_the_override(

@@ -274,6 +274,11 @@ def hydra_message(err: Exception, overrides: Sequence[str] = ()) -> str:
         close = same or difflib.get_close_matches(option, options, n=1, cutoff=0.6)
         if close:
             valid = f"; did you mean {group}={close[0]}?{valid.replace('; c', ' (or c', 1)})"
+        elif group == "cluster":  # most often a site's own profile, in a folder not searched
+            valid += (
+                f"; a profile of your own: --config-dir DIR with DIR/cluster/{option}.yaml, or "
+                f"~/.config/hpcdl/cluster/{option}.yaml"
+            )
         return f"{group}={option}: unknown option{valid}"
     merging = re.match(r"Error merging override (([^=]+)=.*)", text)
     kind = re.search(r"object_type=(dict|list)", str(err.__cause__ or ""))

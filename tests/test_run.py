@@ -173,6 +173,11 @@ def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl
         (["--", "pyhton", "t.py"], "pyhton: command not found on PATH; did you mean python?"),
         (["--", "python", "okk.py"], "; did you mean ok.py?); give its path relative to here"),
         (
+            ["--", "srun", "python", "ok.py"],
+            "srun: hpcdl starts each rank itself (with srun on Slurm, as processes here); give "
+            "the program without it: -- python ok.py (and cluster.nodes / cluster.tasks_per_node",
+        ),
+        (
             ["--", "OMP_NUM_THREADS=1", "python", "ok.py"],
             "OMP_NUM_THREADS=1: a variable, not a command (no shell reads the command); set it "
             "with cluster.env.OMP_NUM_THREADS=1, or start with env: -- env OMP_NUM_THREADS=1 "

@@ -81,6 +81,9 @@ def test_ctrl_c_as_a_local_sweeps_trials_start_interrupts_them(hpcdl, tmp_path: 
     output = "".join(seen) + proc.communicate(timeout=240)[0]
     assert proc.returncode == 3, output
     assert "trial 0: INTERRUPTED (exit 3)" in output and "FAILED" not in output, output
+    assert output.rstrip().endswith(
+        f"interrupted. Continue with: hpcdl sweep rerun {sweep} --failed"
+    ), output
     assert _states(sweep) == ["INTERRUPTED", "INTERRUPTED"]
     assert all(list((sweep / str(i) / "checkpoints").glob("step_*.pt")) for i in (0, 1))
 

@@ -327,6 +327,12 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
                 f"(python {program}, bash {program})"
             )
         return
+    if Path(program).name in ("srun", "mpirun", "mpiexec") and len(command) > 1:
+        raise ConfigError(
+            f"{program}: hpcdl starts each rank itself (with srun on Slurm, as processes "
+            f"here); give the program without it: -- {shlex.join(command[1:])} (and "
+            "cluster.nodes / cluster.tasks_per_node for the ranks)"
+        )
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", program):  # `VAR=1 python train.py`
         name, _, value = program.partition("=")
         raise ConfigError(

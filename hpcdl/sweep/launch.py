@@ -304,7 +304,8 @@ def run_local_pool(ledger: Ledger, indices: list[int]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if stops:
+    if stops:  # the trials stopped at a step with a checkpoint, the others never started
+        print(f"interrupted. Continue with: hpcdl sweep rerun {sweep_dir} --failed", flush=True)
         return EXIT_INTERRUPTED
     if failed:  # a script (or CI) running the sweep must see it
         print(f"{len(failed)} of {trials} failed: hpcdl sweep status {sweep_dir}", flush=True)

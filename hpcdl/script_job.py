@@ -78,7 +78,7 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     from hpcdl.job import JobOutcome
 
     assert cfg.script is not None
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     env = rank_env_from(os.environ)
     stop_file = run_dir.stop_file(env.job_id, env.restart_count)
     command = program_command(cfg.script, cfg, env)
@@ -154,7 +154,7 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     stopped = stop.requested or code == EXIT_INTERRUPTED
     if code == EXIT_OK and not stop.requested:
         total_s = run_dir.program_wall_s() if env.is_main else wall_s  # only rank 0's is kept
-        summary = _summary(cfg, run_dir, wall_s, total_s)
+        summary = _summary(cfg, run_dir, wall_s, total_s, started_at)
         if env.is_main:
             run_dir.write_summary(summary)
         return JobOutcome(env.rank, True, None, summary if env.is_main else {}, 0)
@@ -353,8 +353,11 @@ def _status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _summary(cfg: Config, run_dir: RunDir, wall_s: float, wall_s_total: float) -> dict[str, Any]:
-    """wall_s: this attempt's program; wall_s_total: every attempt's (RunDir.program_wall_s)."""
+def _summary(
+    cfg: Config, run_dir: RunDir, wall_s: float, wall_s_total: float, started_at: float
+) -> dict[str, Any]:
+    """wall_s: this attempt's program; wall_s_total: every attempt's (RunDir.program_wall_s);
+    started_at: when this attempt began (time.time()), which its metrics file is newer than."""
     assert cfg.script is not None
     summary: dict[str, Any] = {"outcome": "completed", "exit_code": 0}
     # The program's processes: torchrun's workers, not the one Slurm task per node.
@@ -366,8 +369,20 @@ def _summary(cfg: Config, run_dir: RunDir, wall_s: float, wall_s_total: float) -
             in_sweep = run_dir.is_sweep_trial()
             line = missing_metrics(cfg.script.metrics_file, path, in_sweep)
             print(f"hpcdl: warning: {line}", flush=True)
+        elif _mtime(path) < started_at:
+            print(f"hpcdl: warning: {stale_metrics(cfg.script.metrics_file, path)}", flush=True)
         summary.update(metrics)
     return summary
+
+
+def stale_metrics(name: str, path: Any) -> str:
+    """One line on a metrics file the attempt that completed did not write: its values are
+    an earlier attempt's (Lightning's loggers start a new version_N folder each attempt)."""
+    return (
+        f"metrics_file={name}: {path} was last written before this attempt started, so its "
+        "values are an earlier attempt's; write it in every attempt (a logger that makes a "
+        "new version_N folder each time: give it version=0)"
+    )
 
 
 def missing_metrics(name: str, path: Any, in_sweep: bool = False) -> str:

@@ -984,3 +984,24 @@ def test_hpcdls_own_flag_after_the_double_dash_is_warned_about(hpcdl, tmp_path) 
         "hpcdl: warning: --dry-run is after --, so it goes to your program, not to hpcdl; "
         "for hpcdl's --dry-run, put it before --\n"
     ), out.stderr
+
+
+def test_a_metrics_file_only_an_earlier_attempt_wrote_is_warned_about(hpcdl, tmp_path) -> None:
+    # Lightning's CSVLogger writes version_0/metrics.csv in the first attempt and
+    # version_1/... in the next: metrics_file=version_0/... was merged as the run's result.
+    (tmp_path / "p.py").write_text(
+        "import os, pathlib, sys\n"
+        "out = pathlib.Path(os.environ['HPCDL_RUN_DIR']) / 'm.json'\n"
+        "if not out.exists():\n"
+        "    out.write_text('{\"loss\": 1.0}')\n"
+        "    sys.exit(3)  # a requeue asked for: the next attempt writes nothing\n"
+    )
+    first = hpcdl("run", "run_dir=r", "metrics_file=m.json", "--", "python", "p.py")
+    assert first.returncode == 3, first.stdout + first.stderr
+    assert "was last written before" not in first.stdout
+    out = hpcdl("resume", "r")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (
+        f"hpcdl: warning: metrics_file=m.json: {tmp_path / 'r' / 'm.json'} was last written "
+        "before this attempt started, so its values are an earlier attempt's" in out.stdout
+    ), out.stdout

@@ -3,6 +3,7 @@
 import argparse
 import os
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -56,10 +57,10 @@ loader = DataLoader(TensorDataset(x, x.mean(1, keepdim=True)), batch_size=64)
 # The ranks hpcdl started: Lightning must neither start its own nor count fewer.
 env = hp.rank_env()
 per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-root = hp.run_dir()  # the same for every attempt
+root = hp.run_dir() or Path("runs/lightning")  # the same for every attempt; plain python: here
 trainer = L.Trainer(
     max_epochs=args.epochs,
-    accelerator="cpu",  # or "gpu": one device per rank
+    accelerator="auto",  # the GPUs the job was given (cluster.gpus_per_node), else the CPU
     devices=per_node,
     num_nodes=env.world_size // per_node,
     strategy="ddp" if env.world_size > 1 else "auto",

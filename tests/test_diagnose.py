@@ -269,3 +269,18 @@ def test_the_terminal_folds_a_traceback_of_a_lost_peer_into_one_line(tmp_path, c
     plain = LineEcho(log, hidden=b"submitit INFO (")  # Slurm's and the others: as written
     plain.poll(final=True)
     assert capsys.readouterr().out == log.read_text()
+
+
+def test_a_program_not_found_is_the_cause_not_a_setup_line_the_script_let_fail(
+    tmp_path: Path,
+) -> None:
+    # `module purge || true` left a shell error first; the cause is hpcdl's own line.
+    text = (
+        "/var/spool/slurmd/job00061/slurm_script: line 26: module: command not found\n"
+        "hpcdl: 'mytool' is not found in the job's environment (PATH)\n"
+    )
+    folder = logs(tmp_path, "61", {0: text})
+    assert root_cause(folder, "61") == (
+        0,
+        "'mytool' is not found in the job's environment (PATH)",
+    )

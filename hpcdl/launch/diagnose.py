@@ -29,6 +29,9 @@ STALL_LINE = re.compile(r"^hpcdl: (rank \d+ made no progress for .*?);", re.M)
 # wrapper ended because another rank's had failed: a consequence.
 PROGRAM_EXIT = re.compile(r"^hpcdl: the program exited with status (\d+)$", re.M)
 PEER_ENDED = re.compile(r"^hpcdl: rank \d+'s program exited with status \d+: ending", re.M)
+# hpcdl.script_job's own line for a program it could not start: the cause, also where a
+# setup line the job script tolerated (`module purge || true`) left a shell error before it.
+PROGRAM_NOT_FOUND = re.compile(r"^hpcdl: ('.+' is not found in the job's environment .*)$", re.M)
 # srun's line for a task that died of a signal ("srun: error: n2: task 3: Aborted"; a
 # task that merely exited non-zero reads "Exited with exit code N" and is left to its log).
 SRUN_TASK_DIED = re.compile(r"^srun: error: (\S+): task (\d+): (?!Exited with)(.+)$", re.M)
@@ -88,10 +91,13 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
             continue
         found = ERROR_LINE.findall(text)
         exited = PROGRAM_EXIT.search(text)
+        not_found = PROGRAM_NOT_FOUND.search(text)
         if found:  # hpcdl's own errors by their class name, as other errors are
             errors[rank] = found[-1].removeprefix("hpcdl.errors.")
         elif exited:
             errors[rank] = program_exit(text, exited)
+        elif not_found:
+            errors[rank] = not_found.group(1)
         else:
             silent.append(rank)
     own = [(r, e) for r, e in errors.items() if not any(p in e for p in PEER_GONE)]

@@ -97,12 +97,26 @@ def test_job_name_export_none_and_a_failing_setup_line_in_the_script(hpcdl) -> N
     assert "#SBATCH --export=NONE" in lines
     assert next(line for line in lines if line.startswith("srun ")).count(" --export=ALL ") == 1
     setup = lines.index("module load cuda/12.4")
-    assert lines[setup - 2 : setup] == [
+    assert lines[setup - 3 : setup] == [
         "set -e",
-        "trap 'echo \"error: cluster.setup: \\`$BASH_COMMAND\\` failed (exit $?); the job "
+        "trap 'echo \"error: cluster.setup: \\`$HPCDL_SETUP_LINE\\` failed (exit $?); the job "
         "stops\" >&2' ERR",
+        "HPCDL_SETUP_LINE='module load cuda/12.4'",  # the line, also where a function fails
     ]
-    assert lines[setup + 1 : setup + 3] == ["trap - ERR", "set +e"]
+    assert lines[setup + 1 : setup + 4] == ["trap - ERR", "set +e", "unset HPCDL_SETUP_LINE"]
+    # Lmod's `module` is a shell function: the trap named its last command, `return 1`.
+    script = "\n".join(
+        [
+            "module() { echo \"Lmod has detected the following error: $2\" >&2; return 1; }",
+            *lines[setup - 3 : setup + 4],
+            "echo reached",
+        ]
+    )
+    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert ran.returncode == 1 and "reached" not in ran.stdout
+    assert ran.stderr.endswith(
+        "error: cluster.setup: `module load cuda/12.4` failed (exit 1); the job stops\n"
+    ), ran.stderr
 
 
 @pytest.mark.parametrize(

@@ -84,9 +84,12 @@ def signal_name(cluster: ClusterConfig) -> str:
     return cluster.signal.upper().removeprefix("SIG")
 
 
-# Said in the job's log, where `hpcdl status` finds a job's first error line.
+# Said in the job's log, where `hpcdl status` finds a job's first error line. The line as
+# written, from a variable set before it: $BASH_COMMAND names the command that failed
+# inside a shell function (Lmod's `module` says `return 1`).
+SETUP_LINE_VAR = "HPCDL_SETUP_LINE"
 SETUP_FAILED = (
-    'echo "error: cluster.setup: \\`$BASH_COMMAND\\` failed (exit $?); the job stops" >&2'
+    f'echo "error: cluster.setup: \\`${SETUP_LINE_VAR}\\` failed (exit $?); the job stops" >&2'
 )
 
 
@@ -98,9 +101,14 @@ def setup_lines(cluster: ClusterConfig, code_dir: Path) -> list[str]:
         lines += [  # train on the wrong stack, and the job would say COMPLETED)
             "set -e",
             f"trap {shlex.quote(SETUP_FAILED)} ERR",
-            *cluster.setup,
+            *(
+                part
+                for line in cluster.setup
+                for part in (f"{SETUP_LINE_VAR}={shlex.quote(line)}", line)
+            ),
             "trap - ERR",
             "set +e",
+            f"unset {SETUP_LINE_VAR}",
         ]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
     code = shlex.quote(str(code_dir))

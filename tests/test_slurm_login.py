@@ -107,7 +107,7 @@ def test_job_name_export_none_and_a_failing_setup_line_in_the_script(hpcdl) -> N
     # Lmod's `module` is a shell function: the trap named its last command, `return 1`.
     script = "\n".join(
         [
-            "module() { echo \"Lmod has detected the following error: $2\" >&2; return 1; }",
+            'module() { echo "Lmod has detected the following error: $2" >&2; return 1; }',
             *lines[setup - 3 : setup + 4],
             "echo reached",
         ]

@@ -706,3 +706,31 @@ def test_shell_variables_in_a_profile_reach_the_script_as_written(tmp_path) -> N
     # On the command line too.
     line = compose_config(["cluster=slurm", "cluster.setup=['export A=/s/${SLURM_JOB_ID}']"])
     assert line.cluster.setup == ["export A=/s/${SLURM_JOB_ID}"]
+
+
+def test_a_list_of_partitions_is_checked_as_sbatch_takes_it(monkeypatch) -> None:
+    """cluster.partition='gpu,cpu' (the job starts in whichever runs it first) was refused as
+    'no such partition'; each must exist, and one must be able to run the request."""
+    from hpcdl.config.validate import ConfigError
+    from hpcdl.launch import preflight
+
+    answers = {
+        "scontrol": "PartitionName=cpu Default=YES MaxTime=01:00:00 Nodes=n1\n"
+        "PartitionName=gpu Default=NO MaxTime=01:00:00 Nodes=n1\n",
+        "gpu": "n1|gpupod|gpu:a100:4|8|7800\n",
+        "cpu": "n1|(null)|(null)|8|7800\n",
+    }
+
+    def run(cmd: list[str]) -> str:
+        return answers["scontrol" if cmd[0] == "scontrol" else cmd[cmd.index("-p") + 1]]
+
+    monkeypatch.setattr(preflight, "_run", run)
+    cluster = compose_config(["cluster=devcluster", "cluster.partition='gpu,cpu'"]).cluster
+    assert preflight.check_request(cluster) == "gpu,cpu"
+    cluster.partition = "gpu,nope"
+    with pytest.raises(ConfigError, match=r"^cluster.partition='gpu,nope': no partition 'nope';"):
+        preflight.check_request(cluster)
+    cluster.partition, cluster.gpus_per_node = "cpu,gpu", 5
+    with pytest.raises(ConfigError) as info:
+        preflight.check_request(cluster)
+    assert str(info.value).endswith("(and none of cluster.partition='cpu,gpu' can)")

@@ -225,6 +225,8 @@ def check_request(cluster: ClusterConfig, slurm_tasks: Optional[int] = None) -> 
     option that the profile's keys set."""
     check_sbatch_extra(cluster)
     partitions = parse_partitions(_run(["scontrol", "show", "partition", "-o"]))
+    if cluster.partition and "," in cluster.partition:
+        return _check_partition_list(cluster, partitions, slurm_tasks)
     name = cluster.partition or next(
         (n for n, f in partitions.items() if f.get("Default") == "YES"), None
     )
@@ -282,6 +284,30 @@ def check_request(cluster: ClusterConfig, slurm_tasks: Optional[int] = None) -> 
             "have the requested GPUs/features"
         )
     return name
+
+
+def _check_partition_list(
+    cluster: ClusterConfig, partitions: dict[str, dict[str, str]], slurm_tasks: Optional[int]
+) -> str:
+    """cluster.partition='gpu,cpu' (sbatch -p takes a list, the job starts in whichever can run
+    it first): each must exist, and one of them must be able to run the request."""
+    from dataclasses import replace
+
+    names = [n.strip() for n in str(cluster.partition).split(",") if n.strip()]
+    unknown = [n for n in names if n not in partitions]
+    if unknown:
+        raise ConfigError(
+            f"cluster.partition={cluster.partition!r}: no partition {unknown[0]!r}; this "
+            f"cluster has {', '.join(sorted(partitions)) or 'none'} (scontrol show partition)"
+        )
+    refusals = []
+    for name in names:
+        try:
+            check_request(replace(cluster, partition=name), slurm_tasks)
+            return str(cluster.partition)
+        except ConfigError as err:
+            refusals.append(err)
+    raise ConfigError(f"{refusals[0]} (and none of cluster.partition={cluster.partition!r} can)")
 
 
 def _with_cpus_and_memory(

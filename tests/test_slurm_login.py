@@ -734,3 +734,19 @@ def test_a_list_of_partitions_is_checked_as_sbatch_takes_it(monkeypatch) -> None
     with pytest.raises(ConfigError) as info:
         preflight.check_request(cluster)
     assert str(info.value).endswith("(and none of cluster.partition='cpu,gpu' can)")
+
+
+def test_a_program_found_by_name_under_export_none_is_warned_about(hpcdl, tmp_path) -> None:
+    # A site's --export=NONE: the job's PATH is the node's, so `python` there is not this
+    # shell's venv, and a script importing from the venv failed on the node, unwarned.
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    base = ["run", "cluster=devcluster", "+cluster.sbatch_extra.export=NONE", "--no-preflight"]
+    out = hpcdl(*base, "--dry-run", "--", "python", "t.py")
+    assert out.returncode == 0, out.stderr
+    assert "warning: --export=NONE: the job finds `python` on the node's PATH" in out.stderr
+    activated = hpcdl(
+        *base, "cluster.setup=[source /opt/venv/bin/activate]", "--dry-run", "--", "python", "t.py"
+    )
+    assert activated.returncode == 0 and "--export=NONE" not in activated.stderr
+    train = hpcdl("train", *base[1:], "--dry-run")  # its interpreter is an absolute path
+    assert train.returncode == 0 and "--export=NONE" not in train.stderr

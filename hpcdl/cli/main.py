@@ -739,13 +739,17 @@ def warn_regression_dropout(cfg: Config, overrides: list[str]) -> None:
 
 
 def warn_short_time_limit(cfg: Config) -> None:
-    """One warning line where an allocation may end before it trains (no query: also with
+    """One warning line where an allocation may end before it trains, and one where the job's
+    program is found on a PATH this shell does not pass on (no query: also with
     --no-preflight and in a dry run)."""
-    from hpcdl.launch.preflight import short_time_limit_note
+    from hpcdl.launch.preflight import export_none_note, short_time_limit_note
 
     note = short_time_limit_note(cfg.cluster)
     if note is not None:
         warnings.warn(HpcdlWarning(note), stacklevel=1)
+    exported = export_none_note(cfg.cluster, cfg.script.command if cfg.script else None)
+    if exported is not None:
+        warnings.warn(HpcdlWarning(exported), stacklevel=1)
 
 
 def refuse_missing_modules(cfg: Config) -> None:

@@ -212,6 +212,33 @@ def short_time_limit_note(cluster: ClusterConfig) -> Optional[str]:
     )
 
 
+# A cluster.setup line with one of these makes the job's Python environment itself.
+ENVIRONMENT_SETUP_WORDS = ("activate", "conda", "mamba", "venv", "PATH", "python", "pyenv")
+
+
+def export_none_note(cluster: ClusterConfig, command: Optional[list[str]]) -> Optional[str]:
+    """A program found by name in a job that gets no environment from this shell (sbatch's
+    --export=NONE, a site's default): the node's PATH finds another `python` than this
+    shell's venv, and the job fails on an import. One line, or None."""
+    export = cluster.sbatch_extra.get("export", os.environ.get("SBATCH_EXPORT", ""))
+    if not str(export).upper().startswith("NONE") or not command:
+        return None
+    if any(word in line for line in cluster.setup for word in ENVIRONMENT_SETUP_WORDS):
+        return None  # the setup makes an environment of its own
+    import shutil
+
+    program = command[0]
+    if os.path.isabs(program):
+        return None
+    here = shutil.which(program)
+    return (
+        f"--export=NONE: the job finds `{program}` on the node's PATH, not this shell's "
+        f"({here or 'not found'} here); activate your environment in cluster.setup "
+        "(\"cluster.setup=['source /path/to/venv/bin/activate']\") or give the program's "
+        "full path"
+    )
+
+
 def check_sbatch_extra(cluster: ClusterConfig) -> None:
     why = sbatch_options_refusal(cluster)
     if why:

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 # How often the wrapper looks at the program and at the stop flag.
 POLL_S = 0.2
+# A program still running this long after a stop gets a line saying how to end it.
+STOP_HINT_S = 60.0
 # A rank's program that fails ends the others' (as torchrun does): its wrapper makes the
 # attempt's failed file, which every wrapper looks for this often (a stat on the shared run
 # dir); without it, a peer in init_process_group or a collective waits out its timeout
@@ -109,7 +111,7 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
         preexec_fn=(lambda: signal.signal(warning, signal.SIG_IGN)) if torchrun else None,
     )
     peers = PeerFailure(run_dir, env)
-    forwarded = forced = False
+    forwarded = forced = hinted = False
     stop_s = None  # when the wrapper saw the stop (time.time())
     while proc.poll() is None:
         if stop.requested and not forwarded:
@@ -130,6 +132,14 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
             print("hpcdl: asked again: ending the program now (SIGKILL)", flush=True)
             _signal_group(proc.pid, "SIGKILL")
             forced = True
+        elif forwarded and not hinted and stop_s is not None and time.time() - stop_s > STOP_HINT_S:
+            print(
+                f"hpcdl: the program has not ended {STOP_HINT_S:.0f} s after the stop; one that "
+                "hangs there (Lightning's own SIGTERM handler under DDP can: "
+                "docs/scripts.md#pytorch-lightning) ends with a second stop (Ctrl-C, SIGTERM)",
+                flush=True,
+            )
+            hinted = True
         if not stop.requested:
             peers.end_if_one_failed(proc.pid)
         time.sleep(POLL_S)

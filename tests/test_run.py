@@ -1005,3 +1005,49 @@ def test_a_metrics_file_only_an_earlier_attempt_wrote_is_warned_about(hpcdl, tmp
         f"hpcdl: warning: metrics_file=m.json: {tmp_path / 'r' / 'm.json'} was last written "
         "before this attempt started, so its values are an earlier attempt's" in out.stdout
     ), out.stdout
+
+
+STOP_HINT_DRIVER = """\
+import sys
+from dataclasses import replace
+from pathlib import Path
+from hpcdl import script_job
+from hpcdl.cli.compose import compose_config
+from hpcdl.config.schema import ScriptConfig
+from hpcdl.rundir import RunDir
+from hpcdl.signals import stop_on_signals
+
+script_job.STOP_HINT_S = 1.0
+cfg = replace(compose_config([]), script=ScriptConfig(command=["python", sys.argv[2]]))
+with stop_on_signals(("SIGTERM",)) as flag:
+    script_job.run_script(cfg, RunDir(Path(sys.argv[1])), flag)
+"""
+
+# A program that does not end when asked (as Lightning's handler can hang under DDP).
+SLOW_TO_STOP = """\
+import os, pathlib, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path(os.environ["HPCDL_RUN_DIR"], "started").touch()
+time.sleep(4)
+"""
+
+
+def test_a_program_still_running_long_after_a_stop_is_told_how_to_end(tmp_path) -> None:
+    import signal
+    import time
+
+    (tmp_path / "driver.py").write_text(STOP_HINT_DRIVER)
+    (tmp_path / "slow.py").write_text(SLOW_TO_STOP)
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    driver = start_driver(tmp_path, run, "slow.py", env)
+    deadline = time.monotonic() + 60
+    while not (run / "started").exists():
+        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+        time.sleep(0.1)
+    driver.send_signal(signal.SIGTERM)
+    out, err = driver.communicate(timeout=60)
+    assert "hpcdl: the program has not ended 1 s after the stop; one that hangs there" in out, (
+        out + err
+    )

@@ -417,7 +417,12 @@ def read_program_metrics(path: Any) -> dict[str, Any]:
     if not os.path.exists(path):
         return {}
     if str(path).endswith(".csv"):
-        return MetricsLog(path).last_row() or {}
+        # Each column's last value: a logger that writes train and val metrics on rows of
+        # their own (Lightning's CSVLogger) leaves the others empty in each.
+        merged: dict[str, Any] = {}
+        for row in MetricsLog(path).read():
+            merged.update({k: v for k, v in row.items() if v not in (None, "")})
+        return merged
     try:
         with open(path) as f:
             value = json.load(f)

@@ -1051,3 +1051,26 @@ def test_a_program_still_running_long_after_a_stop_is_told_how_to_end(tmp_path) 
     assert "hpcdl: the program has not ended 1 s after the stop; one that hangs there" in out, (
         out + err
     )
+
+
+def test_a_loggers_csv_gives_each_columns_last_value_and_ranks_by_no_counter(
+    hpcdl, tmp_path
+) -> None:
+    """Lightning's CSVLogger writes train and val metrics on rows of their own: the last row
+    left train_loss empty (null in summary.json), and a sweep ranked by `epoch`."""
+    (tmp_path / "fit.py").write_text(
+        "import os, pathlib, sys\n"
+        "lr = float(sys.argv[1])\n"
+        "rows = ['epoch,step,train_loss,val_loss', f'0,9,{1 - lr},', f'0,9,,{2 - lr}']\n"
+        "out = pathlib.Path(os.environ['HPCDL_RUN_DIR']) / 'metrics.csv'\n"
+        "out.write_text('\\n'.join(rows) + '\\n')\n"
+    )
+    out = hpcdl(
+        "run", "-m", "hydra.sweep.dir=sw", "metrics_file=metrics.csv", "--", "python", "fit.py",
+        "{0.1,0.5}",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "sw" / "0" / "summary.json").read_text())
+    assert (summary["train_loss"], summary["val_loss"], summary["step"]) == (0.9, 1.9, 9)
+    status = hpcdl("sweep", "status", "sw")
+    assert status.stdout.splitlines()[0].endswith("| train_loss |"), status.stdout

@@ -82,6 +82,8 @@ def reported_metrics(ledger: Ledger) -> list[str]:
 
 # What `hpcdl run` writes into every summary: not a program's metric.
 RUN_BOOKKEEPING = ("outcome", "exit_code", "world_size", "wall_s", "wall_s_total")
+# Counters a program's metrics carry (Lightning's CSV: epoch, step): no metric to rank by.
+COUNTERS = ("epoch", "step", "global_step", "iteration", "iter")
 
 
 def default_metric(ledger: Ledger) -> str:
@@ -95,7 +97,7 @@ def default_metric(ledger: Ledger) -> str:
         for t in ledger.trials:
             summary = RunDir(Path(t.run_dir)).read_summary() or {}
             for key, value in summary.items():
-                if _is_number(value) and key not in RUN_BOOKKEEPING:
+                if _is_number(value) and key not in (*RUN_BOOKKEEPING, *COUNTERS):
                     return key
         return "wall_s"
     if cfg.task.name == "classification":

@@ -1028,3 +1028,25 @@ def test_a_big_sweeps_cancel_names_its_trials_and_jobs_as_ranges() -> None:
     assert number_ranges([*range(1, 1000), 1001, 1003, 1004]) == "1-999, 1001, 1003-1004"
     jobs = [f"28_{i}" for i in range(1, 1000)] + ["30_0", "30_2", "45", "31_7"]
     assert job_ranges(jobs) == "28_[1-999], 30_[0,2], 45, 31_7"
+
+
+def test_a_pending_jobs_reason_is_said_in_words(monkeypatch, capsys) -> None:
+    """squeue's `(AssocGrpCPUMinutesLimit)` under `where`, unexplained, for a job that will
+    not start until the account's allocation is renewed (a support ticket's question)."""
+    from hpcdl.launch import monitor, slurm_state
+
+    answers = {"squeue": "41|PENDING|0:00|10:00|1|(AssocGrpCPUMinutesLimit)\n", "sacct": None}
+    monkeypatch.setattr(slurm_state, "query", lambda cmd: answers[cmd[0]])
+    state = monitor.job_state("41")
+    assert state["pending"] == (
+        "waits until the allocation (CPU-minutes) is renewed: it is used up; ask your site, or "
+        "use another cluster.account (AssocGrpCPUMinutesLimit)"
+    )
+    answers["squeue"] = "42|PENDING|0:00|10:00|1|(QOSMaxWallDurationPerJobLimit)\n"
+    assert monitor.job_state("42")["pending"].startswith(
+        "never starts: cluster.timeout_min is over the QOS's MaxWall"
+    )
+    answers["squeue"] = "43|PENDING|0:00|10:00|1|(SomethingNew)\n"
+    assert "pending" not in monitor.job_state("43")  # not known here: squeue's word only
+    answers["squeue"] = "44|RUNNING|0:06|10:00|1|n1\n"
+    assert "pending" not in monitor.job_state("44")

@@ -87,6 +87,49 @@ def normalized_elapsed(slurm: str) -> str:
     return elapsed_text(int(days or 0) * 86400 + seconds)
 
 
+# squeue's reason for a pending job (%R, in parentheses), in words: those that mean it
+# will not start as it is say what to change. By prefix, the longest that matches.
+PENDING_REASONS = {
+    "Priority": "waiting behind jobs of higher priority",
+    "Resources": "waiting for nodes with the requested resources to free up",
+    "Dependency": "waiting for the job it depends on to end",
+    "DependencyNeverSatisfied": "never starts: the job it depends on did not end as "
+    "required; cancel it",
+    "BeginTime": "waiting for its start time (--begin)",
+    "QOSMaxWallDurationPerJobLimit": "never starts: cluster.timeout_min is over the QOS's "
+    "MaxWall; resubmit with a lower cluster.timeout_min or another cluster.qos",
+    "PartitionTimeLimit": "never starts: cluster.timeout_min is over the partition's MaxTime; "
+    "resubmit with a lower cluster.timeout_min",
+    "AssocGrp": "waiting for the account's group limit (its other jobs to end)",
+    "AssocMax": "waiting for the account's per-user or per-job limit",
+    "QOSMax": "waiting for the QOS's per-user limit (your other jobs in it to end)",
+    "QOSGrp": "waiting for the QOS's group limit",
+    "ReqNodeNotAvail": "waiting for requested nodes that are down, drained or reserved",
+    "JobHeld": "held: `scontrol release JOBID` lets it go",
+    "InvalidAccount": "never starts: the account is not valid here (cluster.account)",
+    "InvalidQOS": "never starts: the QOS is not valid for the account (cluster.qos)",
+    "BadConstraints": "never starts: no node has the requested features (cluster.constraint)",
+}
+# An account's or QOS's *Minutes limit used up (AssocGrpCPUMinutesLimit): its allocation.
+USED_UP = (
+    "waits until the allocation ({what}-minutes) is renewed: it is used up; ask your site, "
+    "or use another cluster.account"
+)
+
+
+def pending_reason(where: str) -> Optional[str]:
+    """'waiting behind jobs of higher priority (Priority)' for squeue's `(Priority)`; None
+    for a reason not known here."""
+    reason = where.strip().strip("()")
+    minutes = re.match(r"(?:Assoc|QOS)Grp(\w+?)(?:Run)?MinutesLimit", reason)
+    if minutes:
+        return f"{USED_UP.format(what=minutes.group(1))} ({reason})"
+    known = [prefix for prefix in PENDING_REASONS if reason.startswith(prefix)]
+    if not known:
+        return None
+    return f"{PENDING_REASONS[max(known, key=len)]} ({reason})"
+
+
 def job_state(job_id: str) -> dict[str, str]:
     """squeue while queued/running; sacct once it has left the queue (if accounting exists)."""
     out = query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
@@ -108,6 +151,7 @@ def job_state(job_id: str) -> dict[str, str]:
                 "source": "squeue",
                 "array_tasks": shown_tasks(tasks),
             }
+        explained = pending_reason(where) if state == "PENDING" else None
         return {
             "job_id": jid,
             "state": state,
@@ -115,6 +159,7 @@ def job_state(job_id: str) -> dict[str, str]:
             "time_limit": normalized_elapsed(limit),  # 10:00 is ten minutes: 00:10:00
             "nodes": nodes,
             "where": where,
+            **({"pending": explained} if explained else {}),
             "source": "squeue",
         }
     out = query(

@@ -741,3 +741,24 @@ def test_an_unknown_key_of_a_custom_option_points_at_its_kwargs(override: str, s
     with pytest.raises(ConfigError) as info:
         compose_config(["model=custom", "model.target=mylab.models:Net", override])
     assert str(info.value) == says
+
+
+def test_a_sites_profiles_are_found_through_hpcdl_config_path(tmp_path, monkeypatch) -> None:
+    """A module file's `setenv HPCDL_CONFIG_PATH /apps/hpcdl/conf`: every user gets the
+    site's cluster profiles. HPCDL_CONF_DIR replaced the bundled conf/ whole and failed with
+    Hydra's `Cannot find primary config 'config'`."""
+    site = tmp_path / "apps" / "hpcdl"
+    (site / "cluster").mkdir(parents=True)
+    (site / "cluster" / "uni.yaml").write_text(
+        "# hpcdl train cluster=uni\ndefaults:\n  - slurm\n  - _self_\nname: uni\npartition: gpu\n"
+    )
+    monkeypatch.setenv("HPCDL_CONFIG_PATH", f"{tmp_path / 'empty'}:{site}")
+    (tmp_path / "empty").mkdir()
+    assert compose_config(["cluster=uni"]).cluster.partition == "gpu"
+    monkeypatch.setenv("HPCDL_CONFIG_PATH", str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match=r"^HPCDL_CONFIG_PATH=.*/nope is no folder; it lists"):
+        compose_config(["cluster=uni"])
+    monkeypatch.delenv("HPCDL_CONFIG_PATH")
+    monkeypatch.setenv("HPCDL_CONF_DIR", str(site))
+    with pytest.raises(ConfigError, match=r"no config.yaml there; it replaces hpcdl's conf/ whole"):
+        compose_config(["cluster=uni"])

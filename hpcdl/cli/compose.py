@@ -44,25 +44,51 @@ if TYPE_CHECKING:
 
 
 def conf_dir() -> Path:
-    """The bundled conf/ (next to the package in a source checkout), or $HPCDL_CONF_DIR."""
+    """The bundled conf/ (next to the package in a source checkout), or $HPCDL_CONF_DIR,
+    which replaces it whole (its config.yaml and every group)."""
     env = os.environ.get("HPCDL_CONF_DIR")
     if env:
-        return Path(env).resolve()
+        path = Path(env).resolve()
+        if not (path / "config.yaml").is_file():
+            raise ConfigError(
+                f"HPCDL_CONF_DIR={env}: no config.yaml there; it replaces hpcdl's conf/ whole. "
+                f"To add profiles to it, list their folder in {SITE_PATH_VAR} (a site's) or "
+                "give --config-dir DIR (yours)"
+            )
+        return path
     return Path(__file__).resolve().parents[2] / "conf"
 
 
+# Folders a site adds to every user's search path (a module file's `setenv`), after the
+# user's own: `HPCDL_CONFIG_PATH=/etc/hpcdl:/apps/hpcdl/conf`.
+SITE_PATH_VAR = "HPCDL_CONFIG_PATH"
+
+
 def user_conf_dirs(extra: Optional[list[str]] = None) -> list[Path]:
-    """Extra search dirs: --config-dir flags, then ~/.config/hpcdl (a site's cluster YAML)."""
+    """Extra search dirs: --config-dir flags, then ~/.config/hpcdl (a user's cluster YAML),
+    then $HPCDL_CONFIG_PATH's folders (a site's)."""
     dirs = [Path(d).expanduser().resolve() for d in (extra or [])]
-    home = Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser() / "hpcdl"
-    if home.is_dir():
-        dirs.append(home.resolve())
     for d in dirs:
         if not d.is_dir():
             raise ConfigError(
                 f"--config-dir {d}: no such folder; give the folder that holds your "
                 "<group>/<name>.yaml files (e.g. myconf for myconf/cluster/mine.yaml)"
             )
+    home = Path(os.environ.get("XDG_CONFIG_HOME", "~/.config")).expanduser() / "hpcdl"
+    if home.is_dir():
+        dirs.append(home.resolve())
+    for entry in os.environ.get(SITE_PATH_VAR, "").split(os.pathsep):
+        if not entry:
+            continue
+        site = Path(entry).expanduser().resolve()
+        if not site.is_dir():
+            raise ConfigError(
+                f"{SITE_PATH_VAR}={os.environ[SITE_PATH_VAR]}: {site} is no folder; it lists "
+                "folders of <group>/<name>.yaml files (e.g. /etc/hpcdl for /etc/hpcdl/cluster/"
+                "uni.yaml), separated by ':'"
+            )
+        if site not in dirs:
+            dirs.append(site)
     return dirs
 
 

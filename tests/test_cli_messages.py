@@ -247,8 +247,9 @@ def test_a_run_without_best_pt_is_pointed_at_its_newest_checkpoint(
     assert main(["evaluate", "run"]) == 2
     assert capsys.readouterr().err == (
         f"error: {run}: no best.pt in {run / 'checkpoints'} (a run saves it at its best "
-        "validated epoch: this one has no validation split, or none so far); use its newest "
-        "checkpoint: --checkpoint last\n"
+        "validated epoch: this one has no validation split, none so far, or it went on from a "
+        "checkpoint older than its run's best.pt (hpcdl resume --from) and has not beaten that "
+        "best yet); use its newest checkpoint: --checkpoint last\n"
     )
 
 

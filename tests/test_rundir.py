@@ -155,7 +155,7 @@ def test_hook_names_are_checked_without_importing() -> None:
     from hpcdl.config.validate import check_target_form
 
     check_target_form("trainer.step_hooks[0]", "a.b:c")
-    with pytest.raises(ConfigError, match=r"package\.module:factory"):
+    with pytest.raises(ConfigError, match=r"package\.module:name"):
         check_target_form("trainer.step_hooks[0]", "a.b.c")
 
 

@@ -43,15 +43,20 @@ if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
 
 
+# The conf folder's primary config (conf/config.yaml: the defaults list), Hydra's config_name.
+PRIMARY_CONFIG = "config"
+
+
 def conf_dir() -> Path:
     """The bundled conf/ (next to the package in a source checkout), or $HPCDL_CONF_DIR,
     which replaces it whole (its config.yaml and every group)."""
     env = os.environ.get("HPCDL_CONF_DIR")
     if env:
         path = Path(env).resolve()
-        if not (path / "config.yaml").is_file():
+        if not (path / f"{PRIMARY_CONFIG}.yaml").is_file():
             raise ConfigError(
-                f"HPCDL_CONF_DIR={env}: no config.yaml there; it replaces hpcdl's conf/ whole. "
+                f"HPCDL_CONF_DIR={env}: no {PRIMARY_CONFIG}.yaml there; it replaces hpcdl's "
+                "conf/ whole. "
                 f"To add profiles to it, list their folder in {SITE_PATH_VAR} (a site's) or "
                 "give --config-dir DIR (yours)"
             )
@@ -101,7 +106,7 @@ def compose(overrides: list[str], config_dirs: Optional[list[str]] = None) -> Di
     def attempt(overrides: list[str]) -> DictConfig:
         with _hydra_on_conf_dir():
             try:
-                return hydra_compose("config", overrides=[*extra, *overrides])
+                return hydra_compose(PRIMARY_CONFIG, overrides=[*extra, *overrides])
             except HydraException as err:
                 located = _in_file(err, overrides, config_dirs)
                 if located is not None:
@@ -454,7 +459,7 @@ def _defaults_list(overrides: list[str], config_dirs: Optional[list[str]]) -> li
         with _hydra_on_conf_dir():
             loader = GlobalHydra.instance().config_loader()
             defaults = loader.compute_defaults_list(
-                "config", [*_searchpath(config_dirs), *overrides], RunMode.RUN
+                PRIMARY_CONFIG, [*_searchpath(config_dirs), *overrides], RunMode.RUN
             ).defaults
     except (HydraException, OmegaConfBaseException, ValueError):
         return []

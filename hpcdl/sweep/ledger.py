@@ -92,7 +92,7 @@ def save(ledger: Ledger) -> None:
 
 def check_sweep_dir(sweep_dir: Path) -> None:
     """Raise a one-line error unless ``sweep_dir`` is a folder holding a ledger; reads only."""
-    fix = "pass the sweep dir printed by `hpcdl train -m`"
+    fix = "pass the sweep dir printed by `hpcdl train -m` or `hpcdl run -m`"
     if not sweep_dir.exists():
         raise HpcdlError(f"{sweep_dir}: no such folder; {fix}")
     if not sweep_dir.is_dir():

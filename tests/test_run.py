@@ -1074,3 +1074,16 @@ def test_a_loggers_csv_gives_each_columns_last_value_and_ranks_by_no_counter(
     assert (summary["train_loss"], summary["val_loss"], summary["step"]) == (0.9, 1.9, 9)
     status = hpcdl("sweep", "status", "sw")
     assert status.stdout.splitlines()[0].endswith("| train_loss |"), status.stdout
+
+
+def test_a_script_sweeps_dry_run_shows_the_program_as_a_single_runs_does(hpcdl, tmp_path) -> None:
+    (tmp_path / "fit.py").write_text("print('fit')\n")
+    out = hpcdl(
+        "run", "-m", "cluster=rivanna_a100", "hydra.sweep.dir=sw", "--no-preflight", "--dry-run",
+        "--", "python", "fit.py", "--lr={0.1,0.2}",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    at = lines.index("# program (trial 0's; each trial its own arguments)")
+    assert lines[at + 1].strip() == f"python {tmp_path / 'sw' / 'code' / 'script' / 'fit.py'} --lr=0.1"
+    assert not (tmp_path / "sw").exists()

@@ -863,6 +863,10 @@ def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
     sweep_dir = Path(plan.sweep_dir or default_sweep_dir()).expanduser().resolve()
     print(f"# sweep dir (not created): {sweep_dir}")
     print_array_scripts([(trial.index, trial.config) for trial in plan.trials], sweep_dir)
+    first = plan.trials[0]
+    if first.config.script is not None:  # an `hpcdl run -m` sweep: as its single run shows it
+        print(f"# program (trial {first.index}'s; each trial its own arguments)")
+        print("  " + program_line(with_workdir(first.config), SweepDir(sweep_dir)))
     refusal, checked = None, set()
     for trial in plan.trials:
         if repr(trial.config.cluster) in checked:

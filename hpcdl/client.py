@@ -118,6 +118,99 @@ def submit_sweep(
     return Sweep(sweep_dir)
 
 
+def submit_program(
+    command: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+    *,
+    config_dir: Union[PathLike, Sequence[PathLike], None] = None,
+    preflight: bool = True,
+) -> Job:
+    """What `hpcdl run OVERRIDES -- COMMAND...` does (docs/scripts.md): your own program,
+    e.g. ["python", "train.py", "--lr", "0.1"], run as the run dir's job on the cluster
+    profile the overrides choose; `command=()` with `entry=package.module:function` in the
+    overrides for a function. Returns once queued (Slurm), or once the program has ended
+    (debug, local)."""
+    from hpcdl.cli import main as cli
+    from hpcdl.cli.run import compose_program, start_program
+    from hpcdl.config.schema import Launcher
+
+    given, program, dirs = (
+        _overrides(overrides),
+        _program(command, overrides),
+        _config_dirs(config_dir),
+    )
+    with _COMPOSING:
+        cfg, _ = compose_program(given, program, dirs, multirun=False)
+    if cfg.cluster.launcher != Launcher.slurm:
+        _check_main_thread("submit_program", f"cluster={cfg.cluster.launcher.value}")
+    # The program (an entry= function too) runs in processes of its own, never in this one.
+    with _imports_from_here(), _as_command("run", given, config_dir, preflight, program):
+        cfg, run_dir = start_program(cfg, skip_preflight=not preflight)
+        code = cli.launch_new(cfg, run_dir)
+    return Job(run_dir.path, None if cfg.cluster.launcher == Launcher.slurm else code)
+
+
+def submit_program_sweep(
+    command: Sequence[str],
+    overrides: Sequence[str] = (),
+    *,
+    config_dir: Union[PathLike, Sequence[PathLike], None] = None,
+    preflight: bool = True,
+) -> Sweep:
+    """What `hpcdl run -m OVERRIDES -- COMMAND...` does: one trial per combination of the
+    command's lists (`"--lr={0.1,0.03}"`, `"seed=1,2"`), one job array (Slurm: returns once
+    queued) or local processes (returns once they have ended)."""
+    from hpcdl.cli import main as cli
+    from hpcdl.cli.run import compose_program, program_sweep
+    from hpcdl.config.schema import Launcher
+
+    given, program, dirs = (
+        _overrides(overrides),
+        _program(command, overrides),
+        _config_dirs(config_dir),
+    )
+    with _COMPOSING:
+        cfg, rest = compose_program(given, program, dirs, multirun=True)
+        try:
+            plan = program_sweep(cfg, rest)
+        except ConfigError as err:  # the command's advice is its -m
+            err.args = (re.sub(r"^-m:", "submit_program_sweep:", str(err)),)
+            raise
+    if cfg.cluster.launcher != Launcher.slurm:
+        _check_main_thread("submit_program_sweep", "a sweep on cluster=debug or cluster=local")
+    with _as_command("run", ["-m", *given], config_dir, preflight, program):
+        sweep_dir, _ = cli.start_sweep(plan, skip_preflight=not preflight)
+    return Sweep(sweep_dir)
+
+
+def _program(command: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """The program's words; neither or both of a command and entry= refused in one line,
+    in the API's words."""
+    words = _words(command)
+    entry = any(isinstance(o, str) and o.startswith("entry=") for o in overrides)
+    if bool(words) == entry:
+        raise ConfigError(
+            "submit_program: give command=['python', 'train.py', ...] or "
+            f"'entry=package.module:function' in overrides, not {'both' if entry else 'neither'}"
+        )
+    return words
+
+
+def _words(command: Sequence[str]) -> list[str]:
+    """A command as a list of words; a string (whose words hpcdl would have to guess) or
+    anything not a word refused in one line."""
+    given: Any = command
+    if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+        raise ConfigError(
+            f"command={given!r}: give the program as a list of words, e.g. "
+            "['python', 'train.py', '--lr', '0.1'] (shlex.split('python train.py --lr 0.1'))"
+        )
+    words = [os.fspath(w) if isinstance(w, os.PathLike) else w for w in given]
+    if not all(isinstance(w, str) for w in words):
+        raise ConfigError(f"command={words!r}: each word must be a string")
+    return words
+
+
 # The sweep commands' flags, as Sweep.status()/summary() take them: keyword arguments.
 _FLAG_AS_KEYWORD = re.compile(r"--(metric|mode) ([\w./-]+)")
 
@@ -202,6 +295,7 @@ def _as_command(
     words: list[str],
     config_dir: Union[PathLike, Sequence[PathLike], None],
     preflight: bool,
+    program: Sequence[str] = (),
 ) -> Iterator[None]:
     """sys.argv as the `hpcdl` command line that does what this call does, while it runs:
     commands.log records it (it recorded the script or the notebook's kernel, `train: -c`,
@@ -212,7 +306,8 @@ def _as_command(
         return
     dirs = [w for d in _config_dirs(config_dir) for w in ("--config-dir", d)]
     saved = sys.argv
-    sys.argv = ["hpcdl", verb, *words, *dirs, *([] if preflight else ["--no-preflight"])]
+    tail = ["--", *program] if program else []
+    sys.argv = ["hpcdl", verb, *words, *dirs, *([] if preflight else ["--no-preflight"]), *tail]
     try:
         yield
     finally:
@@ -534,6 +629,7 @@ class Job:
         fresh_code: bool = False,
         config_dir: Union[PathLike, Sequence[PathLike], None] = None,
         preflight: bool = True,
+        command: Sequence[str] = (),
     ) -> Job:
         """`hpcdl resume RUN_DIR [OVERRIDES]`: continue the run from its newest valid
         checkpoint (trainer.max_epochs=20: for more epochs), or from `from_checkpoint`
@@ -543,8 +639,9 @@ class Job:
         Slurm): the job runs your code as it is now, frozen anew (the copy the run's jobs
         ran moves to code.N), not the copy frozen at its first submission. On a Slurm
         profile it returns once the job is queued; on cluster=debug or local once the run
-        has ended. Bad input raises the command's one-line HpcdlError, with nothing
-        changed."""
+        has ended. `command` (an `hpcdl run` run's, `-- COMMAND...`): the program to start
+        instead of the one recorded. Bad input raises the command's one-line HpcdlError,
+        with nothing changed."""
         from argparse import Namespace
 
         from hpcdl.cli import main as cli
@@ -566,7 +663,7 @@ class Job:
             from_scratch=from_scratch,
             from_checkpoint=None if from_checkpoint is None else str(from_checkpoint),
             new_run_dir=None if new_run_dir is None else os.fspath(new_run_dir),
-            program=[],
+            program=_words(command),
             dry_run=False,
             fresh_code=fresh_code,
         )
@@ -580,10 +677,10 @@ class Job:
         if fresh_code:
             words.append("--fresh-code")
         in_process = cfg.cluster.launcher == Launcher.debug
-        command = _as_command("resume", words, config_dir, preflight)
+        as_command = _as_command("resume", words, config_dir, preflight, args.program)
         # It composes again; a run in this process (main thread only) is not held up for.
         composing = contextlib.nullcontext() if in_process else _COMPOSING
-        with _imports_from_here(), command, _process_state_kept(in_process), composing:
+        with _imports_from_here(), as_command, _process_state_kept(in_process), composing:
             code = cli.cmd_resume(args)
         target = self.run_dir if args.new_run_dir is None else _absolute(args.new_run_dir)
         if not target.exists():  # the checkpoint had trained to trainer.max_epochs already

@@ -55,8 +55,6 @@ def test_wall_s_total_adds_the_attempts_whose_program_exited(hpcdl, tmp_path: Pa
 
 
 def test_a_script_sweep_without_metrics_is_still_ranked_by_wall_s(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
     from hpcdl.cli.compose import compose_config
     from hpcdl.cli.run import plan_program_sweep, script_from
     from hpcdl.rundir import RunDir
@@ -65,7 +63,7 @@ def test_a_script_sweep_without_metrics_is_still_ranked_by_wall_s(tmp_path: Path
     command = ["python", "fit.py", "--lr={0.1,0.3}"]
     script, overrides = script_from([f"hydra.sweep.dir={tmp_path / 'sw'}"], command)
     plan = plan_program_sweep(
-        compose_config(overrides, script=script, multirun=True), SimpleNamespace(), overrides
+        compose_config(overrides, script=script, multirun=True), overrides
     )
     ledger = launch.create_sweep(plan)
     for t in ledger.trials:  # as hpcdl.script_job writes it for a program without metrics_file

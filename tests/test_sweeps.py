@@ -1098,7 +1098,7 @@ def test_a_programs_error_metric_ranks_lowest_first_and_the_summary_says_why(
         ["metrics_file=m.json", f"hydra.sweep.dir={tmp_path / 'sw'}"], command
     )
     plan = plan_program_sweep(
-        compose_config(overrides, script=script, multirun=True), SimpleNamespace(), overrides
+        compose_config(overrides, script=script, multirun=True), overrides
     )
     sweep = _completed_sweep(plan, [{"error": 0.2}, {"error": 0.0}, {"error": 0.6}])
     assert main(["sweep", "summary", str(sweep)]) == 0  # the default: the program's first metric

@@ -31,29 +31,57 @@ HYDRA_LIST = re.compile(r"^([A-Za-z_+~][\w.+~/-]*)=([^=]*,[^=]*)$")
 
 
 def run_program(args: argparse.Namespace) -> int:
-    from hpcdl.cli.compose import compose_config
-    from hpcdl.cli.main import dry_run, launch, launch_sweep, preflight
-    from hpcdl.config.validate import check_script
-    from hpcdl.rundir import create_run_dir
-    from hpcdl.runlock import hold
+    from hpcdl.cli.main import dry_run, launch_new, launch_sweep
 
-    script, overrides = script_from(args.overrides, list(args.program))
-    cfg = compose_config(overrides, args.config_dir, script=script, multirun=args.multirun)
+    cfg, overrides = compose_program(
+        args.overrides, list(args.program), args.config_dir, args.multirun
+    )
     if args.multirun:
-        plan = plan_program_sweep(cfg, args, overrides)
-        for trial in plan.trials:  # as each trial runs it: a list may name the script
-            check_script(trial.config.script, cfg.cluster)
-        if not mentions_run_dir(script.command):
-            warnings.warn(HpcdlWarning(shared_workdir_note(len(plan.trials))), stacklevel=1)
-        return launch_sweep(plan, args)
-    check_script(script, cfg.cluster)
+        return launch_sweep(program_sweep(cfg, overrides), args)
     if args.dry_run:
         return dry_run(cfg, args.no_preflight)
-    preflight(cfg, args.no_preflight)
+    cfg, run_dir = start_program(cfg, args.no_preflight)
+    return launch_new(cfg, run_dir)
+
+
+def compose_program(
+    overrides: list[str], command: list[str], config_dirs: list[str], multirun: bool
+) -> tuple[Config, list[str]]:
+    """`hpcdl run`'s config (and hpcdl.submit_program's): composed, and for a single run its
+    program checked; the overrides left for the config (without hpcdl run's own keys)."""
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.config.validate import check_script
+
+    script, rest = script_from(overrides, command)
+    cfg = compose_config(rest, config_dirs, script=script, multirun=multirun)
+    if not multirun:
+        check_script(script, cfg.cluster)
+    return cfg, rest
+
+
+def program_sweep(cfg: Config, overrides: list[str]) -> Any:
+    """`hpcdl run -m`'s plan, each trial's program checked as it runs it, and the note when
+    the trials share the working directory."""
+    from hpcdl.config.validate import check_script
+
+    assert cfg.script is not None
+    plan = plan_program_sweep(cfg, overrides)
+    for trial in plan.trials:  # as each trial runs it: a list may name the script
+        check_script(trial.config.script, cfg.cluster)
+    if not mentions_run_dir(cfg.script.command):
+        warnings.warn(HpcdlWarning(shared_workdir_note(len(plan.trials))), stacklevel=1)
+    return plan
+
+
+def start_program(cfg: Config, skip_preflight: bool) -> tuple[Config, Any]:
+    """A composed program run up to its launch: preflight, the run dir created."""
+    from hpcdl.cli.main import preflight
+    from hpcdl.rundir import create_run_dir
+
+    preflight(cfg, skip_preflight)
     cfg, run_dir = create_run_dir(cfg)
     print(f"run dir: {run_dir.path}", flush=True)
-    with hold(run_dir):
-        return launch(cfg, run_dir)
+    return cfg, run_dir
 
 
 def mentions_run_dir(command: list[str]) -> bool:
@@ -160,7 +188,7 @@ def expand_token(token: str) -> list[str]:
     return expanded
 
 
-def plan_program_sweep(cfg: Config, args: argparse.Namespace, overrides: list[str]) -> Any:
+def plan_program_sweep(cfg: Config, overrides: list[str]) -> Any:
     """One trial per combination of the command's lists; Hydra sweeps of the config itself
     are not combined with them (one kind per sweep)."""
     from hpcdl.sweep.plan import SweepPlan, Trial

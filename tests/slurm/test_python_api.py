@@ -1,6 +1,6 @@
 """The Python API on the real Slurm dev cluster: submit() returns once queued without
 importing torch, status() while the job runs, wait() until it has left the queue, cancel(),
-and a two-trial sweep's wait() and summary()."""
+a two-trial sweep's wait() and summary(), and submit_program (hpcdl run)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hpcdl import Job, JobFailedError, submit, submit_sweep
 from hpcdl.launch.monitor import is_active
 from tests.conftest import run_hpcdl, run_without_torch
-from tests.slurm.conftest import wait_until
+from tests.slurm.conftest import squeue_ids, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -80,3 +80,31 @@ def test_two_trial_sweep_wait_and_summary(devcluster, tmp_path) -> None:
     assert (tmp_path / "sweep" / "summary.md").is_file()
     assert sweep.rerun_failed() == []
     assert "epoch 2/2" in sweep.trial(1).logs()
+
+
+def test_submit_program_queues_a_script_without_torch_and_a_refused_one_leaves_nothing(
+    devcluster, tmp_path
+) -> None:
+    (tmp_path / "fit.py").write_text(
+        "import json, os\n"
+        "path = os.path.join(os.environ['HPCDL_RUN_DIR'], 'm.json')\n"
+        "json.dump({'ranks': int(os.environ['WORLD_SIZE'])}, open(path, 'w'))\n"
+    )
+    given = ["cluster=devcluster", "cluster.tasks_per_node=2", "metrics_file=m.json"]
+    code = (
+        "from hpcdl import HpcdlError, submit_program\n"
+        f"job = submit_program(['python', 'fit.py'], {[*given, 'run_dir=run']!r})\n"
+        "print('job id', job.job_id)\n"
+        "try:\n"
+        f"    submit_program(['python', 'fit.py'], {[*given, 'run_dir=no', '+cluster.sbatch_extra.exclusve=true']!r})\n"
+        "except HpcdlError as err:\n"
+        "    print('refused:', err)\n"
+    )
+    before = set(squeue_ids())
+    out = run_without_torch(code, cwd=tmp_path, timeout=120)
+    job = Job.from_run_dir(tmp_path / "run")
+    assert f"job id {job.job_id}\n" in out.stdout
+    assert "refused: cluster.sbatch_extra.exclusve: sbatch has no option --exclusve" in out.stdout
+    assert "nothing submitted (run dir" in out.stdout and not (tmp_path / "no").exists()
+    assert set(squeue_ids()) - before <= {job.job_id}  # the refused one queued nothing
+    assert job.wait(timeout=120, poll_s=1)["ranks"] == 2

@@ -499,6 +499,14 @@ def test_elapsed_is_shown_in_one_format_whoever_ran_the_job(tmp_path, monkeypatc
     assert monitor.job_state("22")["time_limit"] == "00:10:00"  # and 10:00, ten minutes
     answers.update(squeue="", sacct="22|COMPLETED|00:01:05|0:0|n1\n")
     assert monitor.job_state("22")["elapsed"] == "00:01:05"
+    # Where it waits and what it is charged to (squeue's %P %a %q, sacct's fields after
+    # NodeList); an account accounting does not have, `(null)`, is left out.
+    answers.update(squeue="22|PENDING|0:00|10:00|1|(Priority)|gpu|chem-lab|normal\n")
+    charged = monitor.job_state("22")
+    assert (charged["partition"], charged["account"], charged["qos"]) == ("gpu", "chem-lab", "normal")
+    answers.update(squeue="", sacct="22|COMPLETED|00:01:05|0:0|n1|cpu|(null)|normal\n")
+    charged = monitor.job_state("22")
+    assert (charged["partition"], "account" in charged, charged["qos"]) == ("cpu", False, "normal")
     for slurm, shown in [
         ("0:06", "00:00:06"),
         ("12:34", "00:12:34"),

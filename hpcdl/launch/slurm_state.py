@@ -130,15 +130,19 @@ def pending_reason(where: str) -> Optional[str]:
     return f"{PENDING_REASONS[max(known, key=len)]} ({reason})"
 
 
+# What sacct tells of a job that has left the queue, before where it was charged.
+SACCT_FIELDS = "JobID,State,Elapsed,ExitCode,NodeList"
+
+
 def job_state(job_id: str) -> dict[str, str]:
     """squeue while queued/running; sacct once it has left the queue (if accounting exists)."""
-    out = query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R"])
+    out = query(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%M|%l|%D|%R|%P|%a|%q"])
     queue_answered = out is not None  # "" for a task of a queued array that it does not list
     # squeue also fails ("Invalid job id") for a job the controller has purged (MinJobAge):
     # accounting still knows it, so ask sacct before giving up.
     if out is not None and out.strip():
         lines = out.strip().splitlines()
-        jid, state, elapsed, limit, nodes, where = lines[0].split("|")
+        jid, state, elapsed, limit, nodes, where, *charged = lines[0].split("|")
         with_finished, accounted = _with_finished_tasks(job_id, lines)
         tasks = _array_tasks(job_id, with_finished)
         if tasks:  # the array as a whole, not whichever task squeue listed first
@@ -160,10 +164,11 @@ def job_state(job_id: str) -> dict[str, str]:
             "nodes": nodes,
             "where": where,
             **({"pending": explained} if explained else {}),
+            **_charged_to(charged),
             "source": "squeue",
         }
     out = query(
-        ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,Elapsed,ExitCode,NodeList"]
+        ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", f"{SACCT_FIELDS},Partition,Account,QOS"]
     )
     if out and out.strip():
         lines = out.strip().splitlines()
@@ -176,13 +181,14 @@ def job_state(job_id: str) -> dict[str, str]:
                 "source": "sacct",
                 "array_tasks": shown_tasks(tasks),
             }
-        jid, state, elapsed, code, nodes = lines[-1].split("|")
+        jid, state, elapsed, code, nodes, *charged = lines[-1].split("|")
         return {
             "job_id": jid,
             "state": state.split()[0],
             "elapsed": normalized_elapsed(elapsed),
             "exit_code": code,
             "where": nodes,
+            **_charged_to(charged),
             "source": "sacct",
         }
     if out is not None and not out.strip() and "_" in job_id:
@@ -197,6 +203,16 @@ def job_state(job_id: str) -> dict[str, str]:
     # there is no accounting (sacct failed) or accounting never had it (a wrong id).
     source = NO_ACCOUNTING if out is None else NOT_IN_ACCOUNTING
     return {"job_id": job_id, "state": "UNKNOWN", "source": source}
+
+
+def _charged_to(fields: list[str]) -> dict[str, str]:
+    """The job's partition, account and QOS (squeue's %P %a %q, sacct's Partition, Account,
+    QOS): which of a user's accounts or QOS a job charges, where it waits. Empty ones (no
+    accounting: account `(null)`) are left out."""
+    names = ("partition", "account", "qos")
+    # An older answer (or a test's) without them: zip stops at the shorter.
+    pairs = zip(names, fields, strict=False)
+    return {k: v for k, v in pairs if v and v not in ("(null)", "N/A")}
 
 
 # The source of an array task's state read from its array's sacct record.

@@ -34,6 +34,7 @@ def test_submit_returns_without_torch_then_status_wait_and_logs(devcluster, tmp_
     assert f"job id {job.job_id}\n" in out.stdout
     running = job.status()  # the job needs seconds just to import torch
     assert is_active(running["state"]) and running["source"] == "squeue", running
+    assert running["partition"] == "gpu"  # the profile's, as squeue has it
     assert running["job_id"] == job.job_id
 
     summary = job.wait(timeout=120, poll_s=1)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcdl.env import RankEnv, rank_env_from
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.script_group import GroupWatch
 from hpcdl.script_port import PortError, agreed_port
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
         preexec_fn=(lambda: signal.signal(warning, signal.SIG_IGN)) if torchrun else None,
     )
     peers = PeerFailure(run_dir, env)
+    # torchrun's own rendezvous listens whatever the program does: not watched.
+    group = GroupWatch(proc.pid, env.world_size) if env.is_main and not torchrun else None
     forwarded = forced = hinted = False
     stop_s = None  # when the wrapper saw the stop (time.time())
     while proc.poll() is None:
@@ -142,11 +145,16 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
             hinted = True
         if not stop.requested:
             peers.end_if_one_failed(proc.pid)
+            if group is not None:
+                group.poll()
         time.sleep(POLL_S)
     if stop.requested:  # Slurm may have signalled (and ended) the program itself first
         _touch(stop_file)
         stop_s = stop_s if stop_s is not None else time.time() - POLL_S
     code = proc.returncode
+    note = group.note() if group is not None and not stop.requested else None
+    if note is not None:
+        print(note, flush=True)
     if code not in (EXIT_OK, EXIT_INTERRUPTED) and not stop.requested and peers.failed is None:
         peers.report(_status(code))  # first: the others end theirs meanwhile
     _end_left_processes(proc.pid)

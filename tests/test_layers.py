@@ -54,6 +54,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.telemetry",
         "hpcdl.dist",
         "hpcdl.script_port",
+        "hpcdl.script_group",
         "hpcdl.models",
         "hpcdl.data",
         "hpcdl.optim",

@@ -131,16 +131,10 @@ def submit_program(
     overrides for a function. Returns once queued (Slurm), or once the program has ended
     (debug, local)."""
     from hpcdl.cli import main as cli
-    from hpcdl.cli.run import compose_program, start_program
+    from hpcdl.cli.run import start_program
     from hpcdl.config.schema import Launcher
 
-    given, program, dirs = (
-        _overrides(overrides),
-        _program(command, overrides),
-        _config_dirs(config_dir),
-    )
-    with _COMPOSING:
-        cfg, _ = compose_program(given, program, dirs, multirun=False)
+    given, program, cfg, _ = _program_config("submit_program", command, overrides, config_dir)
     if cfg.cluster.launcher != Launcher.slurm:
         _check_main_thread("submit_program", f"cluster={cfg.cluster.launcher.value}")
     # The program (an entry= function too) runs in processes of its own, never in this one.
@@ -161,21 +155,10 @@ def submit_program_sweep(
     command's lists (`"--lr={0.1,0.03}"`, `"seed=1,2"`), one job array (Slurm: returns once
     queued) or local processes (returns once they have ended)."""
     from hpcdl.cli import main as cli
-    from hpcdl.cli.run import compose_program, program_sweep
     from hpcdl.config.schema import Launcher
 
-    given, program, dirs = (
-        _overrides(overrides),
-        _program(command, overrides),
-        _config_dirs(config_dir),
-    )
-    with _COMPOSING:
-        cfg, rest = compose_program(given, program, dirs, multirun=True)
-        try:
-            plan = program_sweep(cfg, rest)
-        except ConfigError as err:  # the command's advice is its -m
-            err.args = (re.sub(r"^-m:", "submit_program_sweep:", str(err)),)
-            raise
+    call = "submit_program_sweep"
+    given, program, cfg, plan = _program_config(call, command, overrides, config_dir, sweep=True)
     if cfg.cluster.launcher != Launcher.slurm:
         _check_main_thread("submit_program_sweep", "a sweep on cluster=debug or cluster=local")
     with _as_command("run", ["-m", *given], config_dir, preflight, program):
@@ -183,17 +166,34 @@ def submit_program_sweep(
     return Sweep(sweep_dir)
 
 
-def _program(command: Sequence[str], overrides: Sequence[str]) -> list[str]:
-    """The program's words; neither or both of a command and entry= refused in one line,
-    in the API's words."""
-    words = _words(command)
-    entry = any(isinstance(o, str) and o.startswith("entry=") for o in overrides)
+def _program_config(
+    call: str,
+    command: Sequence[str],
+    overrides: Sequence[str],
+    config_dir: Union[PathLike, Sequence[PathLike], None],
+    sweep: bool = False,
+) -> tuple[list[str], list[str], Any, Any]:
+    """submit_program's and submit_program_sweep's input, checked and composed as `hpcdl
+    run` does: the overrides, the program's words, the config, and a sweep's plan. Neither
+    or both of a command and entry= are refused in the API's words."""
+    from hpcdl.cli.run import compose_program, program_sweep
+
+    given, words, dirs = _overrides(overrides), _words(command), _config_dirs(config_dir)
+    entry = any(o.startswith("entry=") for o in given)
     if bool(words) == entry:
         raise ConfigError(
-            "submit_program: give command=['python', 'train.py', ...] or "
+            f"{call}: give command=['python', 'train.py', ...] or "
             f"'entry=package.module:function' in overrides, not {'both' if entry else 'neither'}"
         )
-    return words
+    with _COMPOSING:
+        cfg, rest = compose_program(given, words, dirs, multirun=sweep)
+        if not sweep:
+            return given, words, cfg, None
+        try:
+            return given, words, cfg, program_sweep(cfg, rest)
+        except ConfigError as err:  # the command's advice is its -m
+            err.args = (re.sub(r"^-m:", f"{call}:", str(err)),)
+            raise
 
 
 def _words(command: Sequence[str]) -> list[str]:

@@ -361,3 +361,20 @@ def test_feature_columns_leave_ids_out_in_training_evaluate_predict_and_resume(
     assert [int(r["true"]) for r in predicted] == [y[i] for i in places]
     out = hpcdl("resume", "r", "data.feature_columns=[b,a,c]", "trainer.max_epochs=3")
     assert out.returncode == 2 and "trained on 'data.feature_columns=[a,b,c]'" in out.stderr
+
+
+def test_a_bare_name_here_that_the_run_reads_elsewhere_is_said(
+    custom_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `heldout` (no folder part, no suffix) is passed as typed: the data function reads it
+    # in the run's workdir (proj/), not here, where a folder of that name is the one meant.
+    run, elsewhere = custom_run
+    (elsewhere / "heldout").mkdir(exist_ok=True)
+    capsys.readouterr()
+    main(["evaluate", str(run), "data.kwargs.path=heldout", "--split", "all"])
+    err = capsys.readouterr().err
+    assert (
+        f"data.kwargs.path='heldout': a bare name is passed as typed, and your data function "
+        f"reads it in the run's workdir ({run.parent.parent}), not here, where ./heldout is "
+        "another; for the one here write data.kwargs.path=./heldout"
+    ) in err, err

@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 
 from hpcdl.config.paths import path_keys, with_absolute_paths
 from hpcdl.config.schema import Config, CustomDataConfig
-from hpcdl.errors import ConfigError
+from hpcdl.errors import ConfigError, HpcdlWarning
 
 # --split: one of the data's splits, or `all` of its samples (hpcdl.inference.ALL_SPLIT).
 SPLITS = ("test", "val", "train", "all")
@@ -177,7 +178,27 @@ def _paths_from_here(given: Config, keys: list[str]) -> Config:
     for name, value in kwargs.items():
         if name in typed and _names_a_path_here(value):
             kwargs[name] = os.path.abspath(Path(value).expanduser())
+        elif name in typed and _bare_name_elsewhere(value, given.workdir):
+            warnings.warn(
+                HpcdlWarning(
+                    f"data.kwargs.{name}={value!r}: a bare name is passed as typed, and your "
+                    f"data function reads it in the run's workdir ({given.workdir}), not "
+                    f"here, where ./{value} is another; for the one here write "
+                    f"data.kwargs.{name}=./{value}"
+                ),
+                stacklevel=2,
+            )
     return replace(given, data=replace(given.data, kwargs=kwargs))
+
+
+def _bare_name_elsewhere(value: Any, workdir: str | None) -> bool:
+    """A name without a folder part or suffix (`heldout`) that names a file or folder
+    here, typed where the run's data function does not read it (its workdir is another
+    folder): passed as typed (`test` may be a mode), but said."""
+    if not isinstance(value, str) or not value or os.sep in value or Path(value).suffix:
+        return False
+    here = Path(value).exists()
+    return here and workdir is not None and Path(workdir).resolve() != Path.cwd().resolve()
 
 
 def _names_a_path_here(value: Any) -> bool:

@@ -410,9 +410,21 @@ class CustomPrediction:
         if self._shapes is None:
             self._shapes = shapes
         elif shapes != self._shapes:
+            ragged = [
+                n
+                for n, s in shapes.items()
+                if s and s != self._shapes.get(n) and len(s) == len(self._shapes.get(n, ()))
+            ]
+            fix = (
+                f"; a per-token output ({ragged[0]!r}: as long as each batch's padding) is "
+                "padded to one fixed width, e.g. the data's longest sequence, with a fill "
+                "value such as -1"
+                if ragged
+                else ""
+            )
             raise ConfigError(
                 f"{where}: returned per-sample shapes {shapes} after {self._shapes}; return the "
-                "same names and shapes for every batch"
+                f"same names and shapes for every batch{fix}"
             )
         return columns
 

@@ -216,8 +216,20 @@ def test_custom_prediction_keeps_the_first_batchs_names() -> None:
     calls = iter([{"a": torch.zeros(2)}, {"b": torch.zeros(2)}])
     prediction = predictor(lambda m, b: next(calls))
     prediction.outputs(nn.Identity(), (torch.zeros(2, 1), None))
-    with pytest.raises(ConfigError, match="same names and shapes for every batch"):
+    with pytest.raises(ConfigError, match="same names and shapes for every batch$"):
         prediction.outputs(nn.Identity(), (torch.zeros(2, 1), None))
+    # A tagger's per-token output, as long as each batch's padding: told to pad it.
+    calls = iter([{"tags": torch.zeros(2, 37)}, {"tags": torch.zeros(2, 40)}])
+    prediction = predictor(lambda m, b: next(calls))
+    prediction.outputs(nn.Identity(), (torch.zeros(2, 1), None))
+    with pytest.raises(ConfigError) as ragged:
+        prediction.outputs(nn.Identity(), (torch.zeros(2, 1), None))
+    assert str(ragged.value).endswith(
+        "returned per-sample shapes {'tags': (40,)} after {'tags': (37,)}; return the same "
+        "names and shapes for every batch; a per-token output ('tags': as long as each "
+        "batch's padding) is padded to one fixed width, e.g. the data's longest sequence, "
+        "with a fill value such as -1"
+    )
 
 
 STEPS = """

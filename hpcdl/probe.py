@@ -167,7 +167,16 @@ def batch_hint(cfg: Config, exc: BaseException, batch: Any) -> str:
 
     leaves = list(_leaves(batch))
     target = getattr(cfg.data, "target", None)
+    collate = getattr(cfg.data, "collate_fn", None)
     source = f"data.target={target!r}" if target else "the dataset"
+    if collate:  # the function that made the batch's tensors
+        source = f"data.collate_fn={collate!r}"
+    keyed = "indices must be integers or slices, not str" in str(exc)  # batch["input_ids"]
+    if keyed and isinstance(batch, (tuple, list)):
+        return (
+            f" (the batch is a {type(batch).__name__} of {len(batch)}, not a dict: {source} made "
+            "it; return a dict of name -> tensor from it, or index the batch by position)"
+        )
     if any(marker in str(exc) for marker in INDEX_DTYPE_ERRORS):
         shown = sorted({str(t.dtype) for t in leaves if isinstance(t, torch.Tensor)})
         return (
@@ -186,7 +195,8 @@ def batch_hint(cfg: Config, exc: BaseException, batch: Any) -> str:
     if others:
         return (
             f" (the batch holds {', '.join(others)} values, not only tensors: make {source} "
-            "return numbers or tensors, or set data.collate_fn to batch the others)"
+            "return numbers or tensors"
+            + (")" if collate else ", or set data.collate_fn to batch the others)")
         )
     if any(marker in str(exc) for marker in SHAPE_ERRORS):  # a layer sized for other inputs
         shapes = [list(t.shape) for t in leaves if isinstance(t, torch.Tensor)]

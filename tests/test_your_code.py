@@ -908,3 +908,76 @@ def test_an_epochs_time_counts_the_wait_for_its_data(hpcdl, tmp_path) -> None:
     # Epoch 2 reads its 64 training samples (its first batch may be read ahead, during
     # epoch 1's validation): at least 0.5 s, where its steps take a few milliseconds.
     assert float(rows[1]["seconds"]) >= 0.5, rows[1]
+
+
+SHARDS = """
+import torch
+
+
+class Shards(torch.utils.data.Dataset):
+    '''Samples from shards, its __len__ counting 5 more than they hold.'''
+
+    def __init__(self, n):
+        self.rows = [(torch.full((4,), float(i)), i % 2) for i in range(n)]
+
+    def __len__(self):
+        return len(self.rows) + 5
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+class Tagged(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.zeros(4), i % 2
+
+
+def too_long():
+    return Shards(40), Shards(8)
+
+
+def tuples():
+    return Tagged(), Tagged()
+
+
+def by_name(model, batch):
+    return model(batch["x"]).sum(), {}
+
+
+def pairs(samples):
+    return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+"""
+
+
+def test_a_len_beyond_the_data_is_one_line_naming_the_split_and_index(hpcdl, tmp_path) -> None:
+    """A __len__ 5 too large failed mid-epoch: a 70-line traceback from a DataLoader worker
+    (IndexError), exit 1. Each split's last sample is read before training."""
+    (tmp_path / "shards.py").write_text(SHARDS)
+    data = ["data=custom", "data.target=shards:too_long", "data.num_classes=2"]
+    out = hpcdl("train", "run_dir=run", *data, env=user_env(tmp_path))
+    assert_refused(out, tmp_path, "data.target='shards:too_long': reading the train split's last")
+    assert (
+        "last sample (index 44; its __len__ is 45) failed: IndexError: list index out of range; "
+        "is __len__ the number of samples __getitem__ can read?"
+    ) in out.stderr
+
+
+def test_a_step_reading_a_tuple_batch_by_name_is_told_what_made_it(hpcdl, tmp_path) -> None:
+    (tmp_path / "shards.py").write_text(SHARDS)
+    overrides = [
+        "data=custom",
+        "data.target=shards:tuples",
+        "data.collate_fn=shards:pairs",
+        "data.num_classes=2",
+        "task=custom",
+        "task.target=shards:by_name",
+    ]
+    out = hpcdl("train", "run_dir=run", *overrides, env=user_env(tmp_path))
+    assert_refused(out, tmp_path, "task.target='shards:by_name': the first training batch failed")
+    assert (
+        "(the batch is a tuple of 2, not a dict: data.collate_fn='shards:pairs' made it; return "
+        "a dict of name -> tensor from it, or index the batch by position)"
+    ) in out.stderr, out.stderr

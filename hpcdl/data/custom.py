@@ -133,6 +133,27 @@ def first_sample(dataset: Any, where: str) -> Any:
         ) from exc
 
 
+def check_last_samples(datasets: dict[str, Any], where: str) -> None:
+    """Each split's last sample (index len - 1), read once: a __len__ larger than the data
+    (a count of shards times a nominal size, an off-by-one) is one line naming the split
+    and the index here, not an IndexError in a DataLoader worker well into an epoch."""
+    for split, dataset in datasets.items():
+        try:
+            size = len(dataset)
+        except TypeError:
+            continue  # no __len__: nothing to check against
+        if size <= 1:
+            continue
+        try:
+            dataset[size - 1]
+        except Exception as exc:
+            raise DataError(
+                f"{where}: reading the {split} split's last sample (index {size - 1}; its "
+                f"__len__ is {size}) failed: {raised(exc).removeprefix('raised ')}; is __len__ "
+                "the number of samples __getitem__ can read?"
+            ) from exc
+
+
 def first_sample_info(sample: Any) -> tuple[tuple[int, ...], Optional[Any]]:
     """(input shape, label) of a sample when samples are (x, y) pairs or
     {"x"/"input", "y"/"target"} dicts; ((), None) for any other sample form."""

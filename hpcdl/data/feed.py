@@ -250,6 +250,7 @@ def build_dataset_feed(
     from hpcdl.data.custom import (
         build_custom_datasets,
         check_collate,
+        check_last_samples,
         first_sample,
         first_sample_info,
         num_classes_of,
@@ -270,6 +271,7 @@ def build_dataset_feed(
         collate, collate_key = None, "data.collate_fn"
         num_classes = len(class_names)
     sample = first_sample(datasets["train"], where)
+    check_last_samples(datasets, where)
     check_collate(sample, collate, collate_key, where)
     input_shape, label = first_sample_info(sample)
     if regression:

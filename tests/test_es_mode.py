@@ -134,3 +134,25 @@ def test_a_sweep_of_trials_monitoring_val_r2_ranks_the_highest_first(
         "ranked by val_r2, highest first (the trials' trainer.early_stopping.mode, auto: max);"
     ), out
     assert _ranked(out) == ["optim.lr=0.01", "optim.lr=0.1", "optim.lr=0.001"]
+
+
+@pytest.mark.parametrize(
+    ("metric", "mode"),
+    [
+        ("val_ce", Mode.min),  # a cross-entropy: ranked highest first before (the worst trial best)
+        ("val_kl", Mode.min),
+        ("val_macro_f1", Mode.max),
+        ("mean_reward", Mode.max),
+        ("val_thing", Mode.min),  # reads like neither: min, as early stopping always had it
+    ],
+)
+def test_a_sweep_ranks_an_unknown_metric_as_early_stopping_chooses_its_best(
+    metric: str, mode: Mode
+) -> None:
+    from hpcdl.config.metrics import monitor_mode
+    from hpcdl.sweep.direction import direction
+    from hpcdl.sweep.ledger import Ledger
+
+    assert monitor_mode(metric, None) == mode
+    empty = Ledger("/nowhere", "local", "local", swept_keys=[], common_overrides=[])
+    assert direction(empty, metric).mode == mode

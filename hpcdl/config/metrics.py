@@ -21,12 +21,14 @@ TASK_METRICS: dict[str, dict[str, Mode]] = {
 # a program's own in its metrics_file): parts of the name, and whole words between underscores.
 LOWER_PARTS = ("loss", "error", "perplexity")
 LOWER_WORDS: tuple[str, ...] = ("err", "mae", "mse", "rmse", "ppl", "nll", "wer", "cer")
+LOWER_WORDS += ("ce", "xent", "kl", "bpc", "bpd", "mape")
 LOWER_WORDS += ("dist", "distance", "time", "seconds")
-# Whole words of names where higher is better: early stopping's auto mode follows them; a
-# name that reads like neither keeps min, the mode's default before auto existed.
+# Whole words of names where higher is better: early stopping's auto mode and sweep rankings
+# follow them; a name that reads like neither is min, the mode's default before auto existed.
 HIGHER_WORDS: tuple[str, ...] = ("acc", "accuracy", "f1", "auc", "r2", "dice", "iou")
 HIGHER_WORDS += ("precision", "recall")
 HIGHER_WORDS += ("score", "map", "bleu", "psnr", "ssim")
+HIGHER_WORDS += ("reward", "ndcg", "mrr", "kappa", "top1", "top5")
 # A name ending in a unit of time is a duration (wall_s, step_ms); one with "per" a rate.
 DURATION_UNITS = ("s", "ms", "min")
 # The prefixes of a metric's name in metrics.csv and summary.json: val_mae, test_accuracy.
@@ -69,9 +71,15 @@ def monitor_mode(monitor: str, mode: Optional[Mode]) -> Mode:
     if mode is not None:
         return mode
     builtin = builtin_mode(monitor)
-    if builtin is not None:
-        return builtin
-    words = monitor.lower().replace("-", "_").split("_")
-    if not lower_by_name(monitor) and any(w in HIGHER_WORDS for w in words):
+    return builtin if builtin is not None else guessed_mode(monitor)
+
+
+def guessed_mode(metric: str) -> Mode:
+    """A metric hpcdl does not define (a custom task's, a program's own): max for a name
+    that reads as a score (val_dice, val_f1, reward), min for a loss-like one or one that
+    reads like neither (min, early stopping's mode before auto existed). The one guess for
+    early stopping's auto mode and a sweep's ranking, so both call the same trial best."""
+    words = metric.lower().replace("-", "_").split("_")
+    if not lower_by_name(metric) and any(w in HIGHER_WORDS for w in words):
         return Mode.max
-    return Mode.min  # a loss-like name, or one that reads like neither (min, as before)
+    return Mode.min

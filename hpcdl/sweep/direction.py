@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from hpcdl.config.metrics import builtin_mode, lower_by_name, monitor_mode, unprefixed
+from hpcdl.config.metrics import builtin_mode, guessed_mode, monitor_mode, unprefixed
 from hpcdl.config.schema import Config, Mode
 from hpcdl.errors import HpcdlError
 from hpcdl.rundir import RunDir
@@ -66,7 +66,7 @@ def direction(ledger: Ledger, metric: str, mode: Union[str, Mode, None] = None) 
         return Direction(builtin, f"{unprefixed(metric)}: {better} is better")
     if metric in OWN_DURATIONS:  # hpcdl's own: summary.json's wall times
         return Direction(Mode.min, f"{metric}: hpcdl's wall time, lower is better")
-    guessed = Mode.min if lower_by_name(metric) else Mode.max
+    guessed = guessed_mode(metric)
     return Direction(guessed, "a metric hpcdl does not define: guessed from its name")
 
 

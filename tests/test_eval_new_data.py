@@ -364,11 +364,12 @@ def test_feature_columns_leave_ids_out_in_training_evaluate_predict_and_resume(
 
 
 def test_a_bare_name_here_that_the_run_reads_elsewhere_is_said(
-    custom_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+    custom_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
     # `heldout` (no folder part, no suffix) is passed as typed: the data function reads it
     # in the run's workdir (proj/), not here, where a folder of that name is the one meant.
     run, elsewhere = custom_run
+    monkeypatch.chdir(elsewhere)
     (elsewhere / "heldout").mkdir(exist_ok=True)
     capsys.readouterr()
     main(["evaluate", str(run), "data.kwargs.path=heldout", "--split", "all"])

@@ -447,10 +447,11 @@ def test_a_resumed_epoch_reads_only_the_samples_not_yet_consumed(
     consumed = before[-num_consumed:]  # the steps trained before the signal
     rest = after[len(after) - (NUM_TRAIN - num_consumed) :]
     assert sorted(consumed + rest) == list(range(NUM_TRAIN))  # every sample once in the epoch
-    # Before those: only hpcdl's look at the first sample (its shape), once per command, and
-    # in the first command the probe's one batch, before the run dir existed.
-    assert after[: len(after) - len(rest)] == [0]
-    assert len(before) - num_consumed == 1 + BATCH_SIZE + 1
+    # Before those: only hpcdl's look at the first sample (its shape) and the last (that
+    # __len__ holds), once per command, and in the first command the probe's one batch,
+    # before the run dir existed.
+    assert after[: len(after) - len(rest)] == [0, NUM_TRAIN - 1]
+    assert len(before) - num_consumed == 2 + BATCH_SIZE + 2
 
 
 # ----------------------------------------------------------------------------- bad input

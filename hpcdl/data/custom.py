@@ -147,6 +147,8 @@ def check_last_samples(datasets: dict[str, Any], where: str) -> None:
         try:
             dataset[size - 1]
         except Exception as exc:
+            if not isinstance(exc, (IndexError, KeyError)):
+                continue  # the sample's own error (a bad file): said when training reads it
             raise DataError(
                 f"{where}: reading the {split} split's last sample (index {size - 1}; its "
                 f"__len__ is {size}) failed: {raised(exc).removeprefix('raised ')}; is __len__ "

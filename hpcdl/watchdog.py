@@ -5,12 +5,20 @@ the GPUs instead of holding them until the time limit.
 Progress is a beat from the trainer: after every optimizer step, and at the start of a
 phase that has its own allowance (the first step: imports, compilation, the first
 collective; an evaluation). A thread checks the deadline ten times per allowance; it never
-waits on the training thread, so a rank stuck in C code (a hung collective, a dead file
-system) is caught too. Stdlib only.
+waits on the training thread, so a rank stuck in C code that lets other threads run (a hung
+collective, a dead file system read) is caught too.
+
+C code that holds Python's interpreter lock (a C extension's long call) stops that thread as
+well. For it, each check also arms faulthandler's own timer, a C thread that needs no lock,
+for the deadline plus BACKSTOP_S: a check that never comes again lets it fire, dump every
+thread's stack ("Timeout (0:02:15)!" in the log, hpcdl.launch.diagnose reads it) and end
+the process with status 1. A rank that cannot run at all (stopped by SIGSTOP, stuck in the
+kernel) is beyond both. Stdlib only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import sys
 import threading
@@ -22,6 +30,9 @@ from typing import Optional
 
 # How often the watchdog thread looks, as a fraction of the shortest allowance.
 CHECKS_PER_ALLOWANCE = 10
+# How long after its deadline a rank whose watchdog thread cannot run (the lock held in C
+# code) is ended by faulthandler's timer.
+BACKSTOP_S = 60.0
 # The phase of a rank blocked until the other ranks arrive (a collective, the step sums'
 # read): its stall is most likely another rank's doing (hpcdl.launch.diagnose).
 WAITING = "waiting for the other ranks"
@@ -81,6 +92,7 @@ class Watchdog:
         self._stopped.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        _disarm()
 
     def _watch(self) -> None:
         poll = max(0.05, min(self.timeout_s / CHECKS_PER_ALLOWANCE, 30.0))
@@ -89,8 +101,21 @@ class Watchdog:
                 waited = time.monotonic() - self._since
                 stall = Stall(self._phase, waited, self._allowance)
             if waited > stall.allowance_s:
+                _disarm()  # the report and exit are on_stall's (it bounds its own time)
                 self._on_stall(stall)
                 return
+            _arm(stall.allowance_s - waited + poll + BACKSTOP_S)
+
+
+def _arm(seconds: float) -> None:
+    """faulthandler's timer (one per process), reset: fires unless armed again in time."""
+    # A stderr without a file descriptor (captured by a test): no backstop.
+    with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):
+        faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+
+
+def _disarm() -> None:
+    faulthandler.cancel_dump_traceback_later()
 
 
 def dump_stacks(rank: int, stall: Stall) -> None:

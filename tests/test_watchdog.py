@@ -198,3 +198,44 @@ def test_a_slow_first_step_on_one_rank_is_allowed_in_the_collectives_too(tmp_pat
     assert (tmp_path / "run" / "summary.json").exists()
     seen = set((tmp_path / "timeouts.txt").read_text().split())
     assert seen == {"4.0"}, seen  # from the first step's end on
+
+
+# A rank stuck in C code that holds the interpreter lock (ctypes.PyDLL keeps it through the
+# call): its watchdog thread cannot run, so only faulthandler's timer can end it.
+HOLDS_THE_LOCK = """\
+import ctypes, sys, time
+from hpcdl import watchdog
+watchdog.BACKSTOP_S = 1.0
+with watchdog.Watchdog(0.5, lambda stall: print("python watchdog ran", flush=True)) as dog:
+    time.sleep(0.3)
+    dog.beat()
+    print("holding the lock", file=sys.stderr, flush=True)
+    ctypes.PyDLL(None).sleep(60)
+print("not reached", flush=True)
+"""
+
+
+def test_a_rank_holding_the_interpreter_lock_in_c_code_is_ended_by_the_backstop(
+    tmp_path: Path,
+) -> None:
+    from hpcdl.launch.diagnose import root_cause
+
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", HOLDS_THE_LOCK], capture_output=True, text=True, timeout=50
+    )
+    took = time.monotonic() - started
+    assert out.returncode == 1 and took < 30, (took, out.stdout, out.stderr)  # not sleep(60)
+    assert "not reached" not in out.stdout and "python watchdog ran" not in out.stdout
+    assert "holding the lock\nTimeout (0:00:0" in out.stderr, out.stderr
+    assert "most recent call first" in out.stderr  # every thread's stack
+    # hpcdl status's cause, from that log (as a Slurm task's: stderr in its log).
+    (tmp_path / "7_1_log.out").write_text(out.stderr)
+    (tmp_path / "7_0_log.out").write_text(
+        "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Timed out waiting 15000ms for recv\n"
+    )
+    rank, cause = root_cause(tmp_path, "7") or (None, "")
+    assert rank == 1 and cause.startswith(
+        "stalled in C code holding Python's interpreter lock, so its watchdog could not run: "
+        "ended 0:00:0"
+    ), cause

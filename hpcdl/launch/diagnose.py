@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from hpcdl.watchdog import WAITING
+from hpcdl.watchdog import BACKSTOP_S, WAITING
 
 # A rank whose peer died fails in the collective with one of these: a consequence, not the
 # cause, which is another rank's own error (or its death, or its stall).
@@ -25,6 +25,9 @@ PEER_GONE = (
 COLLECTIVE_TIMEOUT = "Timed out waiting"
 ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*)$", re.M)
 STALL_LINE = re.compile(r"^hpcdl: (rank \d+ made no progress for .*?);", re.M)
+# faulthandler's header when the watchdog's backstop fired (hpcdl.watchdog.BACKSTOP_S): the
+# rank's interpreter was held in C code, where its own watchdog thread could not run.
+BACKSTOP_LINE = re.compile(r"^Timeout \((\d+:\d\d:\d\d(?:\.\d+)?)\)!$", re.M)
 # An `hpcdl run` program's own failure (hpcdl.script_job), and a rank whose program its
 # wrapper ended because another rank's had failed: a consequence.
 PROGRAM_EXIT = re.compile(r"^hpcdl: the program exited with status (\d+)$", re.M)
@@ -87,6 +90,13 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
             continue
         if stalled:
             return rank, f"stalled: {stalled.group(1)} (its stacks are in its log)"
+        held = BACKSTOP_LINE.search(text)
+        if held:
+            return rank, (
+                f"stalled in C code holding Python's interpreter lock, so its watchdog could "
+                f"not run: ended {held.group(1)} after its last check (stall allowance + "
+                f"{BACKSTOP_S:.0f} s; its stacks are in its log)"
+            )
         if PEER_ENDED.search(text):
             continue
         found = ERROR_LINE.findall(text)

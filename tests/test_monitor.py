@@ -1058,3 +1058,42 @@ def test_a_pending_jobs_reason_is_said_in_words(monkeypatch, capsys) -> None:
     assert "pending" not in monitor.job_state("43")  # not known here: squeue's word only
     answers["squeue"] = "44|RUNNING|0:06|10:00|1|n1\n"
     assert "pending" not in monitor.job_state("44")
+
+
+def test_a_run_stopped_short_is_given_its_next_command_and_a_peers_loss_is_a_consequence(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from hpcdl.checkpoint_file import step_file_name
+
+    # Out of requeues at a time limit: FAILED by Slurm (it exited 3), saved, healthy.
+    run = new_run(tmp_path)
+    run.record_submission("22", "devcluster", run.log_dir)
+    run.append_attempt({"event": "start", "job_id": "22", "restart_count": 0})
+    run.append_attempt(
+        {"event": "end", "job_id": "22", "reason": "timeout",
+         "action": "not requeued: cluster.max_requeues=1 timeouts reached"}
+    )  # fmt: skip
+    scheduler(monkeypatch, "FAILED")
+    assert "next" not in status_lines(run, capsys)  # no checkpoint: nothing to continue from
+    run.checkpoint_dir.mkdir(exist_ok=True)
+    (run.checkpoint_dir / step_file_name(120)).write_bytes(b"x")
+    report = status_lines(run, capsys)
+    assert report["next"] == (
+        f"hpcdl resume {run.path} (continues from the checkpoint saved as it stopped)"
+    )
+    assert "cause" not in report  # it stopped itself
+
+    # Rank 1 killed: rank 0's end record holds its loss of the peer, the cause names rank 1.
+    run.record_submission("23", "devcluster", run.log_dir)
+    run.append_attempt({"event": "start", "job_id": "23", "restart_count": 0})
+    lost = "RuntimeError: [gloo] Read error [10.0.0.2]:1162: Connection reset by peer"
+    run.append_attempt({"event": "end", "job_id": "23", "reason": "failed", "error": lost})
+    run.log_dir.mkdir(exist_ok=True)
+    (run.log_dir / "23_0_log.out").write_text(f"{lost}\n")
+    (run.log_dir / "23_1_log.out").write_text("epoch 1/5\n")  # died without a word
+    report = status_lines(run, capsys)
+    assert report["cause"].startswith("rank 1: ended without an error of its own"), report
+    assert report["last_end"] == f"failed, a consequence of the cause below: {lost}"
+    assert report["next"] == (
+        f"hpcdl resume {run.path} once the cause is fixed (continues from the newest checkpoint)"
+    )

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from hpcdl.errors import HpcdlError
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from hpcdl.launch.diagnose import describe, root_cause
+from hpcdl.launch.diagnose import PEER_GONE, clipped, describe, root_cause
 from hpcdl.launch.foreground import FOREGROUND_LAUNCHERS
 from hpcdl.launch.logtail import copy_new
 from hpcdl.launch.slurm_state import (
@@ -487,6 +487,10 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
             cause = failure_cause(run_dir, launch, report["state"])
             if cause:
                 report["cause"] = cause
+                report["last_end"] = as_consequence(report.get("last_end"))
+            hint = next_step(run_dir, report)
+            if hint:
+                report["next"] = hint
         for key, value in report.items():
             if value is not None and value != {}:
                 print(f"{key:>15}: {shown(value)}")
@@ -497,6 +501,35 @@ def status(ref: str, watch_s: Optional[float] = None) -> int:
             return EXIT_FAILED if report["state"] in ENDED_UNFINISHED else EXIT_OK  # 1: failed
         time.sleep(max(watch_s, MIN_REFRESH_S))
         print()
+
+
+def as_consequence(last_end: Any) -> Any:
+    """The newest end record's error, when it is a rank's loss of a peer (a collective timed
+    out, a connection reset) and `cause` names the rank that failed: said to be the
+    consequence (it read as the failure itself, beside a cause naming another rank)."""
+    if not isinstance(last_end, str) or not last_end.startswith("failed: "):
+        return last_end
+    if not any(marker in last_end for marker in PEER_GONE):
+        return last_end
+    return f"failed, a consequence of the cause below: {clipped(last_end[8:], 120)}"
+
+
+# The end reasons after which the run holds a checkpoint saved as it stopped.
+RESUMABLE_ENDS = ("timeout", "preempted", "cancelled", "interrupted", "requested", "requeued")
+
+
+def next_step(run_dir: RunDir, report: dict[str, Any]) -> Optional[str]:
+    """What to type next for a run that has stopped short of its end: a stop it saved for
+    (a time limit with no requeue left, a cancel), or a failure (once its cause is fixed)."""
+    if is_active(report["state"]) or report["state"] == "COMPLETED" or not run_dir.step_files():
+        return None
+    reason = str(report.get("last_end", "")).split(" ", 1)[0].rstrip(":,")
+    command = f"hpcdl resume {run_dir.path}"
+    if reason in RESUMABLE_ENDS:
+        return f"{command} (continues from the checkpoint saved as it stopped)"
+    if report["state"] in FAILED_STATES:
+        return f"{command} once the cause is fixed (continues from the newest checkpoint)"
+    return None
 
 
 def failure_cause(run_dir: RunDir, launch: Launch, state: str) -> Optional[str]:

@@ -95,7 +95,7 @@ PENDING_REASONS = {
     "Dependency": "waiting for the job it depends on to end",
     "DependencyNeverSatisfied": "never starts: the job it depends on did not end as "
     "required; cancel it",
-    "BeginTime": "waiting for its start time (--begin)",
+    "BeginTime": "waiting for its start time (--begin, or the delay Slurm gives a requeued job)",
     "QOSMaxWallDurationPerJobLimit": "never starts: cluster.timeout_min is over the QOS's "
     "MaxWall; resubmit with a lower cluster.timeout_min or another cluster.qos",
     "PartitionTimeLimit": "never starts: cluster.timeout_min is over the partition's MaxTime; "

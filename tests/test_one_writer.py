@@ -5,6 +5,7 @@ retrained into the same history."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,12 +88,17 @@ def test_lost_checkpoints_are_refused_unless_from_scratch(tmp_path) -> None:
     again = run_hpcdl("resume", str(run), "--from-scratch", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert epochs(run) == [1, 2, 3]  # retrained, not appended to the old history
-    # Checkpoints that are all damaged are found by the trainer: refused the same way.
+    # Checkpoints that are all damaged (cut short, not hpcdl's) are refused the same way, by
+    # the command itself before any launch: a Slurm resume queued a job that failed so.
     for path in (run / "checkpoints").glob("step_*"):
-        path.write_bytes(b"garbage")
+        path.write_bytes(path.read_bytes()[:1000])
     damaged = run_hpcdl("resume", str(run), "trainer.max_epochs=5", cwd=tmp_path)
     assert damaged.returncode == 2
+    assert re.search(
+        r"none of its \d+ checkpoints? is whole \(.*step_\d+\.pt: truncated", damaged.stderr
+    )
     assert "holds no valid checkpoint" in damaged.stderr and "--from-scratch" in damaged.stderr
+    assert "local job" not in damaged.stdout, damaged.stdout  # nothing launched
     assert epochs(run) == [1, 2, 3]
 
 

@@ -389,12 +389,40 @@ def refuse_lost_checkpoints(run_dir: RunDir) -> None:
     from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT
 
     epochs = len(run_dir.metrics.read())
-    if epochs >= EPOCHS_NEEDING_A_CHECKPOINT and not any(run_dir.checkpoint_dir.glob("step_*")):
+    if epochs < EPOCHS_NEEDING_A_CHECKPOINT:
+        return
+    fix = (
+        f"retrain from epoch 1 with `hpcdl resume {run_dir.path} --from-scratch` (clears its "
+        "metrics and summary; damaged checkpoints are set aside, not deleted)"
+    )
+    files = sorted(run_dir.checkpoint_dir.glob("step_*"))
+    if not files:
         raise HpcdlError(
             f"{run_dir.path}: metrics.csv records {plural(epochs, 'epoch')} but "
-            f"{run_dir.checkpoint_dir} holds no checkpoint to continue from; retrain from epoch 1 with "
-            f"`hpcdl resume {run_dir.path} --from-scratch` (clears its metrics and summary)"
+            f"{run_dir.checkpoint_dir} holds no checkpoint to continue from; {fix}"
         )
+    damage = [framing_damage(path) for path in files]
+    if all(damage):  # each cut short or not hpcdl's, seen from its ends: no job to queue for it
+        raise HpcdlError(
+            f"{run_dir.path}: none of its {plural(len(files), 'checkpoint')} is whole "
+            f"({damage[-1]}); {run_dir.checkpoint_dir} holds no valid checkpoint to continue "
+            f"from; {fix}"
+        )
+
+
+def framing_damage(path: Path) -> Optional[str]:
+    """Why a checkpoint file is damaged as seen from its two ends (truncated, a frame that
+    does not match its size, not hpcdl's): read in microseconds, without its payload, so a
+    login node checks even large ones; None for one whose frame holds (a checksum mismatch
+    inside it is the job's to find)."""
+    from hpcdl.checkpoint_file import stored_checksum
+    from hpcdl.errors import CheckpointError
+
+    try:
+        stored_checksum(path)
+    except CheckpointError as err:
+        return str(err)
+    return None
 
 
 def refuse_if_still_queued(run_dir: RunDir) -> None:

@@ -168,6 +168,25 @@ class JobDir:
         return self.path / self.CODE_ASIDE.replace("<N>", str(number))
 
 
+def _without_refused_jobs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records without those of jobs that found the run dir held by another (reason
+    `busy`: a second job of the run started by hand, sbatch on the run dir): each such end
+    and the start of its job before it. They trained nothing, and their records, among the
+    training job's, made that job's status count them (`attempts`, `last_end: busy`) and a
+    start with no restart count reset its cluster.max_requeues."""
+    refused: set[int] = set()
+    for index, record in enumerate(records):
+        if record.get("event") != "end" or record.get("reason") != "busy":
+            continue
+        refused.add(index)
+        for before in range(index - 1, -1, -1):
+            earlier = records[before]
+            if earlier.get("event") == "start" and earlier.get("job_id") == record.get("job_id"):
+                refused.add(before)
+                break
+    return [r for i, r in enumerate(records) if i not in refused] if refused else records
+
+
 @dataclass(frozen=True)
 class RunDir(JobDir):
     CONFIG: ClassVar[str] = "config.yaml"
@@ -548,7 +567,7 @@ class RunDir(JobDir):
                 records.append(json.loads(line))
             except json.JSONDecodeError:  # blank, or cut short by a kill mid-write
                 continue
-        return records
+        return _without_refused_jobs(records)
 
     def record_program_end(self, wall_s: float, exit_code: int) -> None:
         """`hpcdl run`, rank 0: its program's wall time in this attempt, from the wrapper's

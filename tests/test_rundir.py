@@ -217,3 +217,27 @@ def test_a_damaged_json_record_is_one_line_naming_it(tmp_path: Path, capsys) -> 
         f"error: {run / 'summary.json'}: not valid JSON (its bytes); it was changed outside "
         "hpcdl: put back a copy or move it aside\n"
     )
+
+
+def test_a_job_refused_as_busy_leaves_the_training_jobs_records_as_they_were(
+    tmp_path: Path,
+) -> None:
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.rundir import create_run_dir
+
+    run = create_run_dir(compose_config([f"run_dir={tmp_path / 'r'}"]))[1]
+    run.append_attempt({"event": "start", "job_id": "12", "restart_count": 0})
+    run.append_attempt({"event": "start", "job_id": "12", "restart_count": 1})  # requeued
+    # A second job sbatch'ed on the run dir by hand while job 12 trains: refused (busy).
+    run.append_attempt({"event": "start", "job_id": "14", "restart_count": 0})
+    run.append_attempt({"event": "end", "job_id": "14", "reason": "busy", "action": "exit"})
+    run.append_attempt({"event": "end", "job_id": "12", "reason": "timeout"})
+    assert [(a["event"], a["job_id"]) for a in run.read_attempts()] == [
+        ("start", "12"),
+        ("start", "12"),
+        ("end", "12"),
+    ]
+    assert run.requeues() == 1
+    # Its start (no restart count) no longer counts as a new submission: job 12's
+    # requeues still count against cluster.max_requeues.
+    assert len(run.attempts_of_submission()) == 3

@@ -33,6 +33,7 @@ from hpcdl.launch.slurm_state import (
     elapsed_text,
     is_active,
     job_state,
+    query,
 )
 from hpcdl.rundir import RunDir, SweepDir
 
@@ -103,10 +104,31 @@ def resolve(ref: str, command: str) -> tuple[Optional[RunDir], Launch]:
             )
         return run_dir, newest_launch(run_dir)
     if re.fullmatch(r"\d+(_\d+)?", ref):  # a job, an array, or one of its tasks
+        found = run_dir_of_job(ref)
+        if found is not None:  # the run's report: attempts, cause, metrics
+            return found, newest_launch(found)
         return None, Launch("slurm", ref)
     raise HpcdlError(
         f"{ref}: neither a run dir nor a Slurm job id (JOBID, ARRAYID or ARRAYID_TASKID)"
     )
+
+
+def run_dir_of_job(job_id: str) -> Optional[RunDir]:
+    """The run dir whose newest job `job_id` is, from the job's log path as the controller
+    has it (`scontrol show job`: StdOut=RUN_DIR/logs/...), while it knows the job (until
+    MinJobAge after its end); None otherwise, or for a job of another run's history."""
+    out = query(["scontrol", "show", "job", job_id, "-o"]) or ""
+    found = re.search(r"(?:^|\s)StdOut=(\S+)", out)
+    if found is None:
+        return None
+    run_dir = RunDir(Path(found.group(1)).parent.parent)
+    if not run_dir.is_run_dir():
+        return None
+    names = {job_id}  # a task's own job id, and the ARRAYID_TASKID hpcdl records
+    array, task = re.search(r"ArrayJobId=(\d+)", out), re.search(r"ArrayTaskId=(\d+)\b", out)
+    if array and task:
+        names.add(f"{array.group(1)}_{task.group(1)}")
+    return run_dir if newest_launch(run_dir).job_id in names else None
 
 
 def sweep_dir_hint(sweep_dir: Path, command: str) -> str:

@@ -46,6 +46,9 @@ def test_submit_returns_without_torch_then_status_wait_and_logs(devcluster, tmp_
     # the dict keeps test_accuracy beside test_metrics (its own key before test_metrics)
     shown = {line.split(":", 1)[0].strip() for line in printed.splitlines()}
     assert shown == set(done) - {"test_accuracy"} and "test_metrics" in shown
+    # By its job id: the same run's report, traced through the job's log path.
+    by_id = run_hpcdl("status", str(job.job_id), cwd=tmp_path).stdout
+    assert "attempts: 1\n" in by_id and "last_epoch: 3\n" in by_id, by_id
     assert "epoch 3/3" in job.logs(rank=0)
 
 

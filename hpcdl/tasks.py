@@ -210,6 +210,11 @@ class RegressionTask(Task):
         return outputs.float().reshape(-1) * self.std + self.mean
 
 
+# A custom step's metric whose name starts so is a helper: summed and averaged like the
+# others and given to task.derived, but not reported (per-class counts for a macro F1).
+HELPER = "_"
+
+
 class CustomTask(Task):
     """The user's step function; its metric names are fixed by its first call."""
 
@@ -286,13 +291,17 @@ class CustomTask(Task):
         self, stats: Mapping[str, float], num_samples: float, loss: float
     ) -> dict[str, float]:
         means = {name: stats[name] / max(num_samples, 1) for name in self.stat_names}
-        if self.derived is None:
-            return means
-        return {**means, **self._derive({"loss": loss, **means})}
+        every = (
+            means if self.derived is None else {**means, **self._derive({"loss": loss, **means})}
+        )
+        return {name: value for name, value in every.items() if not name.startswith(HELPER)}
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return self.stat_names + (self._derived_names or ())
+        """What is reported (metrics.csv, the progress line, summary.json, the plots):
+        the step's metrics and task.derived's, without helpers (`_tp_3`)."""
+        every = self.stat_names + (self._derived_names or ())
+        return tuple(name for name in every if not name.startswith(HELPER))
 
     def _derive(self, means: dict[str, float]) -> dict[str, float]:
         """task.derived's metrics of a split's (or a batch's) means: what is no mean over

@@ -216,7 +216,7 @@ def test_custom_prediction_keeps_the_first_batchs_names() -> None:
     calls = iter([{"a": torch.zeros(2)}, {"b": torch.zeros(2)}])
     prediction = predictor(lambda m, b: next(calls))
     prediction.outputs(nn.Identity(), (torch.zeros(2, 1), None))
-    with pytest.raises(ConfigError, match="same names and shapes for every batch$"):
+    with pytest.raises(ConfigError, match=r"same names and shapes for every batch$"):
         prediction.outputs(nn.Identity(), (torch.zeros(2, 1), None))
     # A tagger's per-token output, as long as each batch's padding: told to pad it.
     calls = iter([{"tags": torch.zeros(2, 37)}, {"tags": torch.zeros(2, 40)}])
@@ -482,3 +482,46 @@ def test_custom_metric_is_the_sample_mean_across_ranks_and_short_batches(hpcdl, 
     evaluated = hpcdl("evaluate", "run", env={"PYTHONPATH": str(tmp_path)})
     assert evaluated.returncode == 0, evaluated.stderr
     assert "test_ppl" in evaluated.stdout, evaluated.stdout
+
+
+def test_helper_metrics_feed_task_derived_and_are_not_reported(hpcdl, tmp_path) -> None:
+    """Per-class counts for a macro F1 filled the progress line, metrics.csv, summary.json
+    and 16 plot panels; a name starting with `_` is a helper: averaged, given to
+    task.derived, not reported."""
+    step = lambda m, b: (torch.tensor(1.0), {"acc": 0.5, "_tp": 0.25, "_fp": 0.25})  # noqa: E731
+    derive = lambda means: {"precision": means["_tp"] / (means["_tp"] + means["_fp"])}  # noqa: E731
+    task = CustomTask("lab:step", step, ("lab:derive", derive))
+    task.batch_stats(nn.Identity(), (torch.zeros(4, 3), torch.zeros(4)))
+    assert task.stat_names == ("_fp", "_tp", "acc") and task.metric_names == ("acc", "precision")
+    assert task.metrics({"_fp": 1.0, "_tp": 3.0, "acc": 2.0}, 4, 0.5) == {
+        "acc": 0.5,
+        "precision": 0.75,
+    }
+    with pytest.raises(ConfigError, match="val_acc, val_precision"):
+        check_monitor("val__tp", task)
+
+    (tmp_path / "f1.py").write_text(
+        "import torch.nn.functional as F\n"
+        "def step(model, batch):\n"
+        "    x, y = batch\n"
+        "    hit = (model(x).argmax(1) == y).float()\n"
+        "    return F.cross_entropy(model(x), y), {'_hits': hit.mean(), 'acc': hit.mean()}\n"
+        "def derive(means):\n"
+        "    return {'hit_pct': 100 * means['_hits']}\n"
+    )
+    out = hpcdl(
+        "train",
+        "task=custom",
+        "task.target=f1:step",
+        "task.derived=f1:derive",
+        "trainer.max_epochs=1",
+        "run_dir=run",
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    row = next(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    assert "val_hit_pct" in row and not [k for k in row if "hits" in k], list(row)
+    assert float(row["val_hit_pct"]) == pytest.approx(100 * float(row["val_acc"]))
+    assert (
+        "hits" not in out.stdout and "hits" not in (tmp_path / "run" / "summary.json").read_text()
+    )

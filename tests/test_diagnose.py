@@ -270,6 +270,17 @@ def test_the_terminal_folds_a_traceback_of_a_lost_peer_into_one_line(tmp_path, c
     plain.poll(final=True)
     assert capsys.readouterr().out == log.read_text()
 
+    # hpcdl's own one-line error (a save on a full disk): the launcher says it once, as
+    # `error: ...`; the terminal showed it twice.
+    full = tmp_path / "8_0_log.out"
+    full.write_text(
+        "epoch 1/2 ...\n"
+        "submitit ERROR (2026-11-27 17:13:43,559) - Submitted job triggered an exception\n"
+        "hpcdl.errors.CheckpointError: /r/checkpoints/step_13.pt: checkpoint not saved: ENOSPC\n"
+    )
+    LineEcho(full, hidden=b"submitit INFO (", fold_peer_loss=True).poll(final=True)
+    assert capsys.readouterr().out == "epoch 1/2 ...\n"
+
 
 def test_a_program_not_found_is_the_cause_not_a_setup_line_the_script_let_fail(
     tmp_path: Path,

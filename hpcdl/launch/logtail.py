@@ -59,8 +59,10 @@ class LineEcho:
                 self._block.append(line)
                 if not line[:1].isspace() and not line.startswith(TRACEBACK):  # its error
                     out += self._end_block()
-            else:
+            elif not line.startswith(HPCDL_ERROR):
                 out.append(line)
+            # else hpcdl's own one-line error, raised in the rank: the launcher says it once,
+            # as `error: ...` (hpcdl.launch.local); the terminal showed it twice (a full disk)
         if final and self._block:
             out += self._block
             self._block = []
@@ -82,6 +84,7 @@ class LineEcho:
 TRACEBACK = b"Traceback (most recent call last):"
 # submitit's line before the traceback of a job that raised (once per logging handler).
 SUBMITIT_RAISED = b"Submitted job triggered an exception"
+HPCDL_ERROR = b"hpcdl.errors."
 
 
 def _read_from(path: Path, offset: int) -> bytes:

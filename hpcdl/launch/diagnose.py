@@ -27,7 +27,7 @@ ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]: )?(\w[\w.]*(?:Error|Exception): .*
 STALL_LINE = re.compile(r"^hpcdl: (rank \d+ made no progress for .*?);", re.M)
 # faulthandler's header when the watchdog's backstop fired (hpcdl.watchdog.BACKSTOP_S): the
 # rank's interpreter was held in C code, where its own watchdog thread could not run.
-BACKSTOP_LINE = re.compile(r"^Timeout \((\d+:\d\d:\d\d(?:\.\d+)?)\)!$", re.M)
+BACKSTOP_LINE = re.compile(r"^Timeout \((\d+:\d\d:\d\d)(?:\.\d+)?\)!$", re.M)
 # An `hpcdl run` program's own failure (hpcdl.script_job), and a rank whose program its
 # wrapper ended because another rank's had failed: a consequence.
 PROGRAM_EXIT = re.compile(r"^hpcdl: the program exited with status (\d+)$", re.M)
@@ -94,7 +94,7 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
         if held:
             return rank, (
                 f"stalled in C code holding Python's interpreter lock, so its watchdog could "
-                f"not run: ended {held.group(1)} after its last check (stall allowance + "
+                f"not run: ended {held.group(1)} after its watchdog's last check (stall allowance + "
                 f"{BACKSTOP_S:.0f} s; its stacks are in its log)"
             )
         if PEER_ENDED.search(text):

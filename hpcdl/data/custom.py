@@ -146,14 +146,14 @@ def check_last_samples(datasets: dict[str, Any], where: str) -> None:
             continue
         try:
             dataset[size - 1]
-        except Exception as exc:
-            if not isinstance(exc, (IndexError, KeyError)):
-                continue  # the sample's own error (a bad file): said when training reads it
+        except (IndexError, KeyError) as exc:  # out of range: __len__ says more than there is
             raise DataError(
                 f"{where}: reading the {split} split's last sample (index {size - 1}; its "
                 f"__len__ is {size}) failed: {raised(exc).removeprefix('raised ')}; is __len__ "
                 "the number of samples __getitem__ can read?"
             ) from exc
+        except Exception:
+            continue  # the sample's own error (a bad file): said when training reads it
 
 
 def first_sample_info(sample: Any) -> tuple[tuple[int, ...], Optional[Any]]:

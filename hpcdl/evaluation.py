@@ -11,7 +11,7 @@ from torch import nn
 
 from hpcdl.dist import all_gather_objects, all_reduce_sum
 from hpcdl.errors import CheckpointError
-from hpcdl.step_sums import Value
+from hpcdl.step_sums import Value, mean_of
 from hpcdl.tasks import ClassificationTask, Task
 
 
@@ -51,6 +51,7 @@ def evaluate(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     stats: dict[str, Value] = {}
     count = 0
+    loss_count = torch.zeros((), dtype=torch.float64, device=device)  # samples, or the step's count
     classify = isinstance(task, ClassificationTask)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
     kept: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -59,6 +60,7 @@ def evaluate(
             out = task.batch_stats(model, batch)
         loss_sum += out.loss_sum.double()
         count += out.num_samples
+        loss_count += out.loss_weight
         for name in task.stat_names:
             value = out.stats[name]
             stats[name] = stats.get(name, 0.0) + (
@@ -73,6 +75,7 @@ def evaluate(
         [
             loss_sum,
             torch.tensor(float(count), dtype=torch.float64, device=device),
+            loss_count,
             *[
                 torch.as_tensor(stats.get(n, 0.0), dtype=torch.float64, device=device)
                 for n in names
@@ -86,10 +89,10 @@ def evaluate(
     predictions = _gathered(kept) if keep_predictions else None
     values = packed.tolist()
     total = values[1]
-    loss = values[0] / max(total, 1)
+    loss = mean_of(values[0], values[2])
     return EvalResult(
         loss=loss,
-        metrics=task.metrics(dict(zip(names, values[2:], strict=True)), total, loss),
+        metrics=task.metrics(dict(zip(names, values[3:], strict=True)), total, loss),
         num_samples=int(total),
         confusion=confusion.cpu() if classify else None,
         predictions=predictions,

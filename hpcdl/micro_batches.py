@@ -62,6 +62,7 @@ def combined(outs: list[BatchStats]) -> BatchStats:
     for out in outs:
         for name, value in out.stats.items():
             stats[name] = value if name not in stats else stats[name] + value
+    counts = [o.loss_count for o in outs]
     outputs = [o.outputs for o in outs]
     targets = [o.targets for o in outs]
     return BatchStats(
@@ -74,4 +75,5 @@ def combined(outs: list[BatchStats]) -> BatchStats:
         torch.cat([t for t in targets if t is not None])
         if all(t is not None for t in targets)
         else None,
+        loss_count=None if any(c is None for c in counts) else sum(counts),  # type: ignore[arg-type]
     )

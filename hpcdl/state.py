@@ -26,6 +26,7 @@ class Progress:
     epoch_loss_sum: float = 0.0
     epoch_stats: dict[str, float] = field(default_factory=dict)  # the task's statistics
     epoch_count: float = 0.0
+    epoch_loss_count: float = 0.0  # what epoch_loss_sum sums over (samples, or a step's count)
     epoch_s: float = 0.0
 
     def position(self) -> str:
@@ -44,8 +45,10 @@ class Progress:
         values = {k: v for k, v in raw.items() if k in known}
         if "epoch_correct" in raw:  # saved before tasks: classification's one statistic
             values["epoch_stats"] = {"correct": raw["epoch_correct"]}
+        if "epoch_loss_count" not in raw:  # saved before a step's own count: the samples
+            values["epoch_loss_count"] = raw.get("epoch_count", 0.0)
         return cls(**values)
 
     def start_epoch_sums(self) -> None:
-        self.epoch_loss_sum = self.epoch_count = self.epoch_s = 0.0
+        self.epoch_loss_sum = self.epoch_count = self.epoch_loss_count = self.epoch_s = 0.0
         self.epoch_stats = {}

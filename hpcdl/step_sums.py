@@ -20,6 +20,8 @@ class StepSums:
 
     loss_sum: float = 0.0  # sum (not mean) of per-sample losses
     num_samples: float = 0.0
+    # What loss_sum sums over: the samples, or a custom step's count (its unpadded tokens).
+    loss_count: float = 0.0
     num_stop: float = 0.0  # ranks that got a stop signal: all stop at this step
     eval_due: float = 0.0  # rank 0's clock: evaluate now (trainer.eval_every_s)
     save_due: float = 0.0  # rank 0's clock: save now (trainer.checkpoint_every_s)
@@ -52,7 +54,7 @@ class StepSums:
 
     @property
     def mean_loss(self) -> float:
-        return self.loss_sum / max(self.num_samples, 1)
+        return mean_of(self.loss_sum, self.loss_count)
 
     @classmethod
     def unpack(cls, reduced: torch.Tensor) -> StepSums:
@@ -82,3 +84,8 @@ def _field_names() -> tuple[str, ...]:
 
 
 LOSS_SUM_INDEX = 0  # where pack() puts loss_sum (the first field)
+
+
+def mean_of(loss_sum: float, count: float) -> float:
+    """A summed loss's mean over its count (0.0 for nothing counted: an all-padding batch)."""
+    return loss_sum / count if count > 0 else 0.0

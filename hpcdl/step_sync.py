@@ -95,27 +95,26 @@ class HostCopies:
 
 
 def solo_sums(
-    loss_sum: torch.Tensor, stats: Sequence[Value], host_values: Sequence[float]
+    loss_sum: torch.Tensor, values: Sequence[Value]
 ) -> tuple[torch.Tensor, Callable[[list[float]], StepSums]]:
     """One rank's sums without packing: nothing to all-reduce, so only the tensors (the loss,
-    tensor statistics) go to the host; ``host_values`` (num_samples and the flags, in
-    StepSums' order) and float statistics stay there. Returns the tensor to copy and the
-    function that makes StepSums of its values."""
+    a step's tensor count, tensor statistics) go to the host; ``values`` follow the loss in
+    StepSums' order (num_samples, loss_count, the flags, then the statistics), and the floats
+    among them stay on the host. Returns the tensor to copy and the function that makes
+    StepSums of its values."""
     loss = loss_sum.detach().reshape(1)
-    tensors = [s for s in stats if isinstance(s, torch.Tensor)]
-    if tensors:  # custom tasks' tensor statistics: one float64 row with the loss
-        values = torch.cat([loss.double(), *(t.detach().reshape(1).double() for t in tensors)])
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if tensors:  # one float64 row with the loss
+        row = torch.cat([loss.double(), *(t.detach().reshape(1).double() for t in tensors)])
     else:
-        values = loss
-    floats = [None if isinstance(s, torch.Tensor) else float(s) for s in stats]
-    known = tuple(float(v) for v in host_values)
+        row = loss
+    floats = [None if isinstance(v, torch.Tensor) else float(v) for v in values]
 
     def fill(read: list[float]) -> StepSums:
         rest = iter(read[1:])
-        own = tuple(next(rest) if f is None else f for f in floats)
-        return StepSums.of_values([read[0], *known, *own])
+        return StepSums.of_values([read[0], *(next(rest) if f is None else f for f in floats)])
 
-    return values, fill
+    return row, fill
 
 
 def skip_on_device(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:

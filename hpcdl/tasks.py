@@ -46,6 +46,14 @@ class BatchStats:
     stats: dict[str, Value]  # scalar sums: detached tensors, or floats on the host
     outputs: torch.Tensor | None = None  # the model's outputs (classification: logits)
     targets: torch.Tensor | None = None  # the batch's labels, when the task knows them
+    # What loss_sum sums over where that is not the samples: a custom step's own count (its
+    # unpadded tokens), by which the loss is averaged over passes, ranks and batches.
+    loss_count: Value | None = None
+
+    @property
+    def loss_weight(self) -> Value:
+        """The count the loss is a mean over: the step's own, else the samples."""
+        return float(self.num_samples) if self.loss_count is None else self.loss_count
 
 
 class Task:
@@ -231,15 +239,18 @@ class CustomTask(Task):
         self.derived = derived  # (task.derived, its function)
         self._names: tuple[str, ...] | None = None
         self._derived_names: tuple[str, ...] | None = None
+        self._counted: bool | None = None  # whether the step returns a count (fixed by its first call)
 
     def batch_stats(self, model: nn.Module, batch: Any) -> BatchStats:
         where = f"task.target={self.target!r}"
         result = self.fn(model, batch)
-        if not (isinstance(result, tuple) and len(result) == 2):
+        if not (isinstance(result, tuple) and len(result) in (2, 3)):
             raise ConfigError(
-                f"{where}: returned a {type(result).__name__}; return (loss, {{metric: value}})"
+                f"{where}: returned a {type(result).__name__}; return (loss, {{metric: value}}), "
+                "or (loss, {metric: value}, count) for a loss that is a mean over count items"
             )
-        loss, metrics = result
+        loss, metrics = result[:2]
+        count = self._count(where, result[2]) if len(result) == 3 else None
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise ConfigError(
@@ -265,6 +276,14 @@ class CustomTask(Task):
                 f"{where}: returned metrics {list(names)} after {list(self._names)}; "
                 "return the same metric names for every batch"
             )
+        if self._counted is None:
+            self._counted = count is not None
+        elif self._counted != (count is not None):
+            said = "no count after batches with one" if self._counted else "a count after none"
+            raise ConfigError(
+                f"{where}: returned {said} (the loss's count, a third value); return it for "
+                "every batch or for none"
+            )
         num_samples = _num_samples(batch)
         if num_samples == 0:
             raise ConfigError(
@@ -281,7 +300,20 @@ class CustomTask(Task):
                 if isinstance(value, torch.Tensor)
                 else value * num_samples
             )
-        return BatchStats(loss.reshape(()).float() * num_samples, num_samples, stats)
+        if count is None:
+            return BatchStats(loss.reshape(()).float() * num_samples, num_samples, stats)
+        return BatchStats(loss.reshape(()).float() * count, num_samples, stats, loss_count=count)
+
+    def _count(self, where: str, value: Any) -> Value:
+        """A step's third value: what its loss is a mean over (unpadded tokens), a number
+        or a scalar tensor (left on its device: reading it would wait for the step)."""
+        count = _scalar(where, "count", value, role="the loss's count")
+        if not isinstance(count, torch.Tensor) and count < 0:
+            raise ConfigError(
+                f"{where}: the loss's count is {count:g}; return how many items (tokens) the "
+                "loss is a mean over, 0 or more"
+            )
+        return count.to(torch.float64) if isinstance(count, torch.Tensor) else count
 
     @property
     def stat_names(self) -> tuple[str, ...]:
@@ -473,12 +505,13 @@ def _num_samples(batch: Any) -> int:
     return shape[0] if shape else 1
 
 
-def _scalar(where: str, name: str, value: Any) -> Any:
+def _scalar(where: str, name: str, value: Any, role: str = "") -> Any:
+    what = role or f"metric {name!r}"
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ConfigError(
-                f"{where}: metric {name!r} has shape {tuple(value.shape)}; return the batch mean "
-                "as a scalar"
+                f"{where}: {what} has shape {tuple(value.shape)}; return "
+                f"{'one number' if role else 'the batch mean'} as a scalar"
             )
         return value.detach().reshape(())
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -487,7 +520,7 @@ def _scalar(where: str, name: str, value: Any) -> Any:
         kind = getattr(getattr(value, "dtype", None), "kind", "")
         if kind and kind in "iuf":  # a NumPy number (np.float32, a 0-d array), not a bool or string
             return float(value)
-    raise ConfigError(f"{where}: metric {name!r} is {value!r}; return a number or scalar tensor")
+    raise ConfigError(f"{where}: {what} is {value!r}; return a number or scalar tensor")
 
 
 def check_monitor(monitor: str, task: Task) -> None:

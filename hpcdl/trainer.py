@@ -45,7 +45,7 @@ from hpcdl.provenance import collect_versions, weights_sha256
 from hpcdl.rundir import EPOCHS_NEEDING_A_CHECKPOINT, MetricsLog, RunDir
 from hpcdl.signals import StopFlag
 from hpcdl.state import Progress
-from hpcdl.step_sums import StepSums, Value
+from hpcdl.step_sums import StepSums, Value, mean_of
 from hpcdl.step_sync import (
     HostCopies,
     InFlight,
@@ -358,6 +358,8 @@ class Trainer:
             with self._autocast():
                 out = self._task_step(p.model, batch)
             self._backward(out.loss_sum, scale)
+        if out.loss_count is not None:
+            self._weigh_by_count(out.loss_count, global_count)
         if not self._monitor_checked:
             self._check_monitor()
 
@@ -389,6 +391,26 @@ class Trainer:
         else:  # the scale as the backward's starting gradient: the same numbers, one node less
             loss_sum.backward(self._loss_gradient(scale, loss_sum))
 
+    def _weigh_by_count(self, count: Value, global_count: int) -> None:
+        """A step that returns its loss's count (unpadded tokens): the backward weighted the
+        passes' and ranks' mean losses by their samples; each gradient times the global
+        samples / the global count makes it the gradient of the mean over every counted item
+        of the step, whatever trainer.micro_batches and the number of ranks. One scalar
+        all-reduce with several ranks; nothing waits on the host."""
+        if isinstance(count, torch.Tensor):  # a copy: the step's own count is summed too
+            total = count.detach().to(self.p.device, torch.float64).reshape(1).clone()
+        else:
+            total = torch.full((1,), float(count), dtype=torch.float64, device=self.p.device)
+        if self.env.world_size > 1:
+            all_reduce_sum(total)
+        factor = torch.where(total > 0, global_count / total, torch.zeros_like(total))
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for param in self.p.raw_model.parameters():
+            if param.grad is not None:
+                groups.setdefault((param.grad.device, param.grad.dtype), []).append(param.grad)
+        for (device, dtype), grads in groups.items():
+            torch._foreach_mul_(grads, factor.to(device=device, dtype=dtype).reshape(()))
+
     def _micro_batch_passes(self, batch: Any, scale: float) -> BatchStats:
         """trainer.micro_batches: the batch's forward and backward passes a part at a time,
         their gradients adding up (DDP all-reduces them once, in the last pass)."""
@@ -416,7 +438,16 @@ class Trainer:
         deferred = self._deferred
         names = () if deferred is not None else self.p.task.stat_names
         stats = tuple(float(out.stats[name]) for name in names)
-        sums = StepSums(float(out.loss_sum.detach()), float(out.num_samples), *local_flags, stats)
+        stop, eval_due, save_due = local_flags
+        sums = StepSums(
+            float(out.loss_sum.detach()),
+            float(out.num_samples),
+            float(out.loss_weight),
+            stop,
+            eval_due,
+            save_due,
+            stats,
+        )
         if self._step_unless_nonfinite(sums) and deferred is not None:
             assert out.outputs is not None and out.targets is not None
             self._defer_stats(out.outputs, out.targets)
@@ -435,7 +466,8 @@ class Trainer:
         if not p.scaler.is_enabled():  # fp16: the scaler hands over its own found_inf
             skip_on_device(p.optimizer, found_inf_of(out.loss_sum.detach()))
         self._optimizer_step()
-        values, fill = solo_sums(out.loss_sum, stats, (float(out.num_samples), *local_flags))
+        host = (float(out.num_samples), out.loss_weight, *local_flags)
+        values, fill = solo_sums(out.loss_sum, [*host, *stats])
         keep = None
         if deferred is not None:
             assert out.outputs is not None and out.targets is not None
@@ -463,6 +495,7 @@ class Trainer:
         mine: dict[str, Value] = {
             "loss_sum": out.loss_sum.detach(),  # copied into the float64 sums
             "num_samples": float(out.num_samples),
+            "loss_count": out.loss_weight,
             "num_stop": stop_local,
             "eval_due": eval_local,
             "save_due": save_local,
@@ -534,6 +567,7 @@ class Trainer:
                 pr.num_bad_steps_in_row = 0
                 pr.epoch_loss_sum += sums.loss_sum
                 pr.epoch_count += sums.num_samples
+                pr.epoch_loss_count += sums.loss_count
                 if sums.stats:  # none: deferred (_count_deferred)
                     for name, value in zip(self.p.task.stat_names, sums.stats, strict=True):
                         pr.epoch_stats[name] = pr.epoch_stats.get(name, 0.0) + value
@@ -586,7 +620,7 @@ class Trainer:
         self._count_deferred()
         pr = self.progress
         stats = {name: pr.epoch_stats.get(name, 0.0) for name in self.p.task.stat_names}
-        loss = pr.epoch_loss_sum / max(pr.epoch_count, 1)
+        loss = mean_of(pr.epoch_loss_sum, pr.epoch_loss_count)
         return self.p.task.metrics(stats, pr.epoch_count, loss)
 
     def _local_flags(self) -> tuple[float, float, float]:
@@ -733,7 +767,7 @@ class Trainer:
             return result.loss if metric == "loss" else result.metrics[metric]
         pr = self.progress
         if metric == "loss":
-            return pr.epoch_loss_sum / max(pr.epoch_count, 1)
+            return mean_of(pr.epoch_loss_sum, pr.epoch_loss_count)
         return self.train_metrics()[metric]
 
     # ------------------------------------------------------------------ epoch end
@@ -751,7 +785,7 @@ class Trainer:
         row = {
             "epoch": pr.epoch + 1,
             "step": pr.global_step,
-            "train_loss": pr.epoch_loss_sum / max(pr.epoch_count, 1),
+            "train_loss": mean_of(pr.epoch_loss_sum, pr.epoch_loss_count),
             **{f"train_{name}": value for name, value in self.train_metrics().items()},
             "val_loss": result.loss if result else None,
             **{f"val_{name}": result.metrics[name] if result else None for name in names},

@@ -86,3 +86,104 @@ def test_more_micro_batches_than_a_ranks_samples_is_refused(tmp_path: Path) -> N
         "trainer.batch_size=64 (32 on 2 ranks); give at most 32\n"
     )
     assert not (tmp_path / "outputs").exists()
+
+
+TAGGER = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class Sentences(Dataset):
+    """Token sequences of 1 to 11 tokens padded to 12 (label -100 past the end)."""
+
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.lengths = torch.randint(1, 12, (n,), generator=g)
+        self.tokens = torch.randint(1, 50, (n, 12), generator=g)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        end = int(self.lengths[i])
+        x = self.tokens[i].clone()
+        y = x * 7 % 5
+        x[end:] = 0
+        y[end:] = -100
+        return {"x": x, "y": y}
+
+
+def build(**kwargs):
+    return {"train": Sentences(96, 0), "val": Sentences(40, 1)}
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.out = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.embed(x)))
+
+
+def token_mean(model, batch):
+    logits, y = model(batch["x"]), batch["y"]
+    return F.cross_entropy(logits.reshape(-1, 5), y.reshape(-1), ignore_index=-100), {}
+
+
+def counted(model, batch):
+    loss, metrics = token_mean(model, batch)
+    return loss, metrics, (batch["y"] != -100).sum()
+'''
+
+
+def test_a_step_that_returns_its_loss_count_trains_the_same_for_any_passes_and_ranks(
+    tmp_path: Path,
+) -> None:
+    """A per-token mean loss with a count: 1 pass, 4 passes (lagged sums) and 2 ranks of 2
+    passes give the same weights and losses; without the count, 4 passes weight each pass's
+    mean by its samples and train other weights (what the count is for)."""
+    (tmp_path / "tagging.py").write_text(TAGGER)
+    common = [
+        "model=custom",
+        "model.target=tagging:Tagger",
+        "data=custom",
+        "data.target=tagging:build",
+        "task=custom",
+        "trainer.max_epochs=2",
+        "trainer.batch_size=32",
+        "optim=sgd",
+        "optim.lr=0.5",
+    ]
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
+    runs = {
+        "whole": ["task.target=tagging:counted", "trainer.micro_batches=1"],
+        "parts": [
+            "task.target=tagging:counted",
+            "trainer.micro_batches=4",
+            "trainer.lagged_sync=true",
+        ],
+        "ranks": [
+            "task.target=tagging:counted",
+            "trainer.micro_batches=2",
+            "cluster=local",
+            "cluster.tasks_per_node=2",
+        ],
+        "uncounted": ["task.target=tagging:token_mean", "trainer.micro_batches=4"],
+    }
+    for run, extra in runs.items():
+        out = run_hpcdl("train", f"run_dir={run}", *common, *extra, cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+    whole = final_weights(tmp_path / "whole")
+    for run in ("parts", "ranks"):
+        other = final_weights(tmp_path / run)
+        for name in whole:
+            assert torch.allclose(whole[name], other[name], atol=1e-6), (run, name)
+        for x, y in zip(rows(tmp_path / "whole"), rows(tmp_path / run), strict=True):
+            for key in ("train_loss", "val_loss"):
+                assert float(x[key]) == pytest.approx(float(y[key]), rel=1e-6), (run, key)
+    uncounted = final_weights(tmp_path / "uncounted")
+    assert max((whole[n] - uncounted[n]).abs().max().item() for n in whole) > 1e-3

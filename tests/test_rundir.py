@@ -105,11 +105,13 @@ def test_step_sums_round_trip_by_name() -> None:
         stats=[torch.tensor(3.0)],
         loss_sum=torch.tensor(2.5),
         num_samples=4.0,
+        loss_count=torch.tensor(10.0),
         save_due=1.0,
     )
-    assert packed.dtype == torch.float64 and packed.numel() == 6
+    assert packed.dtype == torch.float64 and packed.numel() == 7
     sums = StepSums.unpack(packed * 2)  # as if summed over two ranks
     assert (sums.loss_sum, sums.num_samples, sums.save_due, sums.num_stop) == (5.0, 8.0, 2.0, 0.0)
+    assert sums.loss_count == 20.0 and sums.mean_loss == 0.25
     assert sums.stats == (6.0,) and not sums.nonfinite
     # One rank's NaN or inf makes the sum non-finite: every rank skips the step.
     for bad in (float("nan"), float("inf")):

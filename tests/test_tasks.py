@@ -90,6 +90,10 @@ def custom(fn):
         (lambda m, b: (torch.tensor(1.0), {"loss": 1.0}), "may not be called 'loss'"),
         (lambda m, b: (torch.tensor(1.0), {"dice": "high"}), "metric 'dice' is 'high'"),
         (lambda m, b: (torch.tensor(1.0), {"dice": torch.ones(2)}), "metric 'dice' has shape"),
+        (lambda m, b: (torch.tensor(1.0), {}, torch.ones(4)), "the loss's count has shape"),
+        (lambda m, b: (torch.tensor(1.0), {}, "many"), "the loss's count is 'many'"),
+        (lambda m, b: (torch.tensor(1.0), {}, -3), "the loss's count is -3; return how many"),
+        (lambda m, b: (torch.tensor(1.0), {}, 1, 2), r"or \(loss, \{metric: value\}, count\)"),
     ],
 )
 def test_custom_task_bad_returns_are_one_line_errors(returned, message) -> None:
@@ -128,6 +132,40 @@ def test_custom_task_metrics_are_weighted_by_samples_and_names_are_fixed() -> No
     with pytest.raises(ConfigError, match="val_label_mean"):
         check_monitor("val_dice", task)
     check_monitor("train_label_mean", task)
+
+
+def test_a_custom_loss_with_its_count_is_averaged_over_the_counts_across_batches() -> None:
+    """A per-token mean loss with its token count: the split's loss is the mean over its
+    tokens (batches of 1 and 3 tokens: (1*4 + 3*2) / 4), its metrics stay sample means."""
+    from hpcdl.evaluation import evaluate
+
+    def step(model, batch):
+        x, tokens = batch
+        return x.mean() * 0 + x[0, 0], {"first": float(x[0, 0])}, tokens.sum()
+
+    batches = [
+        (torch.full((2, 1), 4.0), torch.tensor([1, 0])),
+        (torch.full((1, 1), 2.0), torch.tensor([3])),
+    ]
+    result = evaluate(nn.Identity(), batches, custom(step), 0, torch.device("cpu"))
+    assert result.loss == pytest.approx(10 / 4)
+    assert result.metrics == {"first": pytest.approx((4 * 2 + 2) / 3)}
+    assert result.num_samples == 3
+    task = custom(step)
+    task.batch_stats(nn.Identity(), batches[0])
+    task.fn = lambda m, b: (torch.tensor(1.0), {"first": 1.0})
+    with pytest.raises(ConfigError, match="returned no count after batches with one"):
+        task.batch_stats(nn.Identity(), batches[1])
+
+
+def test_a_checkpoint_saved_before_counts_reads_its_samples_as_the_loss_count() -> None:
+    from hpcdl.state import Progress
+
+    old = Progress.from_dict({"epoch": 1, "epoch_loss_sum": 6.0, "epoch_count": 3.0})
+    assert old.epoch_loss_count == 3.0  # a mid-epoch resume logs the same train_loss
+    assert Progress.from_dict(Progress(epoch_count=3.0, epoch_loss_count=40.0).to_dict()) == (
+        Progress(epoch_count=3.0, epoch_loss_count=40.0)
+    )
 
 
 def test_custom_task_derived_metrics_come_from_the_means_and_bad_ones_are_one_line() -> None:

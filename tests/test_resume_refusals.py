@@ -288,6 +288,26 @@ def test_a_split_edited_in_config_yaml_is_refused_on_the_login_node(
     assert "epoch 3/3" in out.stdout and "changed since this checkpoint" not in out.stdout
 
 
+def test_a_value_edited_in_config_yaml_is_checked_before_anything_starts(
+    run: Path, tmp_path: Path
+) -> None:
+    """A hand-edited config.yaml (sweeps.md's fix for a failed trial) was submitted
+    unchecked: the job failed on its node after the queue wait (persona, sweeps)."""
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    raw["optim"]["lr"] = -1
+    (run / "config.yaml").write_text(yaml.safe_dump(raw))
+    before = snapshot(run)
+    line = f"error: {run / 'config.yaml'}: optim.lr=-1.0: must be > 0; fix it there"
+    for dry in ([], ["--dry-run"]):
+        out = run_hpcdl("resume", "run", *dry, cwd=tmp_path)
+        assert (out.returncode, out.stderr.splitlines()) == (2, [line]), out.stdout
+        assert snapshot(run) == before
+    # An override that fixes it is the value checked.
+    out = run_hpcdl("resume", "run", "optim.lr=0.01", "trainer.max_epochs=3", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "epoch 3/3" in out.stdout
+
+
 def with_step_file(tmp_path: Path) -> RunDir:
     run_dir = RunDir(tmp_path)
     run_dir.checkpoint_dir.mkdir()

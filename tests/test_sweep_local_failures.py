@@ -57,6 +57,26 @@ def test_sweep_rerun_exits_1_when_every_rerun_trial_fails(hpcdl, tmp_path: Path)
     assert _states(tmp_path / "sw") == ["FAILED", "FAILED"]
 
 
+def test_a_trial_config_edited_by_hand_is_checked_before_its_rerun(hpcdl, tmp_path: Path) -> None:
+    """sweeps.md's fix for a failed trial, editing its config.yaml, was rerun unchecked
+    and failed again on its node (persona, sweeps): now one line names the trial."""
+    small = ["data=synthetic", "data.num_samples=128", "data.shape=[4]", "trainer.max_epochs=1"]
+    out = hpcdl(
+        "train", "-m", *small, "trainer.max_bad_steps=1", "optim.lr=0.1,1e30", "hydra.sweep.dir=sw"
+    )
+    assert out.returncode == 1 and _states(tmp_path / "sw") == ["COMPLETED", "FAILED"]
+    config = tmp_path / "sw" / "1" / "config.yaml"
+    config.write_text(config.read_text().replace("lr: 1.0e+30", "lr: -1"))
+    for dry in ([], ["--dry-run"]):
+        rerun = hpcdl("sweep", "rerun", "sw", "--failed", *dry)
+        assert rerun.returncode == 2, rerun.stdout + rerun.stderr
+        assert (
+            rerun.stderr == f"error: trial 1: {config}: optim.lr=-1.0: must be > 0; fix it there\n"
+        )
+        assert "rerunning" not in rerun.stdout
+    assert _states(tmp_path / "sw") == ["COMPLETED", "FAILED"]
+
+
 @pytest.mark.slow
 def test_ctrl_c_as_a_local_sweeps_trials_start_interrupts_them(hpcdl, tmp_path: Path) -> None:
     """Ctrl-C right after the last trial started (its process still importing): the pool

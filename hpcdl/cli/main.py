@@ -645,6 +645,7 @@ def rerun_failed(
     exit status. `dry_run`: the trials and the array's sbatch script, nothing submitted.
     `fresh_code`: the sweep's code frozen anew first (Slurm; refused while a trial is
     queued or running)."""
+    from hpcdl.cli.resume_run import refuse_edited_values
     from hpcdl.rundir import open_run_dir
     from hpcdl.sweep import ledger as ledger_mod
     from hpcdl.sweep.ledger import RERUNNABLE
@@ -655,6 +656,9 @@ def rerun_failed(
     if not failed:
         print("no failed trials to rerun")
         return failed, EXIT_OK
+    trials = [(i, open_run_dir(ledger.trial(i).run_dir)) for i in failed]
+    for i, (cfg, run_dir) in trials:  # a config.yaml fixed by hand, checked before sbatch
+        refuse_edited_values(cfg, run_dir, f"trial {i}: ")
     if fresh_code:
         from hpcdl.cli.fresh import fresh_sweep_code, fresh_sweep_dry_line, refreeze_sweep
 
@@ -672,8 +676,7 @@ def rerun_failed(
                 print(fresh_sweep_dry_line(ledger))
             from hpcdl.cli.array_scripts import print_array_scripts
 
-            trials = [(i, open_run_dir(ledger.trial(i).run_dir)[0]) for i in failed]
-            print_array_scripts(trials, sweep_dir)
+            print_array_scripts([(i, cfg) for i, (cfg, _) in trials], sweep_dir)
         print("# dry run: nothing submitted")
         return failed, EXIT_OK
     if ledger.launcher == "slurm":

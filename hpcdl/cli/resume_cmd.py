@@ -30,6 +30,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from hpcdl.cli.main import launch, preflight
     from hpcdl.cli.resume_run import (
         completed_line,
+        refuse_edited_values,
         refuse_trainer_keys,
         refuse_unrunnable,
         resumed_config,
@@ -47,7 +48,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     stored = cfg
     if args.overrides:
         refuse_trainer_keys(stored, args.overrides, run_dir)
-        cfg = apply_overrides(cfg, args.overrides, args.config_dir)
+        cfg = apply_overrides(cfg, args.overrides, args.config_dir)  # validated there
+    else:
+        refuse_edited_values(cfg, run_dir)
     cfg = resumed_config(stored, cfg, args.program, run_dir)  # -- COMMAND; paths from here
     # its workdir gone, or its script not there
     refuse_unrunnable(stored, cfg, run_dir, getattr(args, "fresh_code", False))

@@ -47,6 +47,24 @@ def resumed_config(stored: Config, cfg: Config, program: list[str], run_dir: Run
     return cfg
 
 
+def refuse_edited_values(cfg: Config, run_dir: RunDir, who: str = "") -> None:
+    """A config.yaml edited by hand (sweeps.md's fix for a failed trial) is checked as
+    `hpcdl train` checks its overrides, before anything is submitted: its job would fail
+    on its node after the queue wait. Relative paths are the run's workdir's, as the job
+    reads them (a workdir that is gone is refuse_unrunnable's to say). `who`: "trial N: "."""
+    from hpcdl.config.validate import validate
+    from hpcdl.errors import DataError
+    from hpcdl.workdir import in_workdir
+
+    if missing_workdir(cfg.workdir) is not None:
+        return
+    try:
+        with in_workdir(cfg.workdir):
+            validate(cfg, resuming=True)
+    except (ConfigError, DataError) as err:
+        raise ConfigError(f"{who}{run_dir.config_file}: {err}; fix it there") from None
+
+
 def refuse_trainer_keys(stored: Config, overrides: list[str], run_dir: RunDir) -> None:
     """An `hpcdl run` run resumed with `hpcdl train`'s keys (optim.lr=0.5,
     trainer.max_epochs=99): its program reads its own arguments, so they would be written

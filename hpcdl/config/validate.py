@@ -24,7 +24,9 @@ TARGET_FORM = "expected 'package.module:name' (a module, a colon, then a functio
 AUTO_TRUE_FALSE = ("auto", "true", "false")
 
 
-def validate(cfg: schema.Config) -> None:
+def validate(cfg: schema.Config, *, resuming: bool = False) -> None:
+    """Every value of `cfg`, before anything runs. `resuming`: a stored config, whose
+    init_from no longer matters (its run goes on from its own checkpoints)."""
     check_model(cfg.model)
     check_data(cfg.data)
     check_optim(cfg.optim)
@@ -39,6 +41,8 @@ def validate(cfg: schema.Config) -> None:
     _check_batch_covers_ranks(cfg)
     _check_logger(cfg.logger, cfg.cluster)
     _check_model_fits_data(cfg.model, cfg.data)
+    if resuming:
+        return
     if cfg.init_from is not None and not Path(cfg.init_from).expanduser().exists():
         raise ConfigError(
             f"init_from={cfg.init_from!r}: no such run dir or checkpoint file; "

@@ -13,8 +13,10 @@ Stdlib only, like hpcdl.script_job.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -31,9 +33,16 @@ class PortError(HpcdlError):
     """The job's wrappers found no port for the program's rendezvous."""
 
 
-def agreed_port(env: RankEnv, folder: Path, timeout_s: float) -> int:
+def agreed_port(
+    env: RankEnv, folder: Path, timeout_s: float, environ: Optional[Mapping[str, str]] = None
+) -> int:
     """The port this job's program listens on (rank 0) or connects to (the others).
-    ``folder``: a directory of the run dir, shared by the job's nodes."""
+    ``folder``: a directory of the run dir, shared by the job's nodes. cluster=debug's one
+    rank (no launcher gave it a port): the MASTER_PORT set here, else a free one, so that
+    runs side by side (a local sweep's trials, two terminals) do not all take 29500."""
+    if env.launcher == "debug" and env.world_size == 1:
+        given = (os.environ if environ is None else environ).get("MASTER_PORT")
+        return int(given) if given else any_free_port()
     ports = master_port_candidates(env)
     if len(ports) == 1:
         return ports[0]
@@ -60,6 +69,13 @@ def first_free(ports: list[int]) -> Optional[int]:
         if _bindable(port):
             return port
     return None
+
+
+def any_free_port() -> int:
+    """A port nothing listens on now, as the kernel hands one out."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
 
 
 def _bindable(port: int) -> bool:

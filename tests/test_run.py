@@ -647,6 +647,29 @@ def test_a_master_port_the_user_set_is_used_as_is(tmp_path: Path) -> None:
     assert not (tmp_path / "ports").exists()
 
 
+def test_a_debug_runs_program_gets_a_free_port_or_the_shells(hpcdl, tmp_path: Path) -> None:
+    """cluster=debug gave every program MASTER_PORT=29500: a second run beside it (a local
+    sweep's trials run 2 at a time) failed in init_process_group with EADDRINUSE (persona,
+    FSDP). Now a free port each, or the one the shell set."""
+    import contextlib
+    import socket
+
+    (tmp_path / "port.py").write_text(
+        "import os, pathlib\n"
+        "(pathlib.Path(os.environ['HPCDL_RUN_DIR']) / 'port').write_text(os.environ['MASTER_PORT'])\n"
+    )
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(OSError):  # taken already: as good for this test
+            stack.enter_context(socket.create_server(("", 29500)))
+        out = hpcdl("run", "-m", "hydra.sweep.dir=sw", "--", "python", "port.py", "--n={1,2}")
+        assert out.returncode == 0, out.stdout + out.stderr
+        ports = {int((tmp_path / "sw" / i / "port").read_text()) for i in "01"}
+        assert 29500 not in ports and len(ports) == 2, ports
+    out = hpcdl("run", "run_dir=r", "--", "python", "port.py", env={"MASTER_PORT": "23456"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "r" / "port").read_text() == "23456"
+
+
 # A program that saves when asked to stop (hpcdl.api, as docs/scripts.md shows) and notes
 # every SIGTERM and SIGINT it gets; SIGINT keeps Python's own action (KeyboardInterrupt).
 CATCHING_PROGRAM = """\

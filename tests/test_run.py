@@ -177,6 +177,17 @@ def test_a_resumed_local_run_is_not_stopped_by_the_last_attempts_stop_file(hpcdl
             "srun: hpcdl starts each rank itself (with srun on Slurm, as processes here); give "
             "the program without it: -- python ok.py (and cluster.nodes / cluster.tasks_per_node",
         ),
+        # Each rank would start its own torchrun: two jobs writing the same files (persona, FSDP).
+        (
+            ["cluster=local", "cluster.tasks_per_node=2", "--", "torchrun", "--nproc-per-node", "2", "ok.py"],
+            "torchrun: hpcdl starts 2 ranks here (cluster.nodes=1, 2 per node), and each would "
+            "start its own torchrun: separate jobs writing the same files; give the program "
+            "without it, -- python ok.py, with the ranks as cluster.tasks_per_node",
+        ),
+        (
+            ["cluster=local", "cluster.tasks_per_node=2", "--", "python", "-m", "torch.distributed.run", "ok.py"],
+            "python -m torch.distributed.run: hpcdl starts 2 ranks here",
+        ),
         (
             ["--", "OMP_NUM_THREADS=1", "python", "ok.py"],
             "OMP_NUM_THREADS=1: a variable, not a command (no shell reads the command); set it "

@@ -273,6 +273,7 @@ def check_script(
                 "importable here; install it or put its folder on PYTHONPATH"
             )
         return
+    _refuse_torchrun_in_ranks(script, cluster)
     base = Path(workdir) if workdir is not None else Path.cwd()
     torchrun = script.launcher == schema.ScriptLauncher.torchrun
     if torchrun and script.command[0].endswith(".py") and (base / script.command[0]).is_file():
@@ -285,6 +286,45 @@ def check_script(
             "(hpcdl resume RUN_DIR -- COMMAND...), or workdir=FOLDER where it moved"
         )
         _check_command(script.command, base, fix)
+
+
+TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def _refuse_torchrun_in_ranks(script: schema.ScriptConfig, cluster: schema.ClusterConfig) -> None:
+    """`-- torchrun ...` where hpcdl starts several ranks (or torchruns) itself: each would
+    start its own torchrun, separate jobs writing the same files. Under cluster=debug's
+    one rank it is the program's own launcher, and fine."""
+    command = script.command
+    rest = command[1:]
+    runs_torchrun = Path(command[0]).name == "torchrun" or (
+        Path(command[0]).name.startswith("python")
+        and rest[:1] == ["-m"]
+        and len(rest) > 1
+        and rest[1] in TORCHRUN_MODULES
+    )
+    if not runs_torchrun:
+        return
+    which = shlex.join(command[:3] if command[0] != "torchrun" else command[:1])
+    program = next((i for i, t in enumerate(command) if t.endswith(".py")), None)
+    plain = f"-- python {shlex.join(command[program:])}" if program is not None else "-- python ..."
+    if script.launcher == schema.ScriptLauncher.torchrun:
+        raise ConfigError(
+            f"{which}: launcher=torchrun starts torchrun on each node itself; give the "
+            f"program without it: {plain}"
+        )
+    ranks = (
+        1
+        if cluster.launcher == schema.Launcher.debug
+        else (cluster.nodes * schema.tasks_per_node(cluster))
+    )
+    if ranks > 1:
+        raise ConfigError(
+            f"{which}: hpcdl starts {ranks} ranks here (cluster.nodes={cluster.nodes}, "
+            f"{schema.tasks_per_node(cluster)} per node), and each would start its own "
+            f"torchrun: separate jobs writing the same files; give the program without it, "
+            f"{plain}, with the ranks as cluster.tasks_per_node (or launcher=torchrun on Slurm)"
+        )
 
 
 # Interpreter options that take a value (`python -X dev train.py`).

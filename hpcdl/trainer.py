@@ -21,7 +21,7 @@ from torch import nn
 
 from hpcdl import early_stop
 from hpcdl.checkpoint import CheckpointStore, capture_rng_state, restore_rng_state, unmap
-from hpcdl.config.metrics import monitor_mode
+from hpcdl.config.metrics import monitor_mode, reads_as_neither
 from hpcdl.config.schema import Config, EarlyStoppingConfig, Mode, Precision
 from hpcdl.data.feed import Feed, TrainBatch
 from hpcdl.data.loader import channels_last_inputs
@@ -612,8 +612,16 @@ class Trainer:
         return torch.autocast(self.p.device.type, dtype=self.autocast_dtype)
 
     def _check_monitor(self) -> None:
-        check_monitor(self.t.early_stopping.monitor, self.p.task)
+        es = self.t.early_stopping
+        check_monitor(es.monitor, self.p.task)
         self._monitor_checked = True
+        if es.mode is None and reads_as_neither(es.monitor):  # a guess that may keep the worst
+            self.p.reporter.message(
+                f"warning: trainer.early_stopping.monitor={es.monitor}: its name says neither "
+                "whether lower or higher is better; best.pt and early stopping take lower "
+                "(min). Set trainer.early_stopping.mode=max if higher is better (or =min to "
+                "say so)"
+            )
 
     def train_metrics(self) -> dict[str, float]:
         """This epoch's training metrics so far, from the running sums."""

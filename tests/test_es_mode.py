@@ -28,6 +28,11 @@ from hpcdl.state import Progress
         ("val_error_rate", Mode.min),
         ("val_dist", Mode.min),  # a distance
         ("val_wobble", Mode.min),  # reads like neither: min, the default before auto
+        # Scores biologists use, taken as losses before (persona, sweeps): best.pt kept the worst.
+        ("val_pearson", Mode.max),
+        ("val_spearman_r", Mode.max),
+        ("val_auroc", Mode.max),
+        ("val_mcc", Mode.max),
     ],
 )
 def test_auto_mode_is_the_monitors_direction_and_an_explicit_mode_wins(
@@ -39,6 +44,39 @@ def test_auto_mode_is_the_monitors_direction_and_an_explicit_mode_wins(
     assert monitor_mode(monitor, None) == mode
     other = Mode.max if mode == Mode.min else Mode.min
     assert monitor_mode(monitor, other) == other
+
+
+STEPS = """
+import torch.nn.functional as F
+
+
+def step(model, batch):
+    x, y = batch
+    loss = F.cross_entropy(model(x), y)
+    return loss, {"wobble": 1.0, "pearson": 0.5}
+"""
+
+
+def test_a_monitor_whose_name_reads_as_neither_is_warned_about_as_training_starts(
+    hpcdl, tmp_path: Path
+) -> None:
+    (tmp_path / "wobbly.py").write_text(STEPS)
+    common = ["task=custom", "task.target=wobbly:step", "trainer.max_epochs=1"]
+    env = {"PYTHONPATH": str(tmp_path)}
+    out = hpcdl("train", "run_dir=a", *common, "trainer.early_stopping.monitor=val_wobble", env=env)
+    assert out.returncode == 0, out.stderr
+    warning = (
+        "warning: trainer.early_stopping.monitor=val_wobble: its name says neither whether "
+        "lower or higher is better; best.pt and early stopping take lower (min). Set "
+        "trainer.early_stopping.mode=max if higher is better (or =min to say so)"
+    )
+    assert out.stdout.splitlines().count(warning) == 1, out.stdout
+    said = "trainer.early_stopping.monitor=val_wobble", "trainer.early_stopping.mode=min"
+    for extra in (["trainer.early_stopping.monitor=val_pearson"], said):
+        out = hpcdl("train", f"run_dir=b{len(extra)}", *common, *extra, env=env)
+        assert out.returncode == 0 and "warning: trainer.early_stopping" not in out.stdout, (
+            out.stdout
+        )
 
 
 def test_the_composed_default_is_auto() -> None:

@@ -29,6 +29,8 @@ HIGHER_WORDS: tuple[str, ...] = ("acc", "accuracy", "f1", "auc", "r2", "dice", "
 HIGHER_WORDS += ("precision", "recall")
 HIGHER_WORDS += ("score", "map", "bleu", "psnr", "ssim")
 HIGHER_WORDS += ("reward", "ndcg", "mrr", "kappa", "top1", "top5")
+HIGHER_WORDS += ("pearson", "spearman", "corr", "correlation", "rho", "mcc")
+HIGHER_WORDS += ("auroc", "auprc", "aupr", "ap", "jaccard", "sensitivity", "specificity")
 # A name ending in a unit of time is a duration (wall_s, step_ms); one with "per" a rate.
 DURATION_UNITS = ("s", "ms", "min")
 # The prefixes of a metric's name in metrics.csv and summary.json: val_mae, test_accuracy.
@@ -72,6 +74,15 @@ def monitor_mode(monitor: str, mode: Optional[Mode]) -> Mode:
         return mode
     builtin = builtin_mode(monitor)
     return builtin if builtin is not None else guessed_mode(monitor)
+
+
+def reads_as_neither(metric: str) -> bool:
+    """A metric whose direction hpcdl cannot tell: not its own, and a name that reads as
+    neither a loss nor a score (val_foo): guessed_mode takes min for it."""
+    if builtin_mode(metric) is not None or lower_by_name(metric):
+        return False
+    words = metric.lower().replace("-", "_").split("_")
+    return not any(w in HIGHER_WORDS for w in words)
 
 
 def guessed_mode(metric: str) -> Mode:

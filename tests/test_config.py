@@ -168,6 +168,7 @@ def test_ranks_may_outnumber_gpus_only_on_the_cpu() -> None:
             "trainer.max_epochs: no value; write trainer.max_epochs=VALUE",
         ),
         (["dry-run"], "dry-run: not an override (key=value); for the option, write --dry-run"),
+        (["optim.lr=0.1", "0.03"], "0.03: not an override (key=value); a list of values is one word"),
         (
             # data=files forgotten: the key is another option's, not a typo of data.name
             ["task=regression", "data.path=d.csv", "data.label_column=price"],

@@ -116,6 +116,18 @@ def test_sweep_composer_gives_what_compose_config_gives(overrides) -> None:
         (["optim.lr=tag(log,interval(0.01,0.1))"], "interval() is a range for an adaptive"),
         (["run_dir=x", "optim.lr=1,2"], "run_dir: a sweep gives each trial its own run dir"),
         (["model=glob(zz*)"], "the glob matches no model option"),
+        # The usual typo, a space after a comma: Hydra's token list or its lexer's name for
+        # the error named no word (persona, sweeps).
+        (
+            ["data=digits", "optim.lr=0.1,", "0.01"],
+            "optim.lr=0.1,: ends in a comma; a list of values is one word, commas without "
+            "spaces (optim.lr=0.1,0.01), or quote the whole override",
+        ),
+        (
+            ["data=digits", "optim.lr=0.1,0.01", "0.03"],
+            "0.03: not an override (key=value); a list of values is one word, commas without "
+            "spaces (optim.lr=0.1,0.01,0.03), or quote the whole override",
+        ),
     ],
 )
 def test_bad_sweeps_are_refused_naming_trial_and_key(overrides, expected) -> None:

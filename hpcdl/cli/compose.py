@@ -200,7 +200,7 @@ def _with_additions(overrides: list[str], attempt: Callable[[list[str]], DictCon
                 raise SweepValueError(swept.group(1) or swept.group(2)) from None
             retry = _as_addition(str(err), overrides)
             if retry is None:
-                raise ConfigError(_naming(hydra_message(err, overrides), overrides)) from None
+                raise ConfigError(naming(hydra_message(err, overrides), overrides)) from None
             overrides = retry
     raise ConfigError("could not compose the config")  # unreachable: each retry fixes one key
 
@@ -236,7 +236,7 @@ class SweepValueError(ConfigError):
         )
 
 
-def _naming(message: str, overrides: list[str]) -> str:
+def naming(message: str, overrides: list[str]) -> str:
     """A syntax error from Hydra names no override: name the first one it cannot parse."""
     if not message.startswith("bad override syntax"):
         return message
@@ -248,6 +248,11 @@ def _naming(message: str, overrides: list[str]) -> str:
         try:
             parser.parse_override(override)
         except HydraException:
+            if override.endswith(","):  # `optim.lr=0.1, 0.01`: the shell split it at the space
+                return (
+                    f"{override}: ends in a comma; a list of values is one word, commas "
+                    f"without spaces ({override}0.01), or quote the whole override"
+                )
             return f"{override}: {message}"
     return message
 
@@ -327,6 +332,16 @@ def hydra_message(err: Exception, overrides: Sequence[str] = ()) -> str:
         return (
             f"{key}={value}: Hydra cannot read this value unquoted; quote it: "
             f"\"{key}='{value}'\" (the double quotes are for the shell)"
+        )
+    lone = re.match(r"LexerNoViableAltException: ([^=\s]+)$", text.splitlines()[0] if text else "")
+    if lone:  # `optim.lr=0.1,0.01 0.03`: a value split off by a space
+        word = lone.group(1)
+        given = list(overrides)
+        before = [o for o in given[: given.index(word)] if "=" in o] if word in given else []
+        example = f"{before[-1]},{word}" if before else "optim.lr=0.1,0.01"
+        return (
+            f"{word}: not an override (key=value); a list of values is one word, commas "
+            f"without spaces ({example}), or quote the whole override"
         )
     bare = re.match(r"Error parsing override '([\w.]+)'$", text.splitlines()[0] if text else "")
     if bare:  # `trainer.max_epochs 5`: a key without a value

@@ -16,6 +16,7 @@ from hpcdl.cli.compose import (
     SweepComposer,
     conf_dir,
     hydra_message,
+    naming,
     refuse_hydra_settings,
     user_conf_dirs,
 )
@@ -83,7 +84,7 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
     try:
         parsed = parser.parse_overrides(rest)
     except HydraException as err:
-        raise ConfigError(hydra_message(err)) from None
+        raise ConfigError(naming(hydra_message(err, rest), rest)) from None
 
     rewritten: list[str] = []
     swept: list[str] = []

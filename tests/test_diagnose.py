@@ -53,6 +53,13 @@ def test_an_hpcdl_run_program_s_exit_status_is_its_rank_s_cause_not_the_peers_it
     assert root_cause(folder, "31") == (1, "the program exited with status 7: no shard 1 in /data")
     silent = logs(tmp_path, "32", {0: "hpcdl: the program exited with status 9\n"})
     assert root_cause(silent, "32") == (0, "the program exited with status 9")
+    # Killed by a signal: named, not the last line it wrote before (an FSDP warning's, say).
+    killed = "step 3\n  output = self._register_pre_backward_hook(output)\nhpcdl: the program exited with status 137\n"
+    assert root_cause(logs(tmp_path, "33", {0: ended, 1: killed}), "33") == (
+        1,
+        "the program was killed by SIGKILL (status 137: kill -9, or the kernel's "
+        "out-of-memory killer)",
+    )
 
 
 def test_a_long_lost_peer_error_is_cut_between_words() -> None:

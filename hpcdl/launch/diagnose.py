@@ -175,8 +175,33 @@ def program_exit(text: str, exited: re.Match[str]) -> str:
         for line in text[: exited.start()].splitlines()
         if line.strip() and not line.startswith(("hpcdl:", "submitit "))
     ]
+    status = int(exited.group(1))
+    killed = killed_by(status)
+    if killed is not None:  # its last line is whatever it wrote before, not why
+        return f"the program was killed by {killed}"
     said = f": {clipped(before[-1], 160)}" if before else ""
-    return f"the program exited with status {exited.group(1)}{said}"
+    return f"the program exited with status {status}{said}"
+
+
+def killed_by(status: int) -> Optional[str]:
+    """'SIGKILL (status 137: kill -9, or the kernel's out-of-memory killer)' for a status
+    of 128 + a signal's number, as the wrapper reports a program a signal ended; None
+    for any other status."""
+    import signal
+
+    try:
+        name = signal.Signals(status - 128).name if status > 128 else None
+    except ValueError:
+        return None
+    if name is None:
+        return None
+    why = {
+        "SIGKILL": ": kill -9, or the kernel's out-of-memory killer",
+        "SIGSEGV": ": a crash in C code",
+        "SIGABRT": ": aborted, often a C++ exception or an assertion in a library",
+        "SIGBUS": ": a bad memory access, often a full /dev/shm",
+    }.get(name, "")
+    return f"{name} (status {status}{why})"
 
 
 def error_line(err: BaseException) -> str:

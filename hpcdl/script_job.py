@@ -138,8 +138,9 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
         elif forwarded and not hinted and stop_s is not None and time.time() - stop_s > STOP_HINT_S:
             print(
                 f"hpcdl: the program has not ended {STOP_HINT_S:.0f} s after the stop; one that "
-                "hangs there (Lightning's own SIGTERM handler under DDP can: "
-                "docs/scripts.md#pytorch-lightning) ends with a second stop (Ctrl-C, SIGTERM)",
+                "hangs there (a rank waiting in a collective for peers that have stopped; "
+                "Lightning's SIGTERM handler under DDP: docs/scripts.md#pytorch-lightning) "
+                "ends with a second stop (Ctrl-C, SIGTERM)",
                 flush=True,
             )
             hinted = True

@@ -68,6 +68,29 @@ def test_the_stop_waits_until_every_rank_has_written_to_its_log(tmp_path: Path) 
     assert signal.getsignal(signal.SIGINT) is previous
 
 
+def test_slurms_warning_signals_sent_by_hand_stop_the_ranks_as_sigterm(tmp_path: Path) -> None:
+    """SIGUSR2 to `hpcdl run cluster=local` ended the command at once (exit 140), its ranks
+    left to notice (persona, FSDP): now a stop like SIGTERM."""
+    from hpcdl.launch.local import RankStopper
+
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    logs = [tmp_path / f"43_{rank}_log.out" for rank in range(2)]
+    for log in logs:
+        log.write_text("submitit INFO (...) - Starting with JobEnvironment(...)\n")
+    job = SimpleNamespace(
+        job_id="43", paths=SimpleNamespace(folder=tmp_path, stdout=logs[0]), _process=controller
+    )
+    previous = signal.getsignal(signal.SIGINT)
+    stopper = RankStopper(job, "stopping all ranks at the next step", 2)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stopper.stopping and controller.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        stopper.restore(previous)
+        controller.kill()
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
 def test_ctrl_c_as_the_ranks_start_stops_with_a_checkpoint_not_a_failure(
     tmp_path: Path,
 ) -> None:

@@ -172,7 +172,9 @@ class RankStopper:
         self.pending = False  # a stop asked for before the ranks could take it
         # A hangup (terminal closed, ssh gone) stops the ranks as Ctrl-C does, unless nohup
         # asked for it to be ignored.
-        signals = [signal.SIGINT, signal.SIGTERM]
+        # SIGUSR1/2, Slurm's usual warning signals, sent by hand to try a stop: as SIGTERM
+        # (their default action ended this command at once, its ranks left to notice).
+        signals = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2]
         if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
             signals.append(signal.SIGHUP)
         self.old = {s: signal.signal(s, self._forward) for s in signals}

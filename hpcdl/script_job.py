@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpcdl.env import RankEnv, rank_env_from
 from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
@@ -101,6 +101,8 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     # program must see its own folder first, to import the modules beside it.
     child_env.pop("PYTHONSAFEPATH", None)
     torchrun = cfg.script.launcher.value == "torchrun"
+    # How torchrun ends on a stop (status 1), hpcdl's or the command's own (`-- torchrun`).
+    torchrun_stop = "hpcdl's SIGTERM" if torchrun else "the stop" if _is_torchrun(command) else None
     warning = _warning_signal(cfg.cluster.signal)
     proc = subprocess.Popen(
         command,
@@ -180,31 +182,42 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     if stopped:
         if code != EXIT_INTERRUPTED:  # hpcdl cannot know whether the program saved
             saved_s = stop_s if stop_s is not None else time.time()
-            print(f"hpcdl: {_unconfirmed_stop(code, torchrun, run_dir, saved_s)}", flush=True)
+            print(f"hpcdl: {_unconfirmed_stop(code, torchrun_stop, run_dir, saved_s)}", flush=True)
         return JobOutcome(env.rank, False, stop.signal_name, {}, 0)
     print(f"hpcdl: the program exited with status {_status(code)}", flush=True)
     return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=_status(code))
 
 
-def _unconfirmed_stop(code: int, torchrun: bool, run_dir: RunDir, since_s: float) -> str:
+def _unconfirmed_stop(
+    code: int, torchrun_stop: Optional[str], run_dir: RunDir, since_s: float
+) -> str:
     """A stop the program did not confirm with status 3: what it ended with, and the
-    checkpoint it saved meanwhile if any (torchrun always ends with status 1 on hpcdl's
-    SIGTERM, after a SignalException traceback of its own, whatever its workers did)."""
+    checkpoint it saved meanwhile in hpcdl.api's store if any (one it writes itself is not
+    seen). torchrun always ends with status 1 on a stop, after a SignalException traceback
+    of its own, whatever its workers did: `torchrun_stop` says which stop it got."""
     saved = [path.name for _, path in run_dir.step_files() if _mtime(path) >= since_s]
     found = (
         f"{saved[-1]} was saved after the stop"
         if saved
-        else "no checkpoint was saved after the stop"
+        else "hpcdl.api's checkpoint store got no checkpoint after the stop (one your "
+        "program writes itself is not looked for)"
     )
-    if torchrun:
+    if torchrun_stop is not None:
         return (
-            f"torchrun exited with status {_status(code)} on hpcdl's SIGTERM (the stop; its "
+            f"torchrun exited with status {_status(code)} on {torchrun_stop} (its "
             f"SignalException traceback above is how it ends); {found}"
         )
     return (
         f"the program exited with status {_status(code)} when asked to stop; {found} "
         "(status 3 would confirm that it saved: docs/scripts.md)"
     )
+
+
+def _is_torchrun(command: list[str]) -> bool:
+    """`torchrun ...` or `python -m torch.distributed.run ...`."""
+    name = os.path.basename(command[0])
+    module = command[2] if len(command) > 2 and command[1] == "-m" else None
+    return name == "torchrun" or module in ("torch.distributed.run", "torch.distributed.launch")
 
 
 def _mtime(path: Path) -> float:

@@ -422,7 +422,7 @@ def test_torchrun_survives_the_warning_signal_until_its_workers_have_saved(tmp_p
     assert result == {"signal": "SIGUSR2", "failed": None, "saved": ["saved-0", "saved-1"]}
     # torchrun's own status on hpcdl's SIGTERM is 1: said so, not "status 3 would confirm"
     assert "hpcdl: torchrun exited with status 1 on hpcdl's SIGTERM" in out, out
-    assert "no checkpoint was saved after the stop" in out and "status 3 would" not in out
+    assert "store got no checkpoint after the stop" in out and "status 3 would" not in out
 
 
 def test_script_sweep_shows_and_ranks_by_the_programs_own_metric(hpcdl, tmp_path: Path) -> None:
@@ -1121,3 +1121,21 @@ def test_a_script_sweeps_dry_run_shows_the_program_as_a_single_runs_does(hpcdl, 
     at = lines.index("# program (trial 0's; each trial its own arguments)")
     assert lines[at + 1].strip() == f"python {tmp_path / 'sw' / 'code' / 'script' / 'fit.py'} --lr=0.1"
     assert not (tmp_path / "sw").exists()
+
+
+def test_a_stop_torchrun_ends_with_status_1_is_said_so_also_as_the_commands_own(tmp_path) -> None:
+    """`-- torchrun ...` on cluster=debug: torchrun's status 1 on the stop was "status 3
+    would confirm"; and a checkpoint the program wrote itself was "no checkpoint was saved"
+    (persona, FSDP)."""
+    from hpcdl.rundir import RunDir
+    from hpcdl.script_job import _is_torchrun, _unconfirmed_stop
+
+    assert _is_torchrun(["torchrun", "--nproc-per-node", "2", "t.py"])
+    assert _is_torchrun(["python3", "-m", "torch.distributed.run", "t.py"])
+    assert not _is_torchrun(["python", "t.py"])
+    line = _unconfirmed_stop(1, "the stop", RunDir(tmp_path), 0.0)
+    assert line == (
+        "torchrun exited with status 1 on the stop (its SignalException traceback above is how "
+        "it ends); hpcdl.api's checkpoint store got no checkpoint after the stop (one your "
+        "program writes itself is not looked for)"
+    )

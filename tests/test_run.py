@@ -248,6 +248,11 @@ def test_a_module_here_but_not_on_pythonpath_is_named_with_both_fixes(tmp_path: 
         _check_command([sys.executable, "-m", "lab.train"], tmp_path, "")
     with pytest.raises(ConfigError, match=r"^-m nothere_xyz: no such module here; check PYTHONPATH$"):
         _check_command([sys.executable, "-m", "nothere_xyz"], tmp_path, "")
+    # Where no copy is frozen (cluster=debug, local), python -m finds it where it starts, as
+    # plain python does: refused for a reason that holds only on Slurm (persona, FSDP).
+    _check_command([sys.executable, "-m", "runme"], tmp_path, "", frozen=False)
+    with pytest.raises(ConfigError, match=r"lab is here, but"):  # lab/train.py is not
+        _check_command([sys.executable, "-m", "lab.train"], tmp_path, "", frozen=False)
 
 
 def test_dry_run_and_the_login_path_never_import_torch(tmp_path: Path) -> None:

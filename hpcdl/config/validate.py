@@ -278,14 +278,15 @@ def check_script(
     torchrun = script.launcher == schema.ScriptLauncher.torchrun
     if torchrun and script.command[0].endswith(".py") and (base / script.command[0]).is_file():
         return  # `launcher=torchrun -- train.py ...`: torchrun starts the interpreter
+    frozen = cluster.launcher == schema.Launcher.slurm
     if workdir is None:
-        _check_command(script.command, base, "give its path relative to here")
+        _check_command(script.command, base, "give its path relative to here", frozen)
     else:
         fix = (
             "the run's job starts its program there (workdir); give its path from there "
             "(hpcdl resume RUN_DIR -- COMMAND...), or workdir=FOLDER where it moved"
         )
-        _check_command(script.command, base, fix)
+        _check_command(script.command, base, fix, frozen)
 
 
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -331,9 +332,9 @@ def _refuse_torchrun_in_ranks(script: schema.ScriptConfig, cluster: schema.Clust
 PYTHON_OPTIONS_WITH_VALUE = ("-X", "-W", "-Q")
 
 
-def _check_command(command: list[str], base: Path, fix: str) -> None:
+def _check_command(command: list[str], base: Path, fix: str, frozen: bool = True) -> None:
     """The program and its script, from `base` (where it will start); `fix`: how to give a
-    script that is not there."""
+    script that is not there. `frozen`: a Slurm job's, which starts the frozen copy."""
     import shutil
 
     program = command[0]
@@ -342,7 +343,9 @@ def _check_command(command: list[str], base: Path, fix: str) -> None:
         if "-c" in rest:
             return  # python -c CODE
         if rest[:1] == ["-m"] and len(rest) > 1:
-            if not locatable(rest[1]):
+            # python -m finds a module in the folder it starts in; on Slurm the job starts
+            # hpcdl's frozen copy, which takes -m modules from PYTHONPATH only.
+            if not locatable(rest[1]) and (frozen or _module_here(rest[1], base) is None):
                 raise ConfigError(_module_not_found(rest[1], base))
             return
         values = {i + 1 for i, t in enumerate(rest) if t in PYTHON_OPTIONS_WITH_VALUE}
@@ -405,16 +408,24 @@ def _close_file(script: str, base: Path) -> str:
     return f"; did you mean {Path(script).with_name(close[0])}?" if close else ""
 
 
+def _module_here(module: str, base: Path) -> Optional[Path]:
+    """Where `python -m module` started in `base` would find it (the module's file, or its
+    package's folder), or None."""
+    parts = module.split(".")
+    here = [base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts)]
+    return next((path for path in here if path.exists()), None)
+
+
 def _module_not_found(module: str, base: Path) -> str:
     """`-m MODULE` not found on PYTHONPATH: one line, saying so when it is in `base` (where
     plain `python -m` would find it, as it puts the current folder first)."""
     parts = module.split(".")
-    here = [base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts)]
-    here += [(base / parts[0]).with_suffix(".py"), base / parts[0]]  # its package, at least
-    found = next((path for path in here if path.exists()), None)
+    here = [(base / parts[0]).with_suffix(".py"), base / parts[0]]  # its package, at least
+    found = _module_here(module, base) or next((p for p in here if p.exists()), None)
     if found is None:
         return f"-m {module}: no such module here; check PYTHONPATH"
-    script = here[0] if here[0].is_file() else None
+    file = base.joinpath(*parts).with_suffix(".py")
+    script = file if file.is_file() else None
     instead = f", or give the script: python {script.relative_to(base)}" if script else ""
     return (
         f"-m {module}: {found} is here, but hpcdl finds -m modules on PYTHONPATH (to freeze "

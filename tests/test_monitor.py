@@ -1023,8 +1023,24 @@ def test_logs_of_an_earlier_job_of_the_run(tmp_path, monkeypatch, capsys) -> Non
     assert capsys.readouterr().out == "NameError: bug\n"
     assert main(["logs", str(run.path), "--job", "8"]) == 2
     assert (
-        capsys.readouterr().err
-        == f"error: --job 8: not a job of {run.path}; its Slurm jobs: 7, 9\n"
+        capsys.readouterr().err == f"error: --job 8: not a job of {run.path}; its jobs: 7, 9\n"
+    )
+
+
+def test_logs_of_an_earlier_local_attempt(tmp_path, capsys) -> None:
+    """A cluster=local run resumed: its first attempt's rank log (the crash) was refused as
+    `its Slurm jobs: none` (persona, FSDP)."""
+    run = new_run(tmp_path)
+    run.log_dir.mkdir()
+    for job, text in (("9036", "ValueError: bad batch\n"), ("9100", "epoch 1\n")):
+        run.append_attempt({"event": "start", "launcher": "local", "job_id": job, "world_size": 2})
+        (run.log_dir / f"{job}_1_log.out").write_text(text)
+        run.append_attempt({"event": "end", "launcher": "local", "job_id": job, "reason": "failed"})
+    assert main(["logs", str(run.path), "--job", "9036", "--rank", "1"]) == 0
+    assert capsys.readouterr().out == "ValueError: bad batch\n"
+    assert main(["logs", str(run.path), "--job", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --job 1: not a job of {run.path}; its jobs: 9036 (local), 9100 (local)\n"
     )
 
 

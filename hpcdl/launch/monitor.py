@@ -675,12 +675,18 @@ def logs(ref: str, rank: int, follow: bool, job: Optional[str] = None) -> int:
         raise HpcdlError(f"{ref}: give the run dir to read its logs (job ids carry no log path)")
     if job is not None:  # an earlier job of the run (before a resume, a chain's link)
         jobs = [str(h["job_id"]) for h in (run_dir.read_submission() or {}).get("history", [])]
-        if job not in jobs:
+        local = [  # cluster=local attempts: submitit's local job ids, one per attempt
+            str(a["job_id"])
+            for a in run_dir.read_attempts()
+            if a.get("event") == "start" and a.get("launcher") == "local" and a.get("job_id")
+        ]
+        if job not in jobs and job not in local:
+            known = [*jobs, *(f"{j} (local)" for j in dict.fromkeys(local))]
             raise HpcdlError(
-                f"--job {job}: not a job of {run_dir.path}; its Slurm jobs: "
-                f"{', '.join(jobs) if jobs else 'none'}"
+                f"--job {job}: not a job of {run_dir.path}; its jobs: "
+                f"{', '.join(known) if known else 'none'}"
             )
-        launch = Launch("slurm", job)
+        launch = Launch("slurm" if job in jobs else "local", job)
     path = log_file(run_dir, launch, rank)
     if not path.exists():
         active, state = is_running(run_dir, launch)

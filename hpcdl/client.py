@@ -476,15 +476,22 @@ class Job:
             return False
 
         report = _poll(self.status, ended, timeout, poll_s, what)
-        summary = RunDir(self.run_dir).read_summary()
+        run_dir = RunDir(self.run_dir)
+        summary = run_dir.read_summary()
         # status() has test_metrics only when summary.json is the newest attempt's: an
         # earlier attempt's (a completed run resumed for more epochs, then cancelled or
         # failed) describes older weights, and is no result of this job.
         if summary is not None and ("test_metrics" in report or report["state"] == "COMPLETED"):
             return summary
-        log = self._log_file(0)
+        from hpcdl.launch.monitor import failure_cause, newest_launch
+
+        cause = failure_cause(run_dir, newest_launch(run_dir), report["state"])
+        failed_rank = re.match(r"rank (\d+): ", cause or "")
+        # The failing rank's log, named in the cause (rank 0's said only that a peer was lost).
+        log = self._log_file(int(failed_rank.group(1)) if failed_rank else 0)
         who = f"job {report['job_id']}" if report["job_id"] else "the run"
         end = f" (last end: {report['last_end']})" if report.get("last_end") else ""
+        end += f"; cause: {cause}" if cause else ""
         if log is None:
             where = "its output is above (cluster=debug)"
         elif log.is_file():

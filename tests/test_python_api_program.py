@@ -106,3 +106,21 @@ def test_a_function_entry_runs_with_its_keyword_arguments(tmp_path: Path, monkey
         ]
     )
     assert job.wait()["lr_seen"] == 0.5
+
+
+def test_a_failed_jobs_error_names_the_cause_and_the_failing_ranks_log(tmp_path, monkeypatch):
+    """JobFailedError named rank 0's log and no cause when rank 1 failed (persona, FSDP)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "two.py").write_text(
+        "import os, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    raise ValueError('bad batch on rank 1')\n"
+        "time.sleep(60)\n"
+    )
+    job = submit_program(
+        ["python", "two.py"], ["cluster=local", "cluster.tasks_per_node=2", "run_dir=r"]
+    )
+    with pytest.raises(JobFailedError) as raised:
+        job.wait()
+    assert "; cause: rank 1: ValueError: bad batch on rank 1" in str(raised.value)
+    assert raised.value.log is not None and raised.value.log.name.endswith("_1_log.out")

@@ -289,6 +289,26 @@ class RunDir(JobDir):
         self.checkpoint_record_file.unlink(missing_ok=True)
         self.append_attempt({"event": STARTED_OVER})  # program_wall_s counts from here
 
+    def foreign_entries(self, records: tuple[Path, ...] = ()) -> list[str]:
+        """The names at the top of the run dir that hpcdl does not write (RUN_DIR_LAYOUT),
+        `records` aside: an `hpcdl run` program's own checkpoint folder or weights, which
+        `--from-scratch` leaves where they are. Folders end in '/'."""
+        known = [
+            re.escape(name.split("/", 1)[0]).replace(re.escape("<N>"), r"\d+")
+            for name, _ in RUN_DIR_LAYOUT
+        ]
+        own = re.compile("|".join(known))
+        kept = {path.name for path in records}
+        try:
+            entries = sorted(self.path.iterdir())
+        except OSError:
+            return []
+        return [
+            entry.name + ("/" if entry.is_dir() else "")
+            for entry in entries
+            if not own.fullmatch(entry.name) and entry.name not in kept
+        ]
+
     def set_aside_checkpoints(self, records: tuple[Path, ...] = ()) -> Optional[Path]:
         """`hpcdl resume --from-scratch` of a run whose checkpoints are still there (some
         damaged, or all good): the folder moves to checkpoints.set-aside-N, deleting nothing,

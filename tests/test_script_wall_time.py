@@ -50,6 +50,12 @@ def test_wall_s_total_adds_the_attempts_whose_program_exited(hpcdl, tmp_path: Pa
     # Started over: the attempts before count no more (as a trainer run's checkpoints).
     again = hpcdl("resume", "r", "--from-scratch")
     assert again.returncode == 0, again.stdout + again.stderr
+    # The program's own files stay, said so: a program resuming from them would not start
+    # over (persona, FSDP: its DCP folder outside checkpoints/).
+    assert (
+        f"--from-scratch: warning: attempt-1, attempt-2, attempt-3 in {run_dir} stay where they "
+        "are (only checkpoints/ is set aside)"
+    ) in again.stdout, again.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["wall_s_total"] == summary["wall_s"] == program_ends(run_dir)[-1]
 

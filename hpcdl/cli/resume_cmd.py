@@ -106,6 +106,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
             if aside is not None:
                 also = "".join(f" and {path.name}" for path in records)
                 print(f"--from-scratch: its checkpoints{also} moved to {aside}", flush=True)
+            foreign = run_dir.foreign_entries(records) if cfg.script is not None else []
+            if foreign:  # a program's own checkpoints there: it would resume from them
+                print(
+                    f"--from-scratch: warning: {', '.join(foreign)} in {run_dir.path} stay "
+                    "where they are (only checkpoints/ is set aside); a program that resumes "
+                    "from them does not start from scratch: move them, or keep your "
+                    "checkpoints under $HPCDL_RUN_DIR/checkpoints/",
+                    flush=True,
+                )
         stored_config = run_dir.config_file.read_bytes()
         cfg = run_dir.save_config(cfg)
         run_dir.record_command("resume")

@@ -506,8 +506,15 @@ def check_weights_only_safe(state: Any, where: str = "state") -> None:
     kind = type(state)
     if isinstance(state, torch.Tensor):
         if kind not in (torch.Tensor, torch.nn.Parameter):
+            sharded = (
+                "; a sharded (FSDP) state: save it with torch.distributed.checkpoint "
+                "(docs/scripts.md#fsdp-and-torchdistributedcheckpoint), or gather a full "
+                "state dict first (StateDictOptions(full_state_dict=True, cpu_offload=True))"
+                if kind.__name__ == "DTensor"
+                else ""
+            )
             raise CheckpointError(
-                f"{where}: tensor subclass {kind.__name__} is not weights_only-safe"
+                f"{where}: tensor subclass {kind.__name__} is not weights_only-safe{sharded}"
             )
         return
     if kind in _PLAIN_TYPES:

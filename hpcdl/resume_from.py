@@ -254,6 +254,13 @@ def _named(run_dir: RunDir, ref: str) -> Path:
     else:
         candidate = folder / (BEST if ref == "best" else ref)
     ok = candidate.name == BEST or STEP_FILE.match(candidate.name)
+    if candidate.is_dir():  # a program's own checkpoint folder (torch.distributed.checkpoint)
+        raise HpcdlError(
+            f"--from {ref}: a folder of your program's, not one of hpcdl.api's store files "
+            f"(step_N.pt), which --from picks among ({checkpoint_listing(run_dir)}); to go on "
+            f"from it, move the newer folders out of {folder} and `hpcdl resume "
+            f"{run_dir.path}`"
+        )
     if not ok or not candidate.is_file():
         raise HpcdlError(
             f"--from {ref}: no such checkpoint in {folder}; {checkpoint_listing(run_dir)}"

@@ -715,3 +715,24 @@ def test_cuda_rng_restore_repeats_the_same_draws(tmp_path: Path) -> None:
     assert len(found[1]["rng"]["cuda"]) == torch.cuda.device_count()
     restore_rng_state(found[1]["rng"])
     assert torch.rand(4, device="cuda").tolist() == first
+
+
+def test_a_state_the_store_cannot_load_is_refused_at_save_with_the_way_on() -> None:
+    """An FSDP2 state dict holds DTensors: the refusal says how to save one (persona, FSDP)."""
+    from hpcdl.checkpoint import check_weights_only_safe
+    from hpcdl.errors import CheckpointError
+
+    class DTensor(torch.Tensor):  # the name is what the message goes by
+        pass
+
+    state = {"model": {"0.weight": torch.zeros(2).as_subclass(DTensor)}}
+    with pytest.raises(CheckpointError) as refused:
+        check_weights_only_safe(state)
+    assert str(refused.value) == (
+        "state['model']['0.weight']: tensor subclass DTensor is not weights_only-safe; a "
+        "sharded (FSDP) state: save it with torch.distributed.checkpoint "
+        "(docs/scripts.md#fsdp-and-torchdistributedcheckpoint), or gather a full state dict "
+        "first (StateDictOptions(full_state_dict=True, cpu_offload=True))"
+    )
+    with pytest.raises(CheckpointError, match="^state: builtins.object is not weights_only-safe"):
+        check_weights_only_safe(object())

@@ -344,6 +344,8 @@ def weights_only_best(run: Path) -> None:
         (["--from", EPOCH_2], "damaged", "checksum mismatch: the file is corrupt; choose another"),
         (["--from", "best"], "weights_only", "holds the model's weights only"),
         (["--from", EPOCH_2], "held", "is being trained by"),
+        # A DCP folder (persona, FSDP: "no such checkpoint", the folder right there).
+        (["--from", "step_000000030"], "folder", "a folder of your program's, not one of"),
     ],
 )
 def test_refusals_are_one_line_and_change_nothing(
@@ -353,6 +355,9 @@ def test_refusals_are_one_line_and_change_nothing(
         flip_a_byte_in_the_middle(run / "checkpoints" / EPOCH_2)
     elif prepare == "weights_only":
         weights_only_best(run)
+    elif prepare == "folder":
+        (run / "checkpoints" / "step_000000030").mkdir()
+        (run / "checkpoints" / "step_000000030" / ".metadata").write_bytes(b"dcp")
     before = snapshot(run)
     if prepare == "held":
         _, run_dir = open_run_dir(run)

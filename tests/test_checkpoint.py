@@ -734,5 +734,5 @@ def test_a_state_the_store_cannot_load_is_refused_at_save_with_the_way_on() -> N
         "(docs/scripts.md#fsdp-and-torchdistributedcheckpoint), or gather a full state dict "
         "first (StateDictOptions(full_state_dict=True, cpu_offload=True))"
     )
-    with pytest.raises(CheckpointError, match="^state: builtins.object is not weights_only-safe"):
+    with pytest.raises(CheckpointError, match=r"^state: builtins\.object is not weights_only-safe"):
         check_weights_only_safe(object())

@@ -107,6 +107,17 @@ def test_sweep_composer_gives_what_compose_config_gives(overrides) -> None:
         (["optim.lr=0.1,-1"], "trial 1 (optim.lr=-1): optim.lr=-1.0: must be > 0"),
         (["model=mlp,cnn"], "trial 1 (model=cnn): model=cnn needs image samples"),
         (["trainer.max_epochs=2"], "no swept key; give the values to try as a=1,2"),
+        # What one config refuses is said first; choice() was to be quoted; a shared key
+        # was trial 0's fault (persona, sweeps).
+        (["optim.lr="], "optim.lr=: must be a number"),
+        (
+            ["optim.lr=choice()"],
+            "optim.lr=choice(): choice() needs values to try, e.g. optim.lr=choice(0.1,0.01)",
+        ),
+        (
+            ["optim.lr=0.1,0.2", "cluster.array_parallelism=-1"],
+            "cluster.array_parallelism=-1: must be >= 0",
+        ),
         (
             ["optim.lr=[0.1,0.01]"],
             "no swept key: optim.lr=[0.1,0.01] is one value (a list); to try each, write "
@@ -134,6 +145,8 @@ def test_bad_sweeps_are_refused_naming_trial_and_key(overrides, expected) -> Non
     with pytest.raises(ConfigError) as info:
         plan_sweep(overrides)
     assert expected in str(info.value)
+    if "trial" not in expected:
+        assert not str(info.value).startswith("trial")
 
 
 def test_new_sweep_arrays_come_from_its_plan_and_a_rerun_reads_its_run_dirs(

@@ -329,6 +329,13 @@ def hydra_message(err: Exception, overrides: Sequence[str] = ()) -> str:
         # The whole value as typed: the lexer's stops at a space ("prix (€)" read as "prix").
         typed = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
         value = typed[-1] if typed else value
+        empty = re.fullmatch(r"(choice|range|glob)\(\s*\)", value)
+        if empty:  # quoting it would make the value the text "choice()"
+            sample = {"choice": "choice(0.1,0.01)", "range": "range(0,5)", "glob": "glob(*)"}
+            return (
+                f"{key}={value}: {empty.group(1)}() needs values to try, e.g. "
+                f"{key}={sample[empty.group(1)]}"
+            )
         return (
             f"{key}={value}: Hydra cannot read this value unquoted; quote it: "
             f"\"{key}='{value}'\" (the double quotes are for the shell)"

@@ -40,6 +40,15 @@ class Expansion:
     combos: list[list[str]]  # per trial: every override, in the order given
 
 
+def _every_trials(err: ConfigError, composer: SweepComposer, common: list[str]) -> bool:
+    """Whether the shared overrides alone (no swept value) are refused the same way."""
+    try:
+        composer.config(common)
+    except ConfigError as alone:
+        return str(alone) == str(err)
+    return False
+
+
 def plan_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) -> SweepPlan:
     """One validated Config per trial, in the order of Hydra's basic sweeper."""
     expansion = expand_sweep(overrides, config_dirs)
@@ -50,6 +59,8 @@ def plan_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) ->
         try:
             config = composer.config(combo)
         except ConfigError as err:
+            if index == 0 and _every_trials(err, composer, expansion.common):
+                raise  # a key every trial shares: no one trial's fault
             raise ConfigError(f"trial {index} ({' '.join(swept_part)}): {err}") from None
         trials.append(Trial(index=index, overrides=swept_part, config=config))
     return SweepPlan(
@@ -124,6 +135,8 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
                 f"no swept key: {lists[0]} is one value (a list); to try each, write "
                 f"{name}={listed.strip('[]')}"
             )
+        # A value the single config refuses (`optim.lr=` alone) is the first thing to fix.
+        SweepComposer(config_dirs).config(rest)
         raise ConfigError(
             "no swept key; give the values to try as a=1,2, range(0,5), choice(...) or glob(*)"
         )

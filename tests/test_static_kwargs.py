@@ -114,3 +114,21 @@ def test_a_slurm_submit_and_its_dry_run_refuse_the_key(hpcdl, lab: Path) -> None
             "parameters: in_features, width, depth\n"
         ) in out.stderr and out.stderr.count("\n") == 1, out.stderr
     assert not list(lab.glob("outputs")) and not list(lab.glob("multirun"))  # nothing made
+
+
+def test_a_name_its_module_never_binds_is_named_with_the_close_one(lab: Path) -> None:
+    """model.target=mybio.models:Regg went to Slurm and failed on every node of a sweep's
+    array (persona, sweeps): the source binds no Regg."""
+    from hpcdl.launch.static_kwargs import unbound_name
+
+    nets = lab / "sklab_pkg" / "sub" / "nets.py"
+    assert unbound_name("sklab_pkg.sub.nets:Nett") == (
+        f"{nets} has no 'Nett'; did you mean sklab_pkg.sub.nets:Net?"
+    )
+    for bound in ("Net", "guarded", "alias", "nn", "functools"):  # def, try, assignment, import
+        assert unbound_name(f"sklab_pkg.sub.nets:{bound}") is None
+    (lab / "starry.py").write_text("from sklab_mod import *\n")
+    (lab / "lazy.py").write_text("def __getattr__(name):\n    return name\n")
+    for module in ("starry", "lazy"):  # may bind any name: left to the job
+        assert unbound_name(f"{module}:Anything") is None
+    assert unbound_name("json:nothing_there") is None  # not the user's code

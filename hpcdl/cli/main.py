@@ -760,12 +760,15 @@ def refuse_missing_modules(cfg: Config) -> None:
     package, which would be frozen without it, is found by looking at its files instead."""
     from hpcdl.launch.slurm import named_targets
     from hpcdl.launch.snapshot import missing_submodule
-    from hpcdl.launch.static_kwargs import refuse_unknown_kwargs
+    from hpcdl.launch.static_kwargs import refuse_unknown_kwargs, unbound_name
 
     for key, target in named_targets(cfg):
         why = missing_submodule(target)
         if why:
             raise ConfigError(f"{key}={target!r}: {why}; check the module path")
+        unbound = unbound_name(target)
+        if unbound:  # the job would find it only after its queue wait (a sweep: every trial)
+            raise ConfigError(f"{key}={target!r}: {unbound}")
     groups = {"model": cfg.model, "data": cfg.data, "task": cfg.task}
     for key, group in groups.items():  # kwargs keys the callable's source rules out
         called, kwargs = getattr(group, "target", None), getattr(group, "kwargs", None)

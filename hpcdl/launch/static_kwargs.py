@@ -9,6 +9,7 @@ refused: the job checks the real signature.
 from __future__ import annotations
 
 import ast
+import difflib
 import inspect
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,6 +56,37 @@ def static_signature(target: str) -> Optional[inspect.Signature]:
             return None  # inherited (or made) elsewhere
         return _signature(inits[0], drop_first=True)
     return _signature(node, drop_first=False)
+
+
+def unbound_name(target: str) -> Optional[str]:
+    """Why `package.module:Name` cannot be found, when the module's source binds no `Name`
+    anywhere (a typo: `Regg` for `Reg`), read without running it; None where it does, or
+    may (a star import, a module `__getattr__`, `globals()`), or the source is not read."""
+    module, _, name = target.partition(":")
+    path = source_file(module)
+    if path is None or not name.isidentifier():
+        return None
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, SyntaxError):  # the job reports a broken module
+        return None
+    if any(_binds(node, name) for node in tree.body):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return None
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            return None
+        if isinstance(node, ast.Name) and node.id in ("globals", "setattr", "exec"):
+            return None
+    names = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = (
+        f"; did you mean {module}:{close[0]}?"
+        if close
+        else (f" (it has {', '.join(names[:8])})" if names else "")
+    )
+    return f"{path} has no {name!r}{hint}"
 
 
 def source_file(module: str) -> Optional[Path]:

@@ -788,7 +788,7 @@ def test_a_terminals_ctrl_c_gives_each_local_rank_one_sigterm_and_time_to_save(
             assert (run / f"saved-{rank}").exists(), output
         assert "when asked to stop" not in output  # status 3: it saved
     else:
-        assert "the program exited with status 143 when asked to stop; no checkpoint" in output
+        assert "the program exited with status 143 when asked to stop; hpcdl.api's checkpoint store got no checkpoint" in output
     end = json.loads((run / "attempts.jsonl").read_text().splitlines()[-1])
     assert end["reason"] == "interrupted", end
 

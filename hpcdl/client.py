@@ -793,17 +793,21 @@ class Sweep:
 
         cancel_sweep(self.sweep_dir)
 
-    def rerun_failed(self, *, fresh_code: bool = False) -> list[int]:
-        """`hpcdl sweep rerun --failed`: the failed, cancelled, timed-out and interrupted
-        trials again, each from its newest checkpoint. The indices of the trials rerun.
-        `fresh_code` (`--fresh-code`, Slurm): the sweep's code frozen anew first, refused
-        while a trial is queued or running."""
+    def rerun_failed(
+        self, overrides: Sequence[str] = (), *, fresh_code: bool = False
+    ) -> list[int]:
+        """`hpcdl sweep rerun --failed [KEY=VALUE ...]`: the failed, cancelled, timed-out
+        and interrupted trials again, each from its newest checkpoint, with `overrides` in
+        each one's config.yaml (["cluster.timeout_min=240"]; not a swept key). The indices
+        of the trials rerun. `fresh_code` (`--fresh-code`, Slurm): the sweep's code frozen
+        anew first, refused while a trial is queued or running."""
         from hpcdl.cli.main import rerun_failed
         from hpcdl.sweep.ledger import load
 
         if load(self.sweep_dir).launcher != "slurm":
             _check_main_thread("Sweep.rerun_failed", "a sweep on cluster=debug or cluster=local")
-        return rerun_failed(self.sweep_dir, fresh_code=fresh_code)[0]
+        given = _overrides(overrides)
+        return rerun_failed(self.sweep_dir, fresh_code=fresh_code, overrides=given)[0]
 
     def trial(self, index: int) -> Job:
         """One trial's run, as a Job (logs, result, status of that trial alone)."""

@@ -21,7 +21,7 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -438,6 +438,13 @@ class RunDir(JobDir):
         trial N of SWEEP_DIR` for the resume a local sweep's pool starts a trial with."""
         stamp = dt.datetime.now().isoformat(timespec="seconds")
         append_line_durably(self.path / self.COMMANDS, f"{stamp} {_command_line(verb)}")
+
+    def record_rerun(self, sweep_dir: Path, overrides: Sequence[str]) -> None:
+        """commands.log: `<time> rerun: hpcdl sweep rerun SWEEP_DIR --failed KEY=VALUE ...`,
+        the settings a rerun of its sweep wrote into this trial's config.yaml."""
+        stamp = dt.datetime.now().isoformat(timespec="seconds")
+        words = ["hpcdl", "sweep", "rerun", str(sweep_dir), "--failed", *overrides]
+        append_line_durably(self.path / self.COMMANDS, f"{stamp} rerun: {shlex.join(words)}")
 
     def withdraw_command(self, verb: str) -> None:
         """Take back the line that record_command(verb) appended in this process, when it is

@@ -113,3 +113,52 @@ def test_ctrl_c_as_a_local_sweeps_trials_start_interrupts_them(hpcdl, tmp_path: 
     assert _states(sweep) == ["COMPLETED", "COMPLETED"]
     for i in (0, 1):
         assert "resuming run dir" in (sweep / str(i) / "trial.log").read_text()
+
+
+FLAKY_STEP = """
+import torch.nn.functional as F
+
+calls = 0
+
+
+def step(model, batch, ok=False):
+    global calls
+    calls += 1
+    if calls > 3 and not ok:  # past the first-batch check: a failure in training
+        raise RuntimeError("not ok")
+    x, y = batch
+    return F.cross_entropy(model(x), y), {}
+"""
+
+
+def test_a_rerun_takes_settings_for_its_trials_config_yaml_checked_first(
+    hpcdl, tmp_path: Path
+) -> None:
+    """`sweep rerun --failed cluster.timeout_min=240` was refused (unrecognized arguments):
+    a timed-out trial's longer limit took a sed on each config.yaml (persona, sweeps)."""
+    (tmp_path / "flaky.py").write_text(FLAKY_STEP)
+    env = {"PYTHONPATH": str(tmp_path)}
+    small = ["data=synthetic", "data.num_samples=256", "data.shape=[4]", "trainer.max_epochs=1"]
+    custom = ["task=custom", "task.target=flaky:step", "trainer.batch_size=16"]
+    out = hpcdl("train", "-m", *small, *custom, "optim.lr=0.1,0.2", "hydra.sweep.dir=sw", env=env)
+    assert out.returncode == 1 and _states(tmp_path / "sw") == ["FAILED", "FAILED"], out.stdout
+    configs = {i: (tmp_path / "sw" / str(i) / "config.yaml").read_text() for i in (0, 1)}
+
+    refused = [
+        (["optim.lr=0.5"], "error: optim.lr: a swept key, whose value makes each trial what"),
+        (["trainer.max_epochs=0"], "error: trial 0: trainer.max_epochs=0: must be > 0"),
+    ]
+    for given, line in refused:
+        out = hpcdl("sweep", "rerun", "sw", "--failed", *given, env=env)
+        assert out.returncode == 2 and out.stderr.startswith(line), out.stderr
+    dry = hpcdl("sweep", "rerun", "sw", "--failed", "task.kwargs.ok=true", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "# each with task.kwargs.ok=true in its config.yaml (nothing written)" in dry.stdout
+    assert {i: (tmp_path / "sw" / str(i) / "config.yaml").read_text() for i in (0, 1)} == configs
+
+    rerun = hpcdl("sweep", "rerun", "sw", "--failed", "task.kwargs.ok=true", env=env)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert _states(tmp_path / "sw") == ["COMPLETED", "COMPLETED"]
+    assert "ok: true" in (tmp_path / "sw" / "0" / "config.yaml").read_text()
+    summary = hpcdl("sweep", "summary", "sw", "--metric", "val_loss", env=env)
+    assert "trial 1: rerun with task.kwargs.ok=true" in summary.stdout + summary.stderr

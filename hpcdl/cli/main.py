@@ -14,6 +14,7 @@ import re
 import shlex
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
@@ -211,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep_rerun = sweep_sub.add_parser("rerun", help="resubmit failed/cancelled/timed-out trials")
     sweep_rerun.add_argument("sweep_dir")
+    sweep_rerun.add_argument(
+        "overrides",
+        nargs="*",
+        help="KEY=VALUE for each rerun trial's config.yaml, as hpcdl resume takes them "
+        "(cluster.timeout_min=240, trainer.max_epochs=50); not a swept key",
+    )
     # Checked in cmd_sweep, so that a typo of it (--faild) is named as an unknown option.
     sweep_rerun.add_argument("--failed", action="store_true", help="required: rerun these")
     sweep_rerun.add_argument(
@@ -599,7 +606,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 f"hpcdl sweep rerun {args.sweep_dir}: give --failed (it reruns the trials in a "
                 "failed state: FAILED, CANCELLED, TIMEOUT, ...)"
             )
-        return rerun_failed(sweep_dir, dry_run=args.dry_run, fresh_code=args.fresh_code)[1]
+        return rerun_failed(
+            sweep_dir, dry_run=args.dry_run, fresh_code=args.fresh_code, overrides=args.overrides
+        )[1]
     ledger, metric, silent = refresh_states(sweep_dir, getattr(args, "metric", None))
     if silent is not None:
         from hpcdl.launch.monitor import unanswered
@@ -638,13 +647,18 @@ def submitted_line(arrays: list[str], num_trials: int) -> str:
 
 
 def rerun_failed(
-    sweep_dir: Path, dry_run: bool = False, fresh_code: bool = False
+    sweep_dir: Path,
+    dry_run: bool = False,
+    fresh_code: bool = False,
+    overrides: Sequence[str] = (),
 ) -> tuple[list[int], int]:
     """`sweep rerun --failed` (and Sweep.rerun_failed): the failed trials, as states are
     now, as a new job array, or a local pool in the foreground. The trials rerun and the
     exit status. `dry_run`: the trials and the array's sbatch script, nothing submitted.
     `fresh_code`: the sweep's code frozen anew first (Slurm; refused while a trial is
-    queued or running)."""
+    queued or running). `overrides`: KEY=VALUE settings for each rerun trial's config.yaml
+    (a longer cluster.timeout_min for trials that timed out), checked for every trial
+    before any is written; not the swept keys, which make the trials what they are."""
     from hpcdl.cli.resume_run import refuse_edited_values
     from hpcdl.rundir import open_run_dir
     from hpcdl.sweep import ledger as ledger_mod
@@ -659,6 +673,8 @@ def rerun_failed(
     trials = [(i, open_run_dir(ledger.trial(i).run_dir)) for i in failed]
     for i, (cfg, run_dir) in trials:  # a config.yaml fixed by hand, checked before sbatch
         refuse_edited_values(cfg, run_dir, f"trial {i}: ")
+    if overrides:
+        trials = rerun_settings(ledger, trials, list(overrides))
     if fresh_code:
         from hpcdl.cli.fresh import fresh_sweep_code, fresh_sweep_dry_line, refreeze_sweep
 
@@ -671,6 +687,8 @@ def rerun_failed(
         warn_edited_code(SweepDir(Path(ledger.sweep_dir)), "the rerun", fix)
     if dry_run:
         print(f"would rerun trials {failed}")
+        if overrides:
+            print(f"# each with {shlex.join(overrides)} in its config.yaml (nothing written)")
         if ledger.launcher == "slurm":
             if fresh_code:
                 print(fresh_sweep_dry_line(ledger))
@@ -689,6 +707,7 @@ def rerun_failed(
                 print("no failed trials to rerun (a rerun beside this one submitted them)")
                 return failed, EXIT_OK
             fresh = refreeze_sweep(led) if fresh_code else None
+            write_rerun_settings(sweep_dir, trials, failed, overrides)
             print(f"rerunning trials {failed}", flush=True)
             try:
                 arrays = submit_arrays(led, failed)
@@ -698,10 +717,53 @@ def rerun_failed(
                 raise
         print(submitted_line(arrays, len(failed)))
         return failed, EXIT_OK
+    write_rerun_settings(sweep_dir, trials, failed, overrides)
     print(f"rerunning trials {failed}", flush=True)
     from hpcdl.sweep.launch import run_local_pool
 
     return failed, run_local_pool(ledger, failed)
+
+
+def rerun_settings(
+    ledger: Any, trials: list[tuple[int, tuple[Config, Any]]], overrides: list[str]
+) -> list[tuple[int, tuple[Config, Any]]]:
+    """Each trial's config with `overrides` applied and checked (as `hpcdl resume RUN_DIR
+    KEY=VALUE` checks them); a swept key is refused: it is what makes the trial itself."""
+    from hpcdl.cli.compose import apply_overrides
+    from hpcdl.cli.resume_run import refuse_trainer_keys
+
+    for text in overrides:
+        key = text.partition("=")[0].lstrip("+~")
+        if key in ledger.swept_keys or key.split(".", 1)[0] in ledger.swept_keys:
+            raise ConfigError(
+                f"{key}: a swept key, whose value makes each trial what it is; rerun with other "
+                "settings (cluster.timeout_min=240, trainer.max_epochs=50), or sweep other "
+                "values as a new sweep"
+            )
+    changed = []
+    for i, (cfg, run_dir) in trials:
+        refuse_trainer_keys(cfg, overrides, run_dir)
+        try:
+            changed.append((i, (apply_overrides(cfg, overrides), run_dir)))
+        except ConfigError as err:
+            raise ConfigError(f"trial {i}: {err}") from None
+    return changed
+
+
+def write_rerun_settings(
+    sweep_dir: Path,
+    trials: list[tuple[int, tuple[Config, Any]]],
+    indices: list[int],
+    overrides: Sequence[str],
+) -> None:
+    """The checked configs of the trials rerun now into their config.yaml, and a `rerun:`
+    line in their commands.log (the sweep summary notes it under the table)."""
+    if not overrides:
+        return
+    for i, (cfg, run_dir) in trials:
+        if i in indices:
+            run_dir.save_config(cfg)
+            run_dir.record_rerun(sweep_dir, overrides)
 
 
 def preflight(cfg: Config, skip: bool) -> None:

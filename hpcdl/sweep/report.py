@@ -211,6 +211,8 @@ def trial_notes(ledger: Ledger) -> dict[int, list[str]]:
             ]
             if other:
                 lines.append(f"trial {t.index}: resumed by hand with {' '.join(other)}")
+        for words in reruns_with(RunDir(Path(t.run_dir))):
+            lines.append(f"trial {t.index}: rerun with {' '.join(words)}")
     for record in ledger.refrozen:  # --fresh-code: the trials that ran on the old copy
         for index in record.get("trials", []):
             notes.setdefault(index, []).append(
@@ -240,6 +242,25 @@ def hand_resumes(run_dir: RunDir) -> list[list[str]]:
         rest = words[words.index("resume") + 2 :]  # after the run dir
         found.append(rest[: rest.index("--")] if "--" in rest else rest)
     return found
+
+
+def reruns_with(run_dir: RunDir) -> list[list[str]]:
+    """The settings each `hpcdl sweep rerun --failed KEY=VALUE ...` wrote into the trial's
+    config.yaml (its commands.log's `rerun:` lines)."""
+    try:
+        lines = (run_dir.path / run_dir.COMMANDS).read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        _, sep, command = line.partition(" rerun: ")
+        try:
+            words = shlex.split(command) if sep else []
+        except ValueError:
+            continue
+        if "--failed" in words:
+            found.append(words[words.index("--failed") + 1 :])
+    return [words for words in found if words]
 
 
 def no_metric_hint(ledger: Ledger, metric: str) -> Optional[str]:

@@ -226,41 +226,37 @@ def hand_resumes(run_dir: RunDir) -> list[list[str]]:
     """The overrides and options of each `hpcdl resume` of the run typed by hand (its
     commands.log's `resume:` lines; a sweep's own attempts are `sweep:` lines), without a
     program's command after `--`."""
-    try:
-        lines = (run_dir.path / run_dir.COMMANDS).read_text().splitlines()
-    except OSError:
-        return []
     found = []
-    for line in lines:
-        _, _, command = line.partition(" resume: ")
-        try:
-            words = shlex.split(command)
-        except ValueError:
-            continue
-        if "resume" not in words:
-            continue
-        rest = words[words.index("resume") + 2 :]  # after the run dir
-        found.append(rest[: rest.index("--")] if "--" in rest else rest)
+    for words in _logged(run_dir, "resume"):
+        if "resume" in words:
+            rest = words[words.index("resume") + 2 :]  # after the run dir
+            found.append(rest[: rest.index("--")] if "--" in rest else rest)
     return found
 
 
 def reruns_with(run_dir: RunDir) -> list[list[str]]:
     """The settings each `hpcdl sweep rerun --failed KEY=VALUE ...` wrote into the trial's
     config.yaml (its commands.log's `rerun:` lines)."""
+    found = [w[w.index("--failed") + 1 :] for w in _logged(run_dir, "rerun") if "--failed" in w]
+    return [words for words in found if words]
+
+
+def _logged(run_dir: RunDir, verb: str) -> list[list[str]]:
+    """The words of each of commands.log's `<time> <verb>: <command>` lines."""
     try:
         lines = (run_dir.path / run_dir.COMMANDS).read_text().splitlines()
     except OSError:
         return []
     found = []
     for line in lines:
-        _, sep, command = line.partition(" rerun: ")
-        try:
-            words = shlex.split(command) if sep else []
-        except ValueError:
+        _, sep, command = line.partition(f" {verb}: ")
+        if not sep:
             continue
-        if "--failed" in words:
-            found.append(words[words.index("--failed") + 1 :])
-    return [words for words in found if words]
+        try:
+            found.append(shlex.split(command))
+        except ValueError:  # a line changed by hand
+            continue
+    return found
 
 
 def no_metric_hint(ledger: Ledger, metric: str) -> Optional[str]:

@@ -427,7 +427,7 @@ def test_load_config_reads_what_omegaconf_reads(tmp_path: Path) -> None:
     for i, cfg in enumerate(_tricky_configs()):
         path = tmp_path / f"config{i}.yaml"
         save_config(cfg, path)
-        fast = convert._read_plain_yaml(path)
+        fast = convert.read_plain_yaml(path)
         assert fast is not None  # the fast path is what is compared
         assert repr(fast) == repr(_omegaconf_raw(path))  # repr: 1, 1.0 and True differ
         assert to_plain(load_config(path)) == to_plain(from_dict(_omegaconf_raw(path)))
@@ -464,7 +464,7 @@ def test_yaml_read_without_omegaconf_equals_omegaconf(text: str, tmp_path: Path)
 
     path = tmp_path / "config.yaml"
     path.write_text(text, encoding="utf-8")
-    fast = convert._read_plain_yaml(path)
+    fast = convert.read_plain_yaml(path)
     assert fast is not None
     assert repr(fast) == repr(_omegaconf_raw(path))
 
@@ -475,7 +475,7 @@ def test_yaml_the_fast_path_cannot_take_is_left_to_omegaconf(text: str, tmp_path
 
     path = tmp_path / "config.yaml"
     path.write_text(text, encoding="utf-8")
-    assert convert._read_plain_yaml(path) is None
+    assert convert.read_plain_yaml(path) is None
     with pytest.raises(ConfigError):  # none of them is a config
         load_config(path)
 

@@ -1323,3 +1323,29 @@ def test_a_summary_averages_over_seeds_with_over(tmp_path: Path, capsys) -> None
         "error: --over seed: not a swept key of this sweep; its swept keys are optim.lr, "
         "trainer.seed\n"
     )
+
+
+def test_status_and_summary_read_no_typed_config_of_a_trial_run_as_planned(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # Each trial's config.yaml converted to a typed config took 98% of `sweep status` and
+    # `sweep summary`: about 30 ms a trial, a minute on 2000 trials. A config.yaml with the
+    # planned values is read as plain YAML; an edited one still through its typed config.
+    from hpcdl.cli.main import main
+    from hpcdl.config import convert
+    from hpcdl.sweep import launch
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,1e+30,0.01", f"hydra.sweep.dir={sweep}"]))
+    converted = []
+    real = convert.from_dict
+    monkeypatch.setattr(convert, "from_dict", lambda raw: converted.append(raw) or real(raw))
+    assert main(["sweep", "status", str(sweep)]) == 0
+    assert len(converted) == 1  # trial 0's, for the default metric: not one per trial
+    assert main(["sweep", "summary", str(sweep), "--metric", "val_loss"]) == 0
+    assert len(converted) == 1
+    config = sweep / "1" / "config.yaml"
+    config.write_text(config.read_text().replace("lr: 1.0e+30", "lr: 0.05"))
+    assert main(["sweep", "status", str(sweep)]) == 0
+    assert "| optim.lr=0.05 |" in capsys.readouterr().out
+    assert len(converted) == 3  # trial 0's again, and the edited trial 1's

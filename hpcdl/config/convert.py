@@ -614,7 +614,7 @@ def _yaml_loader() -> type:
     return ConfigLoader
 
 
-def _read_plain_yaml(path: Path) -> Optional[dict[str, Any]]:
+def read_plain_yaml(path: Path) -> Optional[dict[str, Any]]:
     """The file's mapping when it is plain YAML data (what hpcdl writes), read without
     OmegaConf; None for anything else (unreadable, invalid, an interpolation, a key that
     is not a string), which load_config then reads, and reports, through OmegaConf."""
@@ -630,7 +630,7 @@ def _read_plain_yaml(path: Path) -> Optional[dict[str, Any]]:
 
 
 def load_config(path: Path) -> schema.Config:
-    fast = _read_plain_yaml(Path(path))
+    fast = read_plain_yaml(Path(path))
     if fast is not None:
         return from_dict(fast)
     try:

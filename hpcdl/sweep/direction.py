@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from hpcdl.config.metrics import builtin_mode, guessed_mode, monitor_mode, unprefixed
-from hpcdl.config.schema import Config, Mode
+from hpcdl.config.schema import Mode
 from hpcdl.errors import HpcdlError
 from hpcdl.rundir import RunDir
 from hpcdl.sweep.ledger import Ledger
@@ -80,8 +80,8 @@ def refuse_mixed_monitors(ledger: Ledger) -> None:
     different metrics (a sweep of the monitor) hold values that do not compare, whatever
     --mode says."""
     monitors: dict[str, list[int]] = {}
-    for index, cfg in _trainer_configs(ledger):
-        monitors.setdefault(cfg.trainer.early_stopping.monitor, []).append(index)
+    for index, monitor, _ in _early_stoppings(ledger):
+        monitors.setdefault(monitor, []).append(index)
     if len(monitors) > 1:
         raise HpcdlError(
             f"{BEST_METRIC}: the trials' best_metric is not one metric, they monitor different "
@@ -90,16 +90,47 @@ def refuse_mixed_monitors(ledger: Ledger) -> None:
         )
 
 
-def _trainer_configs(ledger: Ledger) -> Iterator[tuple[int, Config]]:
-    """(index, config) of each trial trained by hpcdl's trainer whose config reads (an
-    `hpcdl run` program stops itself; an unreadable trial leaves it to the others)."""
+def _early_stoppings(ledger: Ledger) -> Iterator[tuple[int, str, Optional[Mode]]]:
+    """(index, trainer.early_stopping's monitor and mode) of each trial trained by hpcdl's
+    trainer whose config reads (an `hpcdl run` program stops itself; an unreadable trial
+    leaves it to the others). Read as plain YAML where config.yaml has both keys as hpcdl
+    writes them: the typed conversion of each config.yaml took a minute on 2000 trials."""
     for t in ledger.trials:
+        run_dir = RunDir(Path(t.run_dir))
+        plain = _plain_early_stopping(run_dir.read_plain_config())
+        if plain is not None:
+            if plain != _PROGRAM:
+                yield (t.index, *plain)
+            continue
         try:
-            cfg = RunDir(Path(t.run_dir)).load_config()
+            cfg = run_dir.load_config()
         except HpcdlError:
             continue
         if cfg.script is None:
-            yield t.index, cfg
+            yield t.index, cfg.trainer.early_stopping.monitor, cfg.trainer.early_stopping.mode
+
+
+_PROGRAM = ("", None)  # a trial of an `hpcdl run` program: no early stopping
+_MODES = {None: None, "auto": None, "min": Mode.min, "max": Mode.max}
+
+
+def _plain_early_stopping(raw: Optional[dict[str, Any]]) -> Optional[tuple[str, Optional[Mode]]]:
+    """monitor and mode as the typed config has them (mode=auto: None), _PROGRAM for a
+    program's trial; None where the plain data cannot tell (load_config decides)."""
+    if raw is None:
+        return None
+    if raw.get("script") is not None:
+        return _PROGRAM
+    trainer = raw.get("trainer")
+    stopping = trainer.get("early_stopping") if isinstance(trainer, dict) else None
+    if not isinstance(stopping, dict) or not {"monitor", "mode"} <= stopping.keys():
+        return None
+    monitor, mode = stopping["monitor"], stopping["mode"]
+    if not isinstance(monitor, str) or not isinstance(mode, (str, type(None))):
+        return None
+    if mode not in _MODES:
+        return None
+    return monitor, _MODES[mode]
 
 
 def _by_trials(groups: Mapping[Any, list[int]]) -> str:
@@ -116,12 +147,11 @@ def early_stopping_direction(ledger: Ledger, metric: str) -> Optional[Direction]
     modes: dict[Mode, list[int]] = {}
     monitors: set[str] = set()
     auto = True  # no trial set the mode: the reason says so
-    for index, cfg in _trainer_configs(ledger):
-        es = cfg.trainer.early_stopping
-        if metric == BEST_METRIC or unprefixed(metric) == unprefixed(es.monitor):
-            modes.setdefault(monitor_mode(es.monitor, es.mode), []).append(index)
-            monitors.add(es.monitor)
-            auto = auto and es.mode is None
+    for index, monitor, mode in _early_stoppings(ledger):
+        if metric == BEST_METRIC or unprefixed(metric) == unprefixed(monitor):
+            modes.setdefault(monitor_mode(monitor, mode), []).append(index)
+            monitors.add(monitor)
+            auto = auto and mode is None
     if not modes:
         return None
     if len(modes) > 1:

@@ -28,6 +28,20 @@ def as_run(planned: list[str], config: Mapping[str, Any]) -> list[str]:
     return [_as_run(override, config) for override in planned]
 
 
+def agrees(planned: list[str], config: Mapping[str, Any]) -> bool:
+    """Whether `config` (a config.yaml as written, not converted to a typed config) has
+    each of `planned` as planned: then as_run() of the typed config gives `planned` too. A
+    key it lacks (a default), or a value that differs (an edit), says no: the typed config
+    then decides."""
+    if as_run(planned, config) != planned:
+        return False
+    script = config.get("script")
+    if isinstance(script, Mapping) and script.get("command"):
+        return True
+    keys = (o.partition("=")[0].lstrip("+~") for o in planned)
+    return all(_lookup(config, key) is not _MISSING for key in keys)
+
+
 def _in_command(override: str, command: list[str]) -> str:
     """A program sweep's swept argument as `command` has it, shown as the sweep shows it
     (hpcdl.cli.run): `KEY=VALUE` for a token `KEY=VALUE`, for `KEY VALUE` (an option and

@@ -109,7 +109,7 @@ def test_ctrl_c_as_a_local_sweeps_trials_start_interrupts_them(hpcdl, tmp_path: 
 
     rerun = hpcdl("sweep", "rerun", str(sweep), "--failed")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert "rerunning trials [0, 1]" in rerun.stdout
+    assert "rerunning 2 trials: 0-1" in rerun.stdout
     assert _states(sweep) == ["COMPLETED", "COMPLETED"]
     for i in (0, 1):
         assert "resuming run dir" in (sweep / str(i) / "trial.log").read_text()

@@ -463,13 +463,13 @@ def test_local_sweep_ledger_failed_trial_rerun_and_kfold_summary(hpcdl, tmp_path
     dry = hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run")
     assert dry.returncode == 0, dry.stderr + dry.stdout
     assert dry.stdout.splitlines() == [
-        "would rerun trials [3, 4, 5]",
+        "would rerun 3 trials: 3-5",
         "# dry run: nothing submitted",
     ]
     assert json.loads((sweep / "sweep.json").read_text()) == ledger  # nothing ran
     rerun = hpcdl("sweep", "rerun", str(sweep), "--failed")
     assert rerun.returncode == 0, rerun.stderr + rerun.stdout
-    assert "rerunning trials [3, 4, 5]" in rerun.stdout
+    assert "rerunning 3 trials: 3-5" in rerun.stdout
     ledger = json.loads((sweep / "sweep.json").read_text())
     assert [t["state"] for t in ledger["trials"]] == ["COMPLETED"] * 6
     assert [t["attempts"] for t in ledger["trials"]] == [1, 1, 1, 2, 2, 2]
@@ -1134,7 +1134,7 @@ def test_a_programs_error_metric_ranks_lowest_first_and_the_summary_says_why(
         "name); --mode max reverses it\n"
     )
     assert main(["sweep", "summary", str(sweep), "--metric", "wall_s", "--format", "csv"]) == 0
-    assert "ranked by wall_s, lowest first" in capsys.readouterr().out
+    assert "ranked by wall_s, lowest first" in capsys.readouterr().err  # stdout: the CSV
 
 
 @pytest.mark.parametrize(
@@ -1349,3 +1349,58 @@ def test_status_and_summary_read_no_typed_config_of_a_trial_run_as_planned(
     assert main(["sweep", "status", str(sweep)]) == 0
     assert "| optim.lr=0.05 |" in capsys.readouterr().out
     assert len(converted) == 3  # trial 0's again, and the edited trial 1's
+
+
+def test_summary_as_csv_puts_the_csv_alone_on_stdout(tmp_path: Path, capsys) -> None:
+    # The direction's line and `written:` came after the CSV on stdout (`> out.csv` got two
+    # rows that were no CSV), and the notes under the table were not printed at all.
+    import csv
+
+    from hpcdl.cli.main import main
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import ledger as ledger_mod
+
+    plan = plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={tmp_path / 'sw'}"])
+    sweep = _completed_sweep(plan, [{"val_accuracy": 0.9}, {"val_accuracy": 0.8}])
+    with ledger_mod.locked(sweep) as ledger:
+        ledger.trial(1).state = "RUNNING"
+        (RunDir(sweep / "1").summary_file).unlink()
+    assert main(["sweep", "summary", str(sweep), "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out == (sweep / "summary.csv").read_text()
+    assert [row[:2] for row in csv.reader(out.splitlines())] == [
+        ["rank", "overrides"],
+        ["1", "optim.lr=0.1"],
+        ["2", "optim.lr=0.01"],
+    ]
+    lines = err.splitlines()
+    assert lines[0].startswith("ranked by val_accuracy, highest first")
+    assert lines[1].startswith("trial 1 has not completed (RUNNING)")
+    assert lines[2].startswith("written: ")
+
+
+def test_sweep_status_help_does_not_say_it_ranks(capsys) -> None:
+    from hpcdl.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["sweep", "status", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--metric METRIC the metric to show in each trial's row" in out
+    assert "rank by" not in out
+
+
+def test_a_rerun_names_its_trials_as_ranges(tmp_path: Path, capsys) -> None:
+    # `sweep rerun --failed --dry-run` of 1870 trials printed each index: an 11 kB line.
+    from hpcdl.cli.main import main
+    from hpcdl.sweep import launch
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["trainer.seed=range(0,40)", f"hydra.sweep.dir={sweep}"]))
+    for index in (3, 7):
+        launch._finish_trial(sweep, index, 0)
+    capsys.readouterr()
+    assert main(["sweep", "rerun", str(sweep), "--failed", "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "would rerun 38 trials: 0-2, 4-6, 8-39",
+        "# dry run: nothing submitted",
+    ]

@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_sub = sweep.add_subparsers(dest="sweep_command", required=True)
     sweep_status = sweep_sub.add_parser("status", help="table: trial, overrides, job id, state")
     sweep_status.add_argument("sweep_dir")
-    sweep_status.add_argument("--metric", help=METRIC_HELP)
+    sweep_status.add_argument("--metric", help=STATUS_METRIC_HELP)
     sweep_summary = sweep_sub.add_parser("summary", help="ranked table + plot per swept key")
     sweep_summary.add_argument("sweep_dir")
     sweep_summary.add_argument("--metric", help=METRIC_HELP)
@@ -582,9 +582,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_program(args)
 
 
-METRIC_HELP = (
-    "the metric to show and rank by; default: val_accuracy for classification, else the "
-    "early-stopping monitor; for `hpcdl run` sweeps the first number in the programs' metrics"
+METRIC_DEFAULT = (
+    "default: val_accuracy for classification, else the early-stopping monitor; for "
+    "`hpcdl run` sweeps the first number in the programs' metrics"
+)
+METRIC_HELP = f"the metric to show and rank by; {METRIC_DEFAULT}"
+STATUS_METRIC_HELP = (
+    f"the metric to show in each trial's row (in trial order: `sweep summary` ranks); "
+    f"{METRIC_DEFAULT}"
 )
 
 
@@ -626,14 +631,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.sweep_command == "summary":
         ranking = direction(ledger, metric, args.mode)  # refused before anything is written
         averaged_keys(ledger, args.over)  # so is an --over that is no swept key
-        text, files = write_summary(ledger, metric, ranking, args.over)
+        text, notes, files = write_summary(ledger, metric, ranking, args.over)
+        # --format csv: stdout holds the CSV alone (`> out.csv`, pandas.read_csv), the rest
+        # goes to stderr.
+        said = sys.stderr if args.format == "csv" else sys.stdout
         if args.format == "csv":
             print(files[1].read_text(), end="")
-            print(ranking.header(metric))
+            print(ranking.header(metric), file=said)
+            print(notes + edit_notes(ledger), end="", file=said)
         else:
             print(text)
             print(edit_notes(ledger), end="")
-        print("written: " + ", ".join(str(f) for f in files))
+        print("written: " + ", ".join(str(f) for f in files), file=said)
         hint = no_metric_hint(ledger, metric)
         if hint:
             print(hint, file=sys.stderr)
@@ -644,6 +653,13 @@ def submitted_line(arrays: list[str], num_trials: int) -> str:
     # submitit submits a lone trial as a plain job, not an array of one
     what = "job" if num_trials == 1 else "job arrays" if len(arrays) > 1 else "job array"
     return f"submitted {what} {', '.join(arrays)}"
+
+
+def rerun_line(trials: list[int]) -> str:
+    """'3 trials: 3-5, 9': a 2000-trial sweep's rerun is one short line, as its cancel is."""
+    from hpcdl.number_ranges import number_ranges
+
+    return f"{plural(len(trials), 'trial')}: {number_ranges(trials)}"
 
 
 def rerun_failed(
@@ -686,7 +702,7 @@ def rerun_failed(
         fix = f"to run your edits: hpcdl sweep rerun {sweep_dir} --failed --fresh-code"
         warn_edited_code(SweepDir(Path(ledger.sweep_dir)), "the rerun", fix)
     if dry_run:
-        print(f"would rerun trials {failed}")
+        print(f"would rerun {rerun_line(failed)}")
         if overrides:
             print(f"# each with {shlex.join(overrides)} in its config.yaml (nothing written)")
         if ledger.launcher == "slurm":
@@ -708,7 +724,7 @@ def rerun_failed(
                 return failed, EXIT_OK
             fresh = refreeze_sweep(led) if fresh_code else None
             write_rerun_settings(sweep_dir, trials, failed, overrides)
-            print(f"rerunning trials {failed}", flush=True)
+            print(f"rerunning {rerun_line(failed)}", flush=True)
             try:
                 arrays = submit_arrays(led, failed)
             except HpcdlError:
@@ -718,7 +734,7 @@ def rerun_failed(
         print(submitted_line(arrays, len(failed)))
         return failed, EXIT_OK
     write_rerun_settings(sweep_dir, trials, failed, overrides)
-    print(f"rerunning trials {failed}", flush=True)
+    print(f"rerunning {rerun_line(failed)}", flush=True)
     from hpcdl.sweep.launch import run_local_pool
 
     return failed, run_local_pool(ledger, failed)

@@ -498,9 +498,10 @@ def _states(ledger: Ledger, indices: list[int]) -> str:
 
 def write_summary(
     ledger: Ledger, metric: str, direction: Direction, over: Sequence[str] = ()
-) -> tuple[str, list[Path]]:
-    """summary.md (the direction's line, then the table), summary.csv and the plot; returns
-    summary.md's text and the files. `over`: keys averaged over besides data.fold."""
+) -> tuple[str, str, list[Path]]:
+    """summary.md (the direction's line, the table, then the notes on its rows),
+    summary.csv and the plot; returns summary.md's text, its notes and the files. `over`:
+    keys averaged over besides data.fold."""
     sweep_dir = SweepDir(Path(ledger.sweep_dir))
     entries = summarize(ledger, metric, direction, over)
     folds = bool(over) or any(k == FOLD_KEY for k in ledger.swept_keys)
@@ -517,7 +518,7 @@ def write_summary(
         writer.writerow([rank, e["overrides"], mean, std, e["n"], " ".join(map(str, e["trials"]))])
     write_atomic(table_csv, buffer.getvalue())
     plots = plot_metric_per_key(ledger, metric, direction, sweep_dir.summary_plot(metric))
-    return text, [markdown, table_csv, *plots]
+    return text, notes, [markdown, table_csv, *plots]
 
 
 def plot_metric_per_key(

@@ -286,7 +286,7 @@ def test_script_sweep_is_one_array_and_rerun_failed_reruns_only_the_failed(
     wait_until(settled, 300, "five completed trials and one failed", 2.0)
     fixed.write_text("")
     rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", cwd=tmp_path)
-    assert rerun.returncode == 0 and "rerunning trials [5]" in rerun.stdout, rerun.stdout
+    assert rerun.returncode == 0 and "rerunning 1 trial: 5" in rerun.stdout, rerun.stdout
     wait_until(
         lambda: "6 COMPLETED" in run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path).stdout,
         300,

@@ -126,12 +126,12 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
     config = Path(first[1]["run_dir"]) / "config.yaml"
     config.write_text(config.read_text().replace("path: broken.npz", "path: good.npz"))
     dry = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", cwd=tmp_path)
-    assert dry.returncode == 0 and "would rerun trials [1]" in dry.stdout, dry.stdout
+    assert dry.returncode == 0 and "would rerun 1 trial: 1" in dry.stdout, dry.stdout
     assert "#SBATCH" in dry.stdout and "#SBATCH --array" not in dry.stdout  # one trial: a job
     assert dry.stdout.rstrip().endswith("# dry run: nothing submitted")
     assert ledger(sweep)["trials"][1]["attempts"] == 1
     rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", cwd=tmp_path)
-    assert rerun.returncode == 0 and "rerunning trials [1]" in rerun.stdout, rerun.stdout
+    assert rerun.returncode == 0 and "rerunning 1 trial: 1" in rerun.stdout, rerun.stdout
     after = ledger(sweep)["trials"]
     assert after[0]["job_id"] == first[0]["job_id"] and after[0]["attempts"] == 1
     assert after[1]["job_id"] != first[1]["job_id"] and after[1]["attempts"] == 2
@@ -167,7 +167,7 @@ def test_trials_cancelled_while_queued_are_cancelled_and_rerun(devcluster, tmp_p
     status = run_hpcdl("sweep", "status", str(sweep), cwd=tmp_path)
     assert "4 trials: 4 CANCELLED" in status.stdout, status.stdout
     rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", cwd=tmp_path)
-    assert "rerunning trials [0, 1, 2, 3]" in rerun.stdout, rerun.stdout + rerun.stderr
+    assert "rerunning 4 trials: 0-3" in rerun.stdout, rerun.stdout + rerun.stderr
     again = ledger(sweep)["trials"]
     assert [t["attempts"] for t in again] == [2, 2, 2, 2]
     subprocess.run(["scancel", again[0]["job_id"].split("_")[0]], check=True)
@@ -312,7 +312,7 @@ def test_status_and_rerun_work_on_a_cluster_without_accounting(
     rerun = run_hpcdl(
         "sweep", "rerun", str(sweep), "--failed", cwd=tmp_path, env=without_accounting
     )
-    assert rerun.returncode == 0 and "rerunning trials [1]" in rerun.stdout, rerun.stdout
+    assert rerun.returncode == 0 and "rerunning 1 trial: 1" in rerun.stdout, rerun.stdout
     # summary.json comes before the job's end: a trial is RUNNING until it leaves the queue
     wait_until(
         lambda: all_completed(sweep) and not set(job_ids(sweep)) & set(squeue_task_ids()),
@@ -400,7 +400,7 @@ def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) 
 
     (tmp_path / "fresh_net.py").write_text(BUGGY_NET.replace("!= 8", "< 1"))  # the fix
     dry = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--dry-run", cwd=tmp_path, env=env)
-    assert dry.returncode == 0 and "would rerun trials [1, 2]" in dry.stdout, dry.stderr
+    assert dry.returncode == 0 and "would rerun 2 trials: 1-2" in dry.stdout, dry.stderr
     assert dry.stderr == (
         f"warning: fresh_net changed since {sweep / 'code'} was frozen; the rerun runs that "
         f"frozen copy, not your edits (to run your edits: hpcdl sweep rerun {sweep} --failed "
@@ -439,7 +439,7 @@ def test_a_code_fix_reaches_failed_trials_with_fresh_code(devcluster, tmp_path) 
     assert f"the old copy moved to {sweep / 'code.2'}; changed since: fresh_net" in dry.stdout
     rerun = run_hpcdl("sweep", "rerun", str(sweep), "--failed", "--fresh-code", cwd=tmp_path,
                       env=env)  # fmt: skip
-    assert rerun.returncode == 0 and "rerunning trials [2]" in rerun.stdout, rerun.stderr
+    assert rerun.returncode == 0 and "rerunning 1 trial: 2" in rerun.stdout, rerun.stderr
     wait_until(lambda: "3 trials: 3 COMPLETED" in sweep_status(sweep), 240, "trial 2 rerun")
     assert (sweep / "code.2" / "fresh_net.py").read_text() + "# a second edit\n" == (
         sweep / "code" / "fresh_net.py"

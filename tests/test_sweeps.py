@@ -1072,9 +1072,9 @@ def test_a_kfold_summary_shows_no_spread_for_one_fold_and_names_the_folds_left_o
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith("| ")]
     assert [[cell.strip() for cell in line.split("|")[1:-1]] for line in table[1:]] == [
-        ["1", "optim.lr=0.01", "0.9500", "-", "1", "2-3"],
-        ["2", "optim.lr=0.1", "0.8500", "0.0707", "2", "0-1"],
-        ["3", "optim.lr=0.001", "-", "-", "0", "4-5"],
+        ["1", "optim.lr=0.01", "0.9500", "-", "1", "2-3", "1 COMPLETED, 1 FAILED"],
+        ["2", "optim.lr=0.1", "0.8500", "0.0707", "2", "0-1", "COMPLETED"],
+        ["3", "optim.lr=0.001", "-", "-", "0", "4-5", "FAILED"],
     ]
     note = (
         "optim.lr=0.01: trial 3 reports no val_accuracy (FAILED); its mean is over the other "
@@ -1309,9 +1309,9 @@ def test_a_summary_averages_over_seeds_with_over(tmp_path: Path, capsys) -> None
     assert main(["sweep", "summary", str(sweep), "--over", "trainer.seed"]) == 0
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert [[cell.strip() for cell in line.split("|")[1:-1]] for line in table] == [
-        ["rank", "overrides", "val_accuracy mean", "std", "n", "trials"],
-        ["1", "optim.lr=0.01", "0.9600", "0.0100", "3", "3-5"],
-        ["2", "optim.lr=0.1", "0.8500", "0.0500", "3", "0-2"],
+        ["rank", "overrides", "val_accuracy mean", "std", "n", "trials", "state"],
+        ["1", "optim.lr=0.01", "0.9600", "0.0100", "3", "3-5", "COMPLETED"],
+        ["2", "optim.lr=0.1", "0.8500", "0.0500", "3", "0-2", "COMPLETED"],
     ]
     rows = Sweep(sweep).summary(over=["trainer.seed"])
     assert [(r["overrides"], r["trials"], r["n"]) for r in rows] == [
@@ -1404,3 +1404,54 @@ def test_a_rerun_names_its_trials_as_ranges(tmp_path: Path, capsys) -> None:
         "would rerun 38 trials: 0-2, 4-6, 8-39",
         "# dry run: nothing submitted",
     ]
+
+
+def test_a_summary_shows_each_rows_state_and_leaves_failed_folds_out_of_the_mean(
+    tmp_path: Path, capsys
+) -> None:
+    # A failed trial was ranked beside completed ones with no mark, and a fold that failed
+    # (diverged) had its last value in its configuration's mean, n counting it.
+    import csv
+
+    from hpcdl import Sweep
+    from hpcdl.cli.main import main
+    from hpcdl.sweep import ledger as ledger_mod
+
+    plan = plan_sweep(
+        [
+            "optim.lr=0.1,0.01",
+            "data.num_folds=3",
+            "data.fold=range(0,3)",
+            f"hydra.sweep.dir={tmp_path / 'sw'}",
+        ]
+    )
+    values = [0.9, 0.3, 0.8, 0.7, 0.7, 0.7]  # lr 0.1: trials 0-2; trial 1 failed at 0.3
+    sweep = _completed_sweep(plan, [{"val_accuracy": v} for v in values])
+    with ledger_mod.locked(sweep) as ledger:
+        ledger.trial(1).state = "FAILED"
+        (sweep / "1" / "summary.json").unlink()
+    assert main(["sweep", "summary", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    assert [[cell.strip() for cell in line.split("|")[1:-1]] for line in table[1:]] == [
+        ["1", "optim.lr=0.1", "0.8500", "0.0707", "2", "0-2", "2 COMPLETED, 1 FAILED"],
+        ["2", "optim.lr=0.01", "0.7000", "0.0000", "3", "3-5", "COMPLETED"],
+    ]
+    note = (
+        "optim.lr=0.1: trial 1 has not completed (FAILED); its mean is over the other 2 of 3 "
+        "only"
+    )
+    assert note in out.splitlines()
+    assert "its val_accuracy is the last value" not in out  # not ranked by it
+    rows = list(csv.DictReader((sweep / "summary.csv").read_text().splitlines()))
+    assert [(r["n"], r["state"]) for r in rows] == [("2", "2 COMPLETED, 1 FAILED"), ("3", "COMPLETED")]
+    assert [r["state"] for r in Sweep(sweep).summary()] == ["2 COMPLETED, 1 FAILED", "COMPLETED"]
+    # A configuration none of whose trials has completed is ranked by what they reported.
+    with ledger_mod.locked(sweep) as ledger:
+        for index in (3, 4, 5):
+            ledger.trial(index).state = "RUNNING"
+            (sweep / str(index) / "summary.json").unlink()
+    assert main(["sweep", "summary", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "| 2    | optim.lr=0.01 | 0.7000" in out and "| 3 | 3-5    | RUNNING" in out
+    assert "trials 3, 4, 5 have not completed (RUNNING)" in out

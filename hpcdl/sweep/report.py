@@ -13,7 +13,7 @@ import shlex
 import shutil
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -416,19 +416,19 @@ def summarize(
     (a k-fold sweep) or in a key of `over` (`--over trainer.seed`) grouped, with the mean
     and standard deviation of their values."""
     averaged = averaged_keys(ledger, over)
-    groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    reported: dict[int, float] = {}
     members: dict[tuple[str, ...], list[int]] = defaultdict(list)
     for t in ledger.trials:
         key = tuple(o for o in t.overrides if o.partition("=")[0] not in averaged)
         members[key].append(t.index)
         value = trial_metric(RunDir(Path(t.run_dir)), metric)
         if value is not None:
-            groups[key].append(value)
+            reported[t.index] = value
     used = {o.partition("=")[0] for t in ledger.trials for o in t.overrides}
     swept = [k for k in averaged if k in used] or [FOLD_KEY]
     entries = []
     for key, trial_ids in members.items():
-        values = groups.get(key, [])
+        values = [reported[i] for i in counted_trials(ledger, trial_ids, reported)]
         entries.append(
             {
                 "overrides": " ".join(key) or f"(no swept key besides {', '.join(swept)})",
@@ -437,6 +437,7 @@ def summarize(
                 "mean": statistics.fmean(values) if values else math.nan,
                 # none for one value (or none): 0.0 would claim that the folds agree
                 "std": statistics.stdev(values) if len(values) > 1 else math.nan,
+                "state": group_state(ledger, trial_ids),
             }
         )
     sign = 1.0 if direction.lower_is_better else -1.0
@@ -448,8 +449,28 @@ def summarize(
     return sorted(entries, key=rank_key)
 
 
+def counted_trials(ledger: Ledger, trial_ids: list[int], reported: Collection[int]) -> list[int]:
+    """The trials of a configuration whose values its mean is over: those that completed;
+    where none has, those that have reported a value so far (running, failed), as a
+    configuration of one trial is ranked. A fold that diverged and failed had its last
+    value in the mean of the folds that completed."""
+    values = [i for i in trial_ids if i in reported]
+    return [i for i in values if ledger.trial(i).state == COMPLETED] or values
+
+
+def group_state(ledger: Ledger, trial_ids: list[int]) -> str:
+    """A configuration's state: its trials' one state (COMPLETED), else how many are in
+    each ('3 COMPLETED, 2 FAILED')."""
+    counts: dict[str, int] = defaultdict(int)
+    for i in trial_ids:
+        counts[ledger.trial(i).state] += 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+
+
 def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> str:
-    head = ["rank", "overrides", f"{metric} mean", "std" if folds else "", "n", "trials"]
+    head = ["rank", "overrides", f"{metric} mean", "std" if folds else "", "n", "trials", "state"]
     rows = [[h for h in head if h]]
     for rank, e in enumerate(entries, 1):
         # No value, or one fold's: no mean, or no spread to show (a std of 0 would claim
@@ -457,32 +478,47 @@ def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> st
         cells = [str(rank), e["overrides"], f"{e['mean']:.4f}" if e["n"] else "-"]
         if folds:
             cells.append(f"{e['std']:.4f}" if e["n"] > 1 else "-")
-        cells += [str(e["n"]), number_ranges(e["trials"])]  # SWEEP_DIR/<trial> to resume
+        cells += [str(e["n"]), number_ranges(e["trials"]), e["state"]]  # SWEEP_DIR/<trial>
         rows.append(cells)
     return _markdown(rows)
 
 
 def missing_notes(entries: list[dict[str, Any]], ledger: Ledger, metric: str) -> str:
-    """A line per configuration some of whose folds report no value of `metric` (a failed
-    or unfinished trial): its mean is over the others only."""
+    """A line per configuration some of whose folds are not in its mean (a failed or
+    unfinished trial, with no value of `metric` or beside folds that completed): its mean
+    is over the others only."""
     reported = {t.index for t in ledger.trials if t.metric is not None}
     lines = []
     for e in entries:
-        lacking = [i for i in e["trials"] if i not in reported]
-        if e["n"] and lacking:
-            ids = ", ".join(map(str, lacking))
-            which = f"trial {ids} reports" if len(lacking) == 1 else f"trials {ids} report"
-            lines.append(
-                f"{e['overrides']}: {which} no {metric} ({_states(ledger, lacking)}); its mean "
-                f"is over the other {e['n']} of {len(e['trials'])} only\n"
-            )
+        counted = counted_trials(ledger, e["trials"], reported)
+        left = [i for i in e["trials"] if i not in counted]
+        if not (e["n"] and left):
+            continue
+        silent = [i for i in left if i not in reported]
+        partial = [i for i in left if i in reported]
+        why = []
+        if silent:
+            ids = ", ".join(map(str, silent))
+            why.append(f"trial {ids} reports" if len(silent) == 1 else f"trials {ids} report")
+            why[-1] += f" no {metric}"
+        if partial:
+            ids = ", ".join(map(str, partial))
+            one = len(partial) == 1
+            why.append(f"trial {ids} has" if one else f"trials {ids} have")
+            why[-1] += " not completed"
+        lines.append(
+            f"{e['overrides']}: {' and '.join(why)} ({_states(ledger, left)}); its mean "
+            f"is over the other {e['n']} of {len(e['trials'])} only\n"
+        )
     return "".join(lines)
 
 
-def unfinished_note(ledger: Ledger, metric: str) -> str:
+def unfinished_note(entries: list[dict[str, Any]], ledger: Ledger, metric: str) -> str:
     """A line naming the trials ranked by a value they reported before completing (running,
     failed, stopped): the last epoch's so far, not a final one."""
-    partial = [t.index for t in ledger.trials if t.metric is not None and t.state != COMPLETED]
+    reported = {t.index for t in ledger.trials if t.metric is not None}
+    counted = [i for e in entries for i in counted_trials(ledger, e["trials"], reported)]
+    partial = sorted(i for i in counted if ledger.trial(i).state != COMPLETED)
     if not partial:
         return ""
     ids = ", ".join(map(str, partial))
@@ -506,16 +542,18 @@ def write_summary(
     entries = summarize(ledger, metric, direction, over)
     folds = bool(over) or any(k == FOLD_KEY for k in ledger.swept_keys)
     text = direction.header(metric) + "\n\n" + summary_table(entries, metric, folds)
-    notes = missing_notes(entries, ledger, metric) + unfinished_note(ledger, metric)
+    notes = missing_notes(entries, ledger, metric) + unfinished_note(entries, ledger, metric)
     text += "\n" + notes.rstrip("\n") if notes else ""
     markdown, table_csv = sweep_dir.summary_file("md"), sweep_dir.summary_file("csv")
     write_atomic(markdown, text + "\n")
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer)
-    writer.writerow(["rank", "overrides", f"{metric}_mean", f"{metric}_std", "n", "trials"])
+    head = ["rank", "overrides", f"{metric}_mean", f"{metric}_std", "n", "trials", "state"]
+    writer.writerow(head)
     for rank, e in enumerate(entries, 1):
         mean, std = ("" if math.isnan(v) else v for v in (e["mean"], e["std"]))  # no value
-        writer.writerow([rank, e["overrides"], mean, std, e["n"], " ".join(map(str, e["trials"]))])
+        trials = " ".join(map(str, e["trials"]))
+        writer.writerow([rank, e["overrides"], mean, std, e["n"], trials, e["state"]])
     write_atomic(table_csv, buffer.getvalue())
     plots = plot_metric_per_key(ledger, metric, direction, sweep_dir.summary_plot(metric))
     return text, notes, [markdown, table_csv, *plots]

@@ -1455,3 +1455,40 @@ def test_a_summary_shows_each_rows_state_and_leaves_failed_folds_out_of_the_mean
     out = capsys.readouterr().out
     assert "| 2    | optim.lr=0.01 | 0.7000" in out and "| 3 | 3-5    | RUNNING" in out
     assert "trials 3, 4, 5 have not completed (RUNNING)" in out
+
+
+def test_cancel_names_only_the_trials_still_queued_when_it_cancels(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # `hpcdl cancel SWEEP` named as cancelled trials that completed during its (slow) pass
+    # over the run dirs: the queue is asked again right before scancel.
+    import subprocess
+
+    from hpcdl.cli.main import main
+    from hpcdl.sweep import launch, states
+    from hpcdl.sweep import ledger as ledger_mod
+
+    sweep = tmp_path / "sw"
+    launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01,0.001", f"hydra.sweep.dir={sweep}"]))
+    with ledger_mod.locked(sweep) as ledger:
+        ledger.launcher = "slurm"
+        for t in ledger.trials:
+            t.job_id = f"28_{t.index}"
+    queues = ["28_0|RUNNING\n28_1|RUNNING\n28_2|PENDING\n", "28_0|RUNNING\n28_2|PENDING\n"]
+    monkeypatch.setattr(
+        states, "query", lambda cmd: queues.pop(0) if cmd[0] == "squeue" else "28_1|RUNNING\n"
+    )
+    scancel: list[list[str]] = []
+    real_run = subprocess.run
+
+    def run(cmd, **kwargs):
+        if cmd[0] != "scancel":
+            return real_run(cmd, **kwargs)
+        scancel.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert main(["cancel", str(sweep)]) == 0
+    assert scancel == [["scancel", "28_0", "28_2"]]
+    assert f"cancelled 2 trials of {sweep}: 0, 2 (jobs 28_[0,2])" in capsys.readouterr().out
+    assert queues == []

@@ -31,6 +31,7 @@ def cancel_sweep(sweep_dir: Path) -> int:
     from hpcdl.rundir import RunDir
     from hpcdl.sweep.ledger import load
     from hpcdl.sweep.report import refresh_states
+    from hpcdl.sweep.states import queued_now
 
     if load(sweep_dir).launcher != "slurm":  # its pool runs in the foreground
         raise HpcdlError(sweep_dir_hint(sweep_dir, "cancel"))
@@ -45,6 +46,13 @@ def cancel_sweep(sweep_dir: Path) -> int:
     for trial in busy:  # a chained trial's current job is in its run dir
         current = RunDir(Path(trial.run_dir)).read_submission() or {}
         jobs.append(str(current.get("job_id") or trial.job_id))
+    queue = queued_now(jobs)  # right before scancel: the states above are the refresh's
+    if queue is not None:  # a trial that completed meanwhile is not named as cancelled
+        pairs = [(t, j) for t, j in zip(busy, jobs, strict=True) if is_active(queue.get(j, ""))]
+        busy, jobs = [t for t, _ in pairs], [j for _, j in pairs]
+    if not busy:
+        print(f"{sweep_dir}: no trial is queued or running; nothing to cancel")
+        return EXIT_OK
     try:
         out = subprocess.run(["scancel", *jobs], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as err:

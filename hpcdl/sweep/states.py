@@ -47,6 +47,16 @@ def slurm_states(array_ids: list[str]) -> SchedulerView:
     )
 
 
+def queued_now(job_ids: list[str]) -> Optional[dict[str, str]]:
+    """squeue's states of these jobs or array tasks (ARRAYID_TASKID) now, one call: a job
+    that has left the queue is not in it. None when squeue does not answer."""
+    arrays = sorted({job.split("_")[0] for job in job_ids})
+    queue = query(["squeue", "-h", "-r", "-j", ",".join(arrays), "-o", "%i|%T"])
+    if queue is None:  # also when the controller has purged every one of the ids
+        queue = query(["squeue", "--me", "-h", "-r", "-o", "%i|%T"])
+    return None if queue is None else parse_states(queue)
+
+
 def task_state(view: SchedulerView, job_id: str, run_dir: RunDir) -> Optional[str]:
     """A task's state, or None where the scheduler cannot tell (keep the ledger's).
 

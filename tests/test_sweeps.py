@@ -1492,3 +1492,22 @@ def test_cancel_names_only_the_trials_still_queued_when_it_cancels(
     assert scancel == [["scancel", "28_0", "28_2"]]
     assert f"cancelled 2 trials of {sweep}: 0, 2 (jobs 28_[0,2])" in capsys.readouterr().out
     assert queues == []
+
+
+def test_the_ledger_names_the_metric_it_holds(tmp_path: Path, capsys) -> None:
+    # `sweep summary --metric test_loss` rewrote each trial's `metric` in sweep.json with
+    # no word of which metric it was; the next `sweep status` put val_accuracy back.
+    from hpcdl.cli.main import main
+
+    plan = plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={tmp_path / 'sw'}"])
+    rows = [{"val_accuracy": 0.9, "val_loss": 0.3}, {"val_accuracy": 0.8, "val_loss": 0.5}]
+    sweep = _completed_sweep(plan, rows)
+
+    def stored() -> list[tuple]:
+        trials = json.loads((sweep / "sweep.json").read_text())["trials"]
+        return [(t["metric_name"], t["metric"]) for t in trials]
+
+    assert main(["sweep", "summary", str(sweep), "--metric", "val_loss"]) == 0
+    assert stored() == [("val_loss", 0.3), ("val_loss", 0.5)]
+    assert main(["sweep", "status", str(sweep)]) == 0
+    assert stored() == [("val_accuracy", 0.9), ("val_accuracy", 0.8)]

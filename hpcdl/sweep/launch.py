@@ -362,13 +362,14 @@ def _start_trial(ledger: Ledger, index: int, sweep_dir: Path, env: dict[str, str
 
 def _finish_trial(sweep_dir: Path, index: int, code: int) -> bool:
     """Record a trial's end; whether it completed or was interrupted (not failed)."""
-    from hpcdl.sweep.report import local_failure_cause, trial_metric
+    from hpcdl.sweep.report import DEFAULT_METRIC, local_failure_cause, trial_metric
 
     with ledger_mod.locked(sweep_dir) as led:
         trial = led.trial(index)
         trial.exit_code = code
         trial.state = {EXIT_OK: "COMPLETED", EXIT_INTERRUPTED: "INTERRUPTED"}.get(code, "FAILED")
-        trial.metric = trial_metric(RunDir(Path(trial.run_dir)))
+        trial.metric = trial_metric(RunDir(Path(trial.run_dir)), DEFAULT_METRIC)
+        trial.metric_name = DEFAULT_METRIC
         print(f"trial {index}: {trial.state} (exit {code})", flush=True)
         trial_log = RunDir(Path(trial.run_dir)).trial_log
         warning = _first_warning(trial_log)

@@ -40,6 +40,8 @@ class TrialRecord:
     attempts: int = 0  # submissions of this trial (reruns add one)
     requeues: int = 0  # times Slurm restarted it under the same job id (from its run dir)
     metric: Optional[float] = None
+    # Which metric `metric` is: the one the last status or summary showed (--metric).
+    metric_name: Optional[str] = None
     exit_code: Optional[int] = None
     # The swept overrides as the sweep planned them; `overrides` is what the trial's
     # config.yaml has now (a value edited there before `sweep rerun --failed`).

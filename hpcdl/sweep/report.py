@@ -149,7 +149,7 @@ def refresh_states(
             t.overrides = overrides_as_run(t.planned, run_dir)
         chosen, metric = metric, metric or default_metric(ledger)
         for t in ledger.trials:
-            t.metric = trial_metric(RunDir(Path(t.run_dir)), metric)
+            t.metric, t.metric_name = trial_metric(RunDir(Path(t.run_dir)), metric), metric
         if chosen and all(t.metric is None for t in ledger.trials):
             refuse_unknown_metric(ledger, chosen)  # before the ledger is saved
     return ledger, metric, silent

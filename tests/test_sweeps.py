@@ -1455,6 +1455,19 @@ def test_a_summary_shows_each_rows_state_and_leaves_failed_folds_out_of_the_mean
     out = capsys.readouterr().out
     assert "| 2    | optim.lr=0.01 | 0.7000" in out and "| 3 | 3-5    | RUNNING" in out
     assert "trials 3, 4, 5 have not completed (RUNNING)" in out
+    # A trial Slurm still shows RUNNING whose newest attempt recorded its completed end (the
+    # job is exiting; sacct lags): its value is final, and counted (the dev cluster's k-fold
+    # summary right after the last summary.json had n=1 and std '-').
+    from hpcdl.rundir import RunDir
+
+    with ledger_mod.locked(sweep) as ledger:
+        ledger.trial(2).state = "RUNNING"
+    run = RunDir(sweep / "2")
+    run.append_attempt({"event": "start", "job_id": "7_2", "world_size": 1})
+    run.append_attempt({"event": "end", "job_id": "7_2", "reason": "completed"})
+    assert main(["sweep", "summary", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "| optim.lr=0.1  | 0.8500            | 0.0707 | 2 | 0-2" in out, out
 
 
 def test_cancel_names_only_the_trials_still_queued_when_it_cancels(

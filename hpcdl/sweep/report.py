@@ -37,6 +37,7 @@ from hpcdl.launch.monitor import (
     newest_launch,
     own_stop,
     requeue_pending,
+    state_from_run_dir,
 )
 from hpcdl.number_ranges import number_ranges
 from hpcdl.rundir import RunDir, SweepDir
@@ -455,7 +456,16 @@ def counted_trials(ledger: Ledger, trial_ids: list[int], reported: Collection[in
     configuration of one trial is ranked. A fold that diverged and failed had its last
     value in the mean of the folds that completed."""
     values = [i for i in trial_ids if i in reported]
-    return [i for i in values if ledger.trial(i).state == COMPLETED] or values
+    return [i for i in values if _completed(ledger, i)] or values
+
+
+def _completed(ledger: Ledger, index: int) -> bool:
+    """COMPLETED, or a run whose newest attempt recorded its completed end while Slurm
+    still has the job (it is exiting; sacct lags): its value is final."""
+    trial = ledger.trial(index)
+    if trial.state == COMPLETED:
+        return True
+    return state_from_run_dir(RunDir(Path(trial.run_dir))) == COMPLETED
 
 
 def group_state(ledger: Ledger, trial_ids: list[int]) -> str:

@@ -1468,6 +1468,13 @@ def test_a_summary_shows_each_rows_state_and_leaves_failed_folds_out_of_the_mean
     assert main(["sweep", "summary", str(sweep)]) == 0
     out = capsys.readouterr().out
     assert "| optim.lr=0.1  | 0.8500            | 0.0707 | 2 | 0-2" in out, out
+    # Its summary.json written, its end record not yet (a moment later): counted too.
+    import time
+
+    run.append_attempt({"event": "start", "job_id": "8_2", "start_time_s": time.time() - 5})
+    run.write_summary({"outcome": "completed", "best_epoch": 1})
+    assert main(["sweep", "summary", str(sweep)]) == 0
+    assert "| optim.lr=0.1  | 0.8500            | 0.0707 | 2 | 0-2" in capsys.readouterr().out
 
 
 def test_cancel_names_only_the_trials_still_queued_when_it_cancels(

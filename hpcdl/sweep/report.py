@@ -460,12 +460,27 @@ def counted_trials(ledger: Ledger, trial_ids: list[int], reported: Collection[in
 
 
 def _completed(ledger: Ledger, index: int) -> bool:
-    """COMPLETED, or a run whose newest attempt recorded its completed end while Slurm
-    still has the job (it is exiting; sacct lags): its value is final."""
+    """COMPLETED, or, while Slurm still has the job (it is exiting; sacct lags), a run whose
+    newest attempt recorded its completed end or has written its summary.json (the end
+    record comes a moment later): its value is final."""
     trial = ledger.trial(index)
     if trial.state == COMPLETED:
         return True
-    return state_from_run_dir(RunDir(Path(trial.run_dir))) == COMPLETED
+    run_dir = RunDir(Path(trial.run_dir))
+    if state_from_run_dir(run_dir) == COMPLETED:
+        return True
+    return is_active(trial.state) and _summary_since_last_start(run_dir)
+
+
+def _summary_since_last_start(run_dir: RunDir) -> bool:
+    """Whether summary.json was written by the newest attempt (not left by an earlier one)."""
+    starts = [e for e in run_dir.read_attempts() if e.get("event") == "start"]
+    since = starts[-1].get("start_time_s") if starts else None
+    try:
+        written = run_dir.summary_file.stat().st_mtime
+    except OSError:
+        return False
+    return isinstance(since, (int, float)) and written >= since
 
 
 def group_state(ledger: Ledger, trial_ids: list[int]) -> str:

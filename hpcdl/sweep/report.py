@@ -37,7 +37,6 @@ from hpcdl.launch.monitor import (
     newest_launch,
     own_stop,
     requeue_pending,
-    state_from_run_dir,
 )
 from hpcdl.number_ranges import number_ranges
 from hpcdl.rundir import RunDir, SweepDir
@@ -460,27 +459,12 @@ def counted_trials(ledger: Ledger, trial_ids: list[int], reported: Collection[in
 
 
 def _completed(ledger: Ledger, index: int) -> bool:
-    """COMPLETED, or, while Slurm still has the job (it is exiting; sacct lags), a run whose
-    newest attempt recorded its completed end or has written its summary.json (the end
-    record comes a moment later): its value is final."""
+    """COMPLETED, or a run that wrote its summary.json, whatever the scheduler says in the
+    moment after (the job exiting, sacct lagging, the end record not yet written): its
+    value is final. A failed trial writes none. (A trial resumed by hand for more epochs
+    keeps its earlier summary.json: its latest value counts while it runs.)"""
     trial = ledger.trial(index)
-    if trial.state == COMPLETED:
-        return True
-    run_dir = RunDir(Path(trial.run_dir))
-    if state_from_run_dir(run_dir) == COMPLETED:
-        return True
-    return is_active(trial.state) and _summary_since_last_start(run_dir)
-
-
-def _summary_since_last_start(run_dir: RunDir) -> bool:
-    """Whether summary.json was written by the newest attempt (not left by an earlier one)."""
-    starts = [e for e in run_dir.read_attempts() if e.get("event") == "start"]
-    since = starts[-1].get("start_time_s") if starts else None
-    try:
-        written = run_dir.summary_file.stat().st_mtime
-    except OSError:
-        return False
-    return isinstance(since, (int, float)) and written >= since
+    return trial.state == COMPLETED or RunDir(Path(trial.run_dir)).summary_file.is_file()
 
 
 def group_state(ledger: Ledger, trial_ids: list[int]) -> str:

@@ -782,7 +782,7 @@ def test_a_trial_that_stopped_itself_is_not_blamed_on_its_exit_status(
     assert main(["sweep", "status", str(sweep)]) == 1
     out = capsys.readouterr().out
     assert "trial 0 failed: stopped" not in out, out  # an error is no stop of its own
-    assert f"trial 1 failed: stopped: timeout ({action})\n" in out, out
+    assert f"trial 1 timed out: {action}\n" in out, out  # and TIMEOUT in its row
     answers.update(sacct="41_1|FAILED|00:01:09|3:0|n1\n", scontrol="")
     monkeypatch.setattr(slurm_state, "query", lambda cmd: answers[cmd[0]])
     report = status_lines(RunDir(sweep / "1"), capsys)

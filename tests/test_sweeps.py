@@ -827,6 +827,93 @@ def test_sweep_status_exits_1_once_a_trial_ended_without_completing(tmp_path: Pa
     assert "2 COMPLETED, 1 FAILED" in capsys.readouterr().out
 
 
+def _slurm_sweep_ended(tmp_path: Path, monkeypatch, ends: list[tuple[str, dict]]) -> Path:
+    """A Slurm sweep of len(ends) trials in array 9, trial i as sacct's state ends[i][0]
+    with ends[i][1] the end record its job wrote (squeue: none of them queued)."""
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import launch, states
+    from hpcdl.sweep import ledger as ledger_mod
+
+    lrs = ",".join(f"1e-{i + 1}" for i in range(len(ends)))
+    plan = plan_sweep(["cluster=rivanna_a100", f"optim.lr={lrs}", f"hydra.sweep.dir={tmp_path}/sw"])
+    sweep = Path(launch.create_sweep(plan).sweep_dir)
+    with ledger_mod.locked(sweep) as ledger:
+        for t, (_, end) in zip(ledger.trials, ends, strict=True):
+            t.job_id = f"9_{t.index}"
+            run = RunDir(Path(t.run_dir))
+            start = {"event": "start", "job_id": str(90 + t.index), "array_job": "9"}
+            run.append_attempt({**start, "array_task": str(t.index)})
+            run.append_attempt({"event": "end", "job_id": str(90 + t.index), **end})
+            if end["reason"] == "completed":
+                run.write_summary({"outcome": "completed", "val_accuracy": 0.9})
+    sacct = "".join(f"9_{i}|{state}\n" for i, (state, _) in enumerate(ends))
+    monkeypatch.setattr(states, "query", lambda cmd: sacct if cmd[0] == "sacct" else "")
+    return sweep
+
+
+def test_a_trial_stopped_at_its_time_limit_is_timeout_and_status_filters_by_state(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # Before: a trial past cluster.max_requeues at its time limit (exit 3: Slurm's FAILED)
+    # showed FAILED, and a 2000-trial table had no way to show the failed ones alone.
+    from hpcdl.cli.main import main
+
+    limit = {"reason": "timeout", "action": "not requeued: cluster.max_requeues=0 timeouts reached"}
+    sweep = _slurm_sweep_ended(
+        tmp_path,
+        monkeypatch,
+        [
+            ("COMPLETED", {"reason": "completed"}),
+            ("FAILED", limit),
+            ("FAILED", {"reason": "failed", "error": "ValueError: boom"}),
+            ("TIMEOUT", {"reason": "preempted", "action": "requeued"}),  # killed at its limit
+        ],
+    )
+    assert main(["sweep", "status", str(sweep)]) == 1
+    out = capsys.readouterr().out
+    assert [_cells(row)[3] for row in _rows(out)] == ["COMPLETED", "TIMEOUT", "FAILED", "TIMEOUT"]
+    assert "4 trials: 1 COMPLETED, 1 FAILED, 2 TIMEOUT" in out
+    assert "trial 1 timed out: not requeued: cluster.max_requeues=0 timeouts reached" in out
+    assert f"hpcdl sweep rerun {sweep} --failed cluster.timeout_min=MINUTES" in out
+    assert main(["sweep", "status", str(sweep), "--state", "timed-out"]) == 1
+    out = capsys.readouterr().out
+    assert [_cells(row)[0] for row in _rows(out)] == ["1", "3"]
+    assert "shown: 2 in state TIMEOUT\n" in out and "trial 2" not in out
+    assert main(["sweep", "status", str(sweep), "--state", "Failed,completed"]) == 1
+    assert [_cells(row)[0] for row in _rows(capsys.readouterr().out)] == ["0", "2"]
+    assert main(["sweep", "status", str(sweep), "--state", "failed", "--state", "timeout"]) == 1
+    assert [_cells(row)[0] for row in _rows(capsys.readouterr().out)] == ["1", "2", "3"]
+    assert main(["sweep", "status", str(sweep), "--state", "pending"]) == 1
+    assert _rows(capsys.readouterr().out) == []
+    ledger = (sweep / "sweep.json").read_bytes()
+    assert main(["sweep", "status", str(sweep), "--state", "faild"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and (sweep / "sweep.json").read_bytes() == ledger
+    assert captured.err.startswith("error: --state faild: no trial state of that name; give one ")
+    assert (
+        "completed, failed, cancelled, timeout (timed-out), " in captured.err
+        and captured.err.count("\n") == 1
+    )
+    # The summary's state column says TIMEOUT too, and `rerun --failed` takes them.
+    assert main(["sweep", "summary", str(sweep)]) == 0
+    assert [_cells(row)[-1] for row in _rows(capsys.readouterr().out)][1:] == [
+        "TIMEOUT",
+        "FAILED",
+        "TIMEOUT",
+    ]
+    assert main(["sweep", "rerun", str(sweep), "--failed", "--dry-run"]) == 0
+    assert "would rerun 3 trials: 1-3\n" in capsys.readouterr().out
+
+
+def _rows(out: str) -> list[str]:
+    """The rows of the first markdown table in `out`, without its header."""
+    return [line for line in out.splitlines() if line.startswith("| ")][1:]
+
+
+def _cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.split("|")[1:-1]]
+
+
 def test_sweep_status_never_imports_torch(tmp_path: Path) -> None:
     from hpcdl.sweep import launch
     from tests.conftest import run_without_torch
@@ -1122,9 +1209,7 @@ def test_a_programs_error_metric_ranks_lowest_first_and_the_summary_says_why(
     script, overrides = script_from(
         ["metrics_file=m.json", f"hydra.sweep.dir={tmp_path / 'sw'}"], command
     )
-    plan = plan_program_sweep(
-        compose_config(overrides, script=script, multirun=True), overrides
-    )
+    plan = plan_program_sweep(compose_config(overrides, script=script, multirun=True), overrides)
     sweep = _completed_sweep(plan, [{"error": 0.2}, {"error": 0.0}, {"error": 0.6}])
     assert main(["sweep", "summary", str(sweep)]) == 0  # the default: the program's first metric
     out = capsys.readouterr().out
@@ -1438,13 +1523,15 @@ def test_a_summary_shows_each_rows_state_and_leaves_failed_folds_out_of_the_mean
         ["2", "optim.lr=0.01", "0.7000", "0.0000", "3", "3-5", "COMPLETED"],
     ]
     note = (
-        "optim.lr=0.1: trial 1 has not completed (FAILED); its mean is over the other 2 of 3 "
-        "only"
+        "optim.lr=0.1: trial 1 has not completed (FAILED); its mean is over the other 2 of 3 only"
     )
     assert note in out.splitlines()
     assert "its val_accuracy is the last value" not in out  # not ranked by it
     rows = list(csv.DictReader((sweep / "summary.csv").read_text().splitlines()))
-    assert [(r["n"], r["state"]) for r in rows] == [("2", "2 COMPLETED, 1 FAILED"), ("3", "COMPLETED")]
+    assert [(r["n"], r["state"]) for r in rows] == [
+        ("2", "2 COMPLETED, 1 FAILED"),
+        ("3", "COMPLETED"),
+    ]
     assert [r["state"] for r in Sweep(sweep).summary()] == ["2 COMPLETED, 1 FAILED", "COMPLETED"]
     # A configuration none of whose trials has completed is ranked by what they reported.
     with ledger_mod.locked(sweep) as ledger:

@@ -191,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_status = sweep_sub.add_parser("status", help="table: trial, overrides, job id, state")
     sweep_status.add_argument("sweep_dir")
     sweep_status.add_argument("--metric", help=STATUS_METRIC_HELP)
+    sweep_status.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        metavar="STATE",
+        help="only the trials in this state (failed, timeout or timed-out, cancelled, "
+        "running, pending, completed, not_started, ...; any case); a comma list, or repeat it",
+    )
     sweep_summary = sweep_sub.add_parser("summary", help="ranked table + plot per swept key")
     sweep_summary.add_argument("sweep_dir")
     sweep_summary.add_argument("--metric", help=METRIC_HELP)
@@ -597,6 +605,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from hpcdl.sweep.direction import direction
     from hpcdl.sweep.report import (
         averaged_keys,
+        chosen_states,
         edit_notes,
         no_metric_hint,
         refresh_states,
@@ -614,6 +623,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return rerun_failed(
             sweep_dir, dry_run=args.dry_run, fresh_code=args.fresh_code, overrides=args.overrides
         )[1]
+    states = chosen_states(getattr(args, "state", []))  # refused before the ledger is read
     ledger, metric, silent = refresh_states(sweep_dir, getattr(args, "metric", None))
     if silent is not None:
         from hpcdl.launch.monitor import unanswered
@@ -623,7 +633,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.sweep_command == "status":
         from hpcdl.launch.slurm_state import ENDED_UNFINISHED
 
-        print(status_table(ledger, metric), end="")
+        print(status_table(ledger, metric, states), end="")
         # A script polling the sweep: 1 once a trial has ended without completing, or when
         # the states are not the scheduler's.
         failed = any(t.state in ENDED_UNFINISHED for t in ledger.trials)

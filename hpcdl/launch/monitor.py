@@ -583,6 +583,12 @@ def own_stop(run_dir: RunDir, job_id: str) -> Optional[str]:
     """The last end record of job `job_id` (a job id, or an array task's ARRAYID_TASKID)
     as `last_end` shows it, when it is a stop the job recorded (STOPPED_ITSELF); None
     when its last attempt recorded none, or another job's attempt came after."""
+    end = own_stop_record(run_dir, job_id)
+    return None if end is None else end_text(end)
+
+
+def own_stop_record(run_dir: RunDir, job_id: str) -> Optional[dict[str, Any]]:
+    """own_stop()'s end record itself (its `reason`: timeout, preempted, ...)."""
     attempts = run_dir.read_attempts()
     ends = [i for i, a in enumerate(attempts) if a.get("event") == "end"]
     if not ends:
@@ -594,7 +600,7 @@ def own_stop(run_dir: RunDir, job_id: str) -> Optional[str]:
     starts = [a for a in attempts[: ends[-1]] if a.get("event") == "start"]
     if starts:
         refs.update(job_refs(starts[-1]))
-    return end_text(last) if job_id in refs else None
+    return last if job_id in refs else None
 
 
 def job_refs(start: dict[str, Any]) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from hpcdl.atomic import write_json_atomic
 from hpcdl.errors import HpcdlError
-from hpcdl.launch.slurm_state import ENDED_UNFINISHED
+from hpcdl.launch.slurm_state import ACTIVE_STATES, ENDED_UNFINISHED
 from hpcdl.rundir import SweepDir
 
 # Trial states. Slurm's own states pass through (PENDING, RUNNING, TIMEOUT, ...); these are
@@ -25,9 +25,14 @@ CANCELLED = "CANCELLED"
 COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 NOT_STARTED = "NOT_STARTED"
+# Slurm's for a job killed at its time limit; also the ledger's for an array task that
+# stopped itself there past cluster.max_requeues (Slurm's FAILED: hpcdl.sweep.states).
+TIMEOUT = "TIMEOUT"
 # What `sweep rerun --failed` reruns: the trials that ended without completing, and those
 # whose state nothing tells (a local sweep's trials wait as NOT_STARTED for a free core).
 RERUNNABLE = (*ENDED_UNFINISHED, "UNKNOWN", NOT_STARTED)
+# Every state a trial can show (`sweep status --state` takes these names).
+TRIAL_STATES = (COMPLETED, *RERUNNABLE, *ACTIVE_STATES)
 
 
 @dataclass

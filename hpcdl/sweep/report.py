@@ -36,13 +36,14 @@ from hpcdl.launch.monitor import (
     is_active,
     newest_launch,
     own_stop,
+    own_stop_record,
     requeue_pending,
 )
 from hpcdl.number_ranges import number_ranges
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.direction import Direction
-from hpcdl.sweep.ledger import COMPLETED, Ledger
+from hpcdl.sweep.ledger import COMPLETED, TIMEOUT, TRIAL_STATES, Ledger
 from hpcdl.sweep.overrides import agrees, as_run
 from hpcdl.sweep.states import (
     current_job,
@@ -126,7 +127,8 @@ def refresh_states(
     (settled_state)."""
     silent = None
     with ledger_mod.locked(sweep_dir) as ledger:
-        if ledger.launcher == "slurm":
+        on_slurm = ledger.launcher == "slurm"
+        if on_slurm:
             for t in ledger.trials:  # a chained trial (cluster.requeue=chain) has moved on
                 t.job_id = current_job(RunDir(Path(t.run_dir))) or t.job_id
             arrays = sorted({t.job_id.split("_")[0] for t in ledger.trials if t.job_id})
@@ -142,7 +144,7 @@ def refresh_states(
         for t in ledger.trials:
             t.attempts = max(t.attempts, submissions(ledger, t.index))
             run_dir = RunDir(Path(t.run_dir))
-            t.state = settled_state(t.state, run_dir)
+            t.state = settled_state(t.state, run_dir, t.job_id if on_slurm else None)
             t.requeues = run_dir.requeues()
             if t.job_id and is_active(t.state) and requeue_pending(run_dir, t.job_id):
                 t.requeues += 1  # requeued, not started again yet (hpcdl status)
@@ -280,11 +282,14 @@ def no_metric_hint(ledger: Ledger, metric: str) -> Optional[str]:
     return f"hpcdl: warning: no trial reported {metric} (e.g. {summary}): {fix}"
 
 
-def status_table(ledger: Ledger, metric: str) -> str:
+def status_table(ledger: Ledger, metric: str, states: Collection[str] = ()) -> str:
+    """The trials' table, the count of each state, then the notes on its trials; with
+    `states` (chosen_states(): `--state failed`), only the trials in one of them."""
     # A local sweep's trials are processes of this machine: their ids are pids.
     ident = "job id" if ledger.launcher == "slurm" else "pid"
     rows = [["trial", "overrides", ident, "state", "attempts", "requeues", metric]]
-    for t in ledger.trials:
+    shown = [t for t in ledger.trials if not states or t.state in states]
+    for t in shown:
         value = f"{t.metric:.4f}" if t.metric is not None else "-"
         cells = [str(t.index), " ".join(t.overrides), t.job_id or "-", t.state]
         rows.append([*cells, str(t.attempts), str(t.requeues), value])
@@ -292,22 +297,63 @@ def status_table(ledger: Ledger, metric: str) -> str:
     for t in ledger.trials:
         counts[t.state] += 1
     footer = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-    causes = "".join(f"trial {i} failed: {cause}\n" for i, cause in failure_causes(ledger))
     footer = f"\n{plural(len(ledger.trials), 'trial')}: {footer}\n"
-    return _markdown(rows) + footer + edit_notes(ledger) + causes
+    if states:
+        footer += f"shown: {len(shown)} in state {', '.join(sorted(states))}\n"
+    indices = {t.index for t in shown}
+    notes = "".join(
+        line + "\n" for i, lines in trial_notes(ledger).items() if i in indices for line in lines
+    )
+    causes = "".join(
+        f"trial {i} {'timed out' if ledger.trial(i).state == TIMEOUT else 'failed'}: {cause}\n"
+        for i, cause in failure_causes(ledger)
+        if i in indices
+    )
+    if any(t.state == TIMEOUT for t in shown):
+        causes += (
+            "timed-out trials go on from their newest checkpoint with a longer limit: hpcdl "
+            f"sweep rerun {ledger.sweep_dir} --failed cluster.timeout_min=MINUTES\n"
+        )
+    return _markdown(rows) + footer + notes + causes
+
+
+# What `sweep status --state` takes besides the states' own names.
+STATE_ALIASES = {"TIMED_OUT": TIMEOUT}
+
+
+def chosen_states(given: Sequence[str]) -> set[str]:
+    """`--state failed --state timed-out,cancelled` as the states' names; an unknown one is
+    refused in one line naming those there are."""
+    chosen = set()
+    for word in (w.strip() for text in given for w in text.split(",")):
+        name = word.upper().replace("-", "_")
+        name = STATE_ALIASES.get(name, name)
+        if name not in TRIAL_STATES:
+            known = ", ".join(s.lower() for s in TRIAL_STATES).replace(
+                "timeout", "timeout (timed-out)"
+            )
+            raise HpcdlError(
+                f"--state {word}: no trial state of that name; give one of {known} "
+                "(case-insensitive; a comma list, or --state again)"
+            )
+        chosen.add(name)
+    return chosen
 
 
 def failure_causes(ledger: Ledger) -> list[tuple[int, str]]:
-    """(trial, the rank that made it fail and why) for each failed trial whose logs tell."""
+    """(trial, the rank that made it fail and why) for each failed trial whose logs tell,
+    and (trial, the stop it recorded) for each that stopped at its time limit."""
     found = []
     for t in ledger.trials:
-        if t.state not in FAILED_STATES or not t.job_id:
+        if t.state not in (*FAILED_STATES, TIMEOUT) or not t.job_id:
             continue
-        cause = (
-            slurm_failure_cause(RunDir(Path(t.run_dir)), t.job_id)
-            if ledger.launcher == "slurm"
-            else local_failure_cause(ledger, t.index)
-        )
+        if t.state == TIMEOUT:
+            end = own_stop_record(RunDir(Path(t.run_dir)), t.job_id)
+            cause = str(end.get("action")) if end and end.get("action") else None
+        elif ledger.launcher == "slurm":
+            cause = slurm_failure_cause(RunDir(Path(t.run_dir)), t.job_id)
+        else:
+            cause = local_failure_cause(ledger, t.index)
         if cause:
             found.append((t.index, cause))
     return found

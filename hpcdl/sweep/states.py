@@ -9,10 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from hpcdl.launch.monitor import foreground_state, newest_launch, ran_as, state_from_run_dir
+from hpcdl.launch.monitor import (
+    foreground_state,
+    newest_launch,
+    own_stop_record,
+    ran_as,
+    state_from_run_dir,
+)
 from hpcdl.launch.slurm_state import is_active, query, task_ids
 from hpcdl.rundir import RunDir
-from hpcdl.sweep.ledger import CANCELLED, COMPLETED, Ledger
+from hpcdl.sweep.ledger import CANCELLED, COMPLETED, FAILED, TIMEOUT, Ledger
 
 
 def parse_states(out: str) -> dict[str, str]:
@@ -76,15 +82,25 @@ def task_state(view: SchedulerView, job_id: str, run_dir: RunDir) -> Optional[st
     return state_from_run_dir(run_dir)
 
 
-def settled_state(state: str, run_dir: RunDir) -> str:
+def settled_state(state: str, run_dir: RunDir, job_id: Optional[str] = None) -> str:
     """The run dir has the last word once a trial is neither queued nor running: COMPLETED
     when its newest attempt recorded a completed end (state_from_run_dir), whatever the
     scheduler says (sacct's FAILED for a job whose ranks aborted in their teardown after
     finishing). A summary.json an earlier attempt left does not count: a trial resumed for
-    more epochs keeps its new job's state (PENDING, CANCELLED, FAILED, ...)."""
-    if is_active(state) or state_from_run_dir(run_dir) != COMPLETED:
+    more epochs keeps its new job's state (PENDING, CANCELLED, FAILED, ...).
+
+    TIMEOUT for Slurm's FAILED of array task `job_id` whose own end record says it stopped
+    at its time limit: past cluster.max_requeues it saves, records the stop and exits 3,
+    which Slurm calls FAILED (hpcdl.launch.slurm_job)."""
+    if is_active(state):
         return state
-    return COMPLETED
+    if state_from_run_dir(run_dir) == COMPLETED:
+        return COMPLETED
+    if state == FAILED and job_id is not None:
+        end = own_stop_record(run_dir, job_id)
+        if end is not None and end.get("reason") == "timeout":
+            return TIMEOUT
+    return state
 
 
 def submissions(ledger: Ledger, index: int) -> int:

@@ -793,9 +793,7 @@ class Sweep:
 
         cancel_sweep(self.sweep_dir)
 
-    def rerun_failed(
-        self, overrides: Sequence[str] = (), *, fresh_code: bool = False
-    ) -> list[int]:
+    def rerun_failed(self, overrides: Sequence[str] = (), *, fresh_code: bool = False) -> list[int]:
         """`hpcdl sweep rerun --failed [KEY=VALUE ...]`: the failed, cancelled, timed-out
         and interrupted trials again, each from its newest checkpoint, with `overrides` in
         each one's config.yaml (["cluster.timeout_min=240"]; not a swept key). The indices
@@ -808,6 +806,28 @@ class Sweep:
             _check_main_thread("Sweep.rerun_failed", "a sweep on cluster=debug or cluster=local")
         given = _overrides(overrides)
         return rerun_failed(self.sweep_dir, fresh_code=fresh_code, overrides=given)[0]
+
+    def rerun(
+        self, trials: Sequence[int], overrides: Sequence[str] = (), *, fresh_code: bool = False
+    ) -> list[int]:
+        """`hpcdl sweep rerun --trials 3,4,10-12 [KEY=VALUE ...]`: these trials again,
+        whatever their state (a completed one with a suspicious result), each from its
+        newest checkpoint, as rerun_failed() reruns the failed ones; refused while one of
+        them is queued or running. The indices of the trials rerun."""
+        from hpcdl.cli.main import rerun_failed
+        from hpcdl.sweep.ledger import load
+
+        if isinstance(trials, int) or not all(
+            hasattr(i, "__index__") and not isinstance(i, bool) for i in trials
+        ):
+            raise HpcdlError(f"trials={trials!r}: give the trials' indices as a list of ints")
+        if load(self.sweep_dir).launcher != "slurm":
+            _check_main_thread("Sweep.rerun", "a sweep on cluster=debug or cluster=local")
+        given = _overrides(overrides)
+        chosen = [int(i) for i in trials]
+        return rerun_failed(self.sweep_dir, fresh_code=fresh_code, overrides=given, trials=chosen)[
+            0
+        ]
 
     def trial(self, index: int) -> Job:
         """One trial's run, as a Job (logs, result, status of that trial alone)."""

@@ -20,3 +20,19 @@ def number_spans(numbers: Iterable[int]) -> list[tuple[int, int]]:
 def number_ranges(numbers: Iterable[int], sep: str = ", ") -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (a 1000-trial sweep's cancel is one short line)."""
     return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in number_spans(numbers))
+
+
+def parse_number_ranges(text: str) -> list[int]:
+    """'3,4,10-12' -> [3, 4, 10, 11, 12], in order given, duplicates once; ValueError
+    naming the part that is no number or range ('10-x')."""
+    numbers: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        first, dash, last = part.partition("-")
+        if not (first.isdigit() and (last.isdigit() if dash else True)):
+            raise ValueError(f"{part!r} is no number or range (e.g. 3,4,10-12)")
+        if dash and int(last) < int(first):
+            raise ValueError(f"{part!r} runs backwards (write {last}-{first})")
+        for n in range(int(first), int(last if dash else first) + 1):
+            if n not in numbers:
+                numbers.append(n)
+    return numbers

@@ -445,11 +445,14 @@ class RunDir(JobDir):
         stamp = dt.datetime.now().isoformat(timespec="seconds")
         append_line_durably(self.path / self.COMMANDS, f"{stamp} {_command_line(verb)}")
 
-    def record_rerun(self, sweep_dir: Path, overrides: Sequence[str]) -> None:
-        """commands.log: `<time> rerun: hpcdl sweep rerun SWEEP_DIR --failed KEY=VALUE ...`,
-        the settings a rerun of its sweep wrote into this trial's config.yaml."""
+    def record_rerun(
+        self, sweep_dir: Path, overrides: Sequence[str], selection: Sequence[str] = ("--failed",)
+    ) -> None:
+        """commands.log: `<time> rerun: hpcdl sweep rerun SWEEP_DIR --failed KEY=VALUE ...`
+        (`selection`: --trials 3,4 instead of --failed), the settings a rerun of its sweep
+        wrote into this trial's config.yaml."""
         stamp = dt.datetime.now().isoformat(timespec="seconds")
-        words = ["hpcdl", "sweep", "rerun", str(sweep_dir), "--failed", *overrides]
+        words = ["hpcdl", "sweep", "rerun", str(sweep_dir), *selection, *overrides]
         append_line_durably(self.path / self.COMMANDS, f"{stamp} rerun: {shlex.join(words)}")
 
     def withdraw_command(self, verb: str) -> None:

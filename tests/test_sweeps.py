@@ -905,6 +905,57 @@ def test_a_trial_stopped_at_its_time_limit_is_timeout_and_status_filters_by_stat
     assert "would rerun 3 trials: 1-3\n" in capsys.readouterr().out
 
 
+def test_rerun_trials_reruns_those_whatever_their_state_and_refuses_queued_ones(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # Before: only `--failed`; a completed trial with a suspicious result could not be rerun.
+    from hpcdl import Sweep
+    from hpcdl.cli.main import main
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import launch, states
+    from hpcdl.sweep.report import edit_notes, refresh
+
+    sweep = _slurm_sweep_ended(
+        tmp_path,
+        monkeypatch,
+        [
+            ("COMPLETED", {"reason": "completed"}),
+            ("FAILED", {"reason": "failed"}),
+            ("COMPLETED", {"reason": "completed"}),
+            ("RUNNING", {"reason": "preempted", "action": "requeued"}),
+        ],
+    )
+    sacct = "9_0|COMPLETED\n9_1|FAILED\n9_2|COMPLETED\n"
+    monkeypatch.setattr(
+        states, "query", lambda cmd: sacct if cmd[0] == "sacct" else "9_3|RUNNING\n"
+    )
+    submitted: list[list[int]] = []
+    monkeypatch.setattr(launch, "submit_arrays", lambda _led, idx: submitted.append(idx) or ["11"])
+    refresh(sweep)  # the states as the scheduler has them: no refusal changes them
+    ledger = (sweep / "sweep.json").read_bytes()
+    for args, said in [
+        (["--trials", "0,3"], "--trials: 1 trial: 3 still queued or running (RUNNING); leave"),
+        (["--trials", "2,9-12"], f"--trials 9-12: no such trial in {sweep}; its trials are 0-3"),
+        (["--trials", "1,x"], "--trials 1,x: 'x' is no number or range (e.g. 3,4,10-12)"),
+        (["--trials", "1", "--failed"], "give --failed (it reruns the trials in a failed state"),
+    ]:
+        assert main(["sweep", "rerun", str(sweep), *args]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {said}") or said in err, err
+        assert err.count("\n") == 1 and submitted == []
+    assert (sweep / "sweep.json").read_bytes() == ledger
+    assert main(["sweep", "rerun", str(sweep), "--trials", "2,0-1", "trainer.max_epochs=7"]) == 0
+    assert submitted == [[0, 1, 2]]
+    assert "rerunning 3 trials: 0-2\n" in capsys.readouterr().out
+    for index in (0, 1, 2):
+        assert RunDir(sweep / str(index)).load_config().trainer.max_epochs == 7
+    assert RunDir(sweep / "3").load_config().trainer.max_epochs != 7
+    log = (sweep / "0" / "commands.log").read_text()
+    assert f"rerun: hpcdl sweep rerun {sweep} --trials 0,1,2 trainer.max_epochs=7" in log
+    assert "trial 2: rerun with trainer.max_epochs=7" in edit_notes(refresh(sweep)[0])
+    assert Sweep(sweep).rerun([2]) == [2] and submitted[-1] == [2]
+
+
 def _rows(out: str) -> list[str]:
     """The rows of the first markdown table in `out`, without its header."""
     return [line for line in out.splitlines() if line.startswith("| ")][1:]

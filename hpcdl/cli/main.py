@@ -218,7 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
         "trainer.early_stopping.mode for their monitor (auto: its direction), else the metric's own (built-in "
         "metrics; else guessed from the name: loss, error, mae, time, ... lowest first)",
     )
-    sweep_rerun = sweep_sub.add_parser("rerun", help="resubmit failed/cancelled/timed-out trials")
+    sweep_rerun = sweep_sub.add_parser(
+        "rerun",
+        help="resubmit failed/cancelled/timed-out trials (--failed), or chosen ones (--trials)",
+    )
     sweep_rerun.add_argument("sweep_dir")
     sweep_rerun.add_argument(
         "overrides",
@@ -227,7 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(cluster.timeout_min=240, trainer.max_epochs=50); not a swept key",
     )
     # Checked in cmd_sweep, so that a typo of it (--faild) is named as an unknown option.
-    sweep_rerun.add_argument("--failed", action="store_true", help="required: rerun these")
+    sweep_rerun.add_argument(
+        "--failed",
+        action="store_true",
+        help="rerun the failed, cancelled and timed-out trials (this or --trials is required)",
+    )
+    sweep_rerun.add_argument(
+        "--trials",
+        metavar="LIST",
+        help="rerun these trials whatever their state, e.g. 3,4,10-12 (a completed one with "
+        "a suspicious result); refused while one of them is queued or running",
+    )
     sweep_rerun.add_argument(
         "--dry-run", action="store_true", help="name the trials and print the sbatch script only"
     )
@@ -615,13 +628,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     sweep_dir = Path(args.sweep_dir).expanduser().resolve()
     if args.sweep_command == "rerun":
-        if not args.failed:
+        if args.failed == (args.trials is not None):
             raise HpcdlError(
                 f"hpcdl sweep rerun {args.sweep_dir}: give --failed (it reruns the trials in a "
-                "failed state: FAILED, CANCELLED, TIMEOUT, ...)"
+                "failed state: FAILED, CANCELLED, TIMEOUT, ...) or --trials 3,4,10-12"
+                + (", not both" if args.failed else "")
             )
+        trials = None
+        if args.trials is not None:
+            from hpcdl.number_ranges import parse_number_ranges
+
+            try:
+                trials = parse_number_ranges(args.trials)
+            except ValueError as err:
+                raise HpcdlError(f"--trials {args.trials}: {err}") from None
         return rerun_failed(
-            sweep_dir, dry_run=args.dry_run, fresh_code=args.fresh_code, overrides=args.overrides
+            sweep_dir,
+            dry_run=args.dry_run,
+            fresh_code=args.fresh_code,
+            overrides=args.overrides,
+            trials=trials,
         )[1]
     states = chosen_states(getattr(args, "state", []))  # refused before the ledger is read
     ledger, metric, silent = refresh_states(sweep_dir, getattr(args, "metric", None))
@@ -677,6 +703,7 @@ def rerun_failed(
     dry_run: bool = False,
     fresh_code: bool = False,
     overrides: Sequence[str] = (),
+    trials: Optional[Sequence[int]] = None,
 ) -> tuple[list[int], int]:
     """`sweep rerun --failed` (and Sweep.rerun_failed): the failed trials, as states are
     now, as a new job array, or a local pool in the foreground. The trials rerun and the
@@ -684,32 +711,46 @@ def rerun_failed(
     `fresh_code`: the sweep's code frozen anew first (Slurm; refused while a trial is
     queued or running). `overrides`: KEY=VALUE settings for each rerun trial's config.yaml
     (a longer cluster.timeout_min for trials that timed out), checked for every trial
-    before any is written; not the swept keys, which make the trials what they are."""
+    before any is written; not the swept keys, which make the trials what they are.
+    `trials` (`--trials 3,4,10-12`, Sweep.rerun): these trials instead, whatever their
+    state, each from its newest checkpoint; refused while one is queued or running."""
     from hpcdl.cli.resume_run import refuse_edited_values
+    from hpcdl.launch.slurm_state import is_active
     from hpcdl.rundir import open_run_dir
     from hpcdl.sweep import ledger as ledger_mod
     from hpcdl.sweep.ledger import RERUNNABLE
     from hpcdl.sweep.report import refresh
 
+    def rerunnable(state: str) -> bool:
+        return not is_active(state) if trials is not None else state in RERUNNABLE
+
     ledger, _ = refresh(sweep_dir)
-    failed = [t.index for t in ledger.trials if t.state in RERUNNABLE]
+    if trials is None:
+        failed = [t.index for t in ledger.trials if rerunnable(t.state)]
+        selection = ["--failed"]
+    else:
+        failed = chosen_trials(ledger, trials)
+        selection = ["--trials", ",".join(map(str, failed))]
     if not failed:
         print("no failed trials to rerun")
         return failed, EXIT_OK
-    trials = [(i, open_run_dir(ledger.trial(i).run_dir)) for i in failed]
-    for i, (cfg, run_dir) in trials:  # a config.yaml fixed by hand, checked before sbatch
+    chosen = [(i, open_run_dir(ledger.trial(i).run_dir)) for i in failed]
+    for i, (cfg, run_dir) in chosen:  # a config.yaml fixed by hand, checked before sbatch
         refuse_edited_values(cfg, run_dir, f"trial {i}: ")
     if overrides:
-        trials = rerun_settings(ledger, trials, list(overrides))
+        chosen = rerun_settings(ledger, chosen, list(overrides))
+    if trials is not None:
+        refuse_nothing_to_train(chosen, sweep_dir)
     if fresh_code:
         from hpcdl.cli.fresh import fresh_sweep_code, fresh_sweep_dry_line, refreeze_sweep
 
         fresh_code = fresh_sweep_code(ledger)
+    again = " ".join(selection)
     if ledger.launcher == "slurm" and not fresh_code:
         from hpcdl.launch.slurm import warn_edited_code
         from hpcdl.rundir import SweepDir
 
-        fix = f"to run your edits: hpcdl sweep rerun {sweep_dir} --failed --fresh-code"
+        fix = f"to run your edits: hpcdl sweep rerun {sweep_dir} {again} --fresh-code"
         warn_edited_code(SweepDir(Path(ledger.sweep_dir)), "the rerun", fix)
     if dry_run:
         print(f"would rerun {rerun_line(failed)}")
@@ -720,7 +761,7 @@ def rerun_failed(
                 print(fresh_sweep_dry_line(ledger))
             from hpcdl.cli.array_scripts import print_array_scripts
 
-            print_array_scripts([(i, cfg) for i, (cfg, _) in trials], sweep_dir)
+            print_array_scripts([(i, cfg) for i, (cfg, _) in chosen], sweep_dir)
         print("# dry run: nothing submitted")
         return failed, EXIT_OK
     if ledger.launcher == "slurm":
@@ -728,12 +769,12 @@ def rerun_failed(
 
         with ledger_mod.locked(sweep_dir) as led:
             # As the ledger is now: a rerun beside this one may have submitted some of them.
-            failed = [i for i in failed if led.trial(i).state in RERUNNABLE]
+            failed = [i for i in failed if rerunnable(led.trial(i).state)]
             if not failed:
                 print("no failed trials to rerun (a rerun beside this one submitted them)")
                 return failed, EXIT_OK
             fresh = refreeze_sweep(led) if fresh_code else None
-            write_rerun_settings(sweep_dir, trials, failed, overrides)
+            write_rerun_settings(sweep_dir, chosen, failed, overrides, selection)
             print(f"rerunning {rerun_line(failed)}", flush=True)
             try:
                 arrays = submit_arrays(led, failed)
@@ -743,11 +784,48 @@ def rerun_failed(
                 raise
         print(submitted_line(arrays, len(failed)))
         return failed, EXIT_OK
-    write_rerun_settings(sweep_dir, trials, failed, overrides)
+    write_rerun_settings(sweep_dir, chosen, failed, overrides, selection)
     print(f"rerunning {rerun_line(failed)}", flush=True)
     from hpcdl.sweep.launch import run_local_pool
 
     return failed, run_local_pool(ledger, failed)
+
+
+def chosen_trials(ledger: Any, trials: Sequence[int]) -> list[int]:
+    """`--trials`: the indices, each a trial of the sweep and none queued or running (its
+    job would train beside the rerun's), else a one-line error naming them."""
+    from hpcdl.launch.slurm_state import is_active
+    from hpcdl.number_ranges import number_ranges
+
+    unknown = [i for i in trials if not 0 <= i < len(ledger.trials)]
+    if unknown:
+        raise HpcdlError(
+            f"--trials {number_ranges(unknown)}: no such trial in {ledger.sweep_dir}; its "
+            f"trials are 0-{len(ledger.trials) - 1}"
+        )
+    busy = [i for i in trials if is_active(ledger.trial(i).state)]
+    if busy:
+        states = ", ".join(sorted({ledger.trial(i).state for i in busy}))
+        raise HpcdlError(
+            f"--trials: {rerun_line(busy)} still queued or running ({states}); leave them "
+            f"out, or wait for them, or `hpcdl cancel {ledger.sweep_dir}/<trial>` first"
+        )
+    return sorted(trials)
+
+
+def refuse_nothing_to_train(trials: list[tuple[int, tuple[Config, Any]]], sweep_dir: Path) -> None:
+    """A trial rerun from its newest checkpoint that has trained all it is set to (a
+    completed one, rerun as it is) would end at once: refused, with the ways to train it."""
+    from hpcdl.nothing_to_train import nothing_to_train
+
+    for i, (cfg, run_dir) in trials:
+        line = nothing_to_train(cfg, run_dir)
+        if line is not None:
+            raise HpcdlError(
+                f"trial {i}: {line}: hpcdl sweep rerun {sweep_dir} --trials {i} "
+                f"trainer.max_epochs=N; or train it again from its start: hpcdl resume "
+                f"{run_dir.path} --from-scratch"
+            )
 
 
 def rerun_settings(
@@ -781,6 +859,7 @@ def write_rerun_settings(
     trials: list[tuple[int, tuple[Config, Any]]],
     indices: list[int],
     overrides: Sequence[str],
+    selection: Sequence[str] = ("--failed",),
 ) -> None:
     """The checked configs of the trials rerun now into their config.yaml, and a `rerun:`
     line in their commands.log (the sweep summary notes it under the table)."""
@@ -789,7 +868,7 @@ def write_rerun_settings(
     for i, (cfg, run_dir) in trials:
         if i in indices:
             run_dir.save_config(cfg)
-            run_dir.record_rerun(sweep_dir, overrides)
+            run_dir.record_rerun(sweep_dir, overrides, selection)
 
 
 def preflight(cfg: Config, skip: bool) -> None:

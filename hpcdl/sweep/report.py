@@ -241,9 +241,14 @@ def hand_resumes(run_dir: RunDir) -> list[list[str]]:
 
 
 def reruns_with(run_dir: RunDir) -> list[list[str]]:
-    """The settings each `hpcdl sweep rerun --failed KEY=VALUE ...` wrote into the trial's
-    config.yaml (its commands.log's `rerun:` lines)."""
-    found = [w[w.index("--failed") + 1 :] for w in _logged(run_dir, "rerun") if "--failed" in w]
+    """The settings each `hpcdl sweep rerun --failed KEY=VALUE ...` (or `--trials 3,4
+    KEY=VALUE ...`) wrote into the trial's config.yaml (its commands.log's `rerun:` lines)."""
+    found = []
+    for words in _logged(run_dir, "rerun"):
+        if "--failed" in words:
+            found.append(words[words.index("--failed") + 1 :])
+        elif "--trials" in words:
+            found.append(words[words.index("--trials") + 2 :])
     return [words for words in found if words]
 
 

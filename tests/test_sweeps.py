@@ -149,6 +149,45 @@ def test_bad_sweeps_are_refused_naming_trial_and_key(overrides, expected) -> Non
         assert not str(info.value).startswith("trial")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["optim.lr=0.1,0.1"],
+            "optim.lr=0.1,0.1: 0.1 is given twice; give each value of optim.lr once (optim.lr=0.1)",
+        ),
+        (
+            ["data=digits", "optim.lr=0.1,0.01,1e-2"],
+            "optim.lr=0.1,0.01,1e-2: 0.01 is given twice; give each value of optim.lr once "
+            "(optim.lr=0.1,0.01)",
+        ),
+        (["model=mlp,mlp"], "model=mlp,mlp: mlp is given twice; give each value of model once"),
+        (["trainer.seed=range(0,3)", "optim.lr=choice(0.1,0.1)"], "0.1 is given twice;"),
+        (
+            ["optim.lr=0.1,0.2", "trainer.seed=1", "optim.lr=0.3"],
+            "optim.lr=0.1,0.2 optim.lr=0.3: optim.lr is given twice (Hydra's sweep would keep "
+            "the last alone); give all its values in one override (optim.lr=0.1,0.2,0.3)",
+        ),
+        (
+            ["optim.lr=0.1", "optim.lr=range(1,3)"],
+            "optim.lr=0.1 optim.lr=range(1,3): optim.lr is given twice (Hydra's sweep would keep "
+            "the last alone); give all its values in one override\n",
+        ),
+    ],
+)
+def test_a_swept_key_or_value_given_twice_is_refused(overrides, expected) -> None:
+    # Before: optim.lr=0.1,0.1 made two trials alike, and optim.lr=0.1,0.2 optim.lr=0.3
+    # one trial of 0.3 (Hydra's basic sweeper keeps a repeated key's last value alone).
+    with pytest.raises(ConfigError) as info:
+        plan_sweep(overrides)
+    assert expected in str(info.value) + "\n"
+
+
+def test_a_key_swept_nowhere_may_repeat_and_the_last_wins() -> None:
+    plan = plan_sweep(["trainer.seed=1", "trainer.seed=2", "optim.lr=0.1,0.2"])
+    assert [t.config.trainer.seed for t in plan.trials] == [2, 2]
+
+
 def test_new_sweep_arrays_come_from_its_plan_and_a_rerun_reads_its_run_dirs(
     tmp_path: Path, monkeypatch
 ) -> None:
@@ -419,6 +458,14 @@ def test_bad_sweep_creates_and_runs_nothing(hpcdl, tmp_path: Path) -> None:
     out = hpcdl("train", "-m", "hydra.sweep.dir=sw", "optim.lr=0.1,-1")
     assert out.returncode == 2 and "trial 1 (optim.lr=-1)" in out.stderr
     assert not (tmp_path / "sw").exists()
+    for dry in ([], ["--dry-run"]):  # the dry run refuses a value given twice the same way
+        out = hpcdl("train", "-m", "hydra.sweep.dir=sw", "optim.lr=0.1,0.1", *dry)
+        assert out.returncode == 2 and out.stdout == "", out.stdout
+        assert out.stderr == (
+            "error: optim.lr=0.1,0.1: 0.1 is given twice; give each value of optim.lr once "
+            "(optim.lr=0.1)\n"
+        )
+        assert not (tmp_path / "sw").exists()
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ not once per trial.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from hpcdl.cli.compose import (
     SweepComposer,
@@ -97,6 +97,7 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
     except HydraException as err:
         raise ConfigError(naming(hydra_message(err, rest), rest)) from None
 
+    refuse_repeated_sweeps(parsed, rest)
     rewritten: list[str] = []
     swept: list[str] = []
     common: list[str] = []
@@ -143,3 +144,53 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
     batches = BasicSweeper.split_arguments(parser.parse_overrides(rewritten), None)
     combos = [c for batch in batches for c in batch]
     return Expansion(sweep_dir=sweep_dir, common=common, swept_keys=swept, combos=combos)
+
+
+def refuse_repeated_sweeps(parsed: list[Any], texts: list[str]) -> None:
+    """A swept key given twice (`optim.lr=0.1,0.2 optim.lr=0.3`: Hydra's basic sweeper
+    keeps the last alone, silently) or a value twice in one sweep (`optim.lr=0.1,0.1`,
+    `0.1,1e-1`: two trials alike), refused in one line. A key that is swept nowhere may
+    repeat: the last value wins, as for a single run."""
+    from hydra.core.override_parser.types import Glob
+
+    given: dict[str, list[str]] = {}
+    swept: set[str] = set()
+    for ov, text in zip(parsed, texts, strict=True):
+        key = ov.key_or_group
+        given.setdefault(key, []).append(text)
+        if not ov.is_sweep_override():
+            continue
+        swept.add(key)
+        if ov.is_interval_sweep() or isinstance(ov.value(), Glob):
+            continue
+        values: dict[str, str] = {}
+        repeat = None
+        for value, shown in zip(ov.sweep_iterator(), ov.sweep_string_iterator(), strict=True):
+            same = _comparable(value)
+            if same in values and repeat is None:
+                first = values[same]
+                repeat = shown if first == shown else f"{first} and {shown} are one value;"
+            values.setdefault(same, shown)
+        if repeat is not None:
+            what = repeat if repeat.endswith(";") else f"{repeat} is given twice;"
+            raise ConfigError(
+                f"{text}: {what} give each value of {key} once ({key}={','.join(values.values())})"
+            )
+    for key in swept:
+        if len(given[key]) > 1:
+            lists = [t.split("=", 1)[1] for t in given[key]]
+            merged = "" if any("(" in v for v in lists) else f" ({key}={','.join(lists)})"
+            times = "twice" if len(lists) == 2 else f"{len(lists)} times"
+            raise ConfigError(
+                f"{' '.join(given[key])}: {key} is given {times} (Hydra's sweep would keep the "
+                f"last alone); give all its values in one override{merged}"
+            )
+
+
+def _comparable(value: Any) -> str:
+    """A swept value as compared for repeats: 0.1 and 1e-1 alike, 1 and true not."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, (int, float)):
+        return f"number {float(value)!r}"
+    return repr(value)

@@ -212,7 +212,7 @@ def _words(command: Sequence[str]) -> list[str]:
 
 
 # The sweep commands' flags, as Sweep.status()/summary() take them: keyword arguments.
-_FLAG_AS_KEYWORD = re.compile(r"--(metric|mode) ([\w./-]+)")
+_FLAG_AS_KEYWORD = re.compile(r"--(metric|mode|at) ([\w./-]+)")
 
 
 # `hpcdl predict RUN task.predict=... --split test` in a refusal: Job.predict() says it as a call.
@@ -752,13 +752,16 @@ class Sweep:
         metric: Optional[str] = None,
         mode: Optional[str] = None,
         over: Sequence[str] = (),
+        at: str = "last",
     ) -> list[dict[str, Any]]:
         """`hpcdl sweep summary` as data, best first: rank, overrides, trials, n, mean, std
         (across the folds of a k-fold sweep, and the keys of `over`), the metric's name and
         `mode` ('min': lowest first). `mode` is `--mode`: 'min' or 'max' to choose the
         direction, else as the command decides it; `over` is `--over`: swept keys to average
-        over (['trainer.seed']). Also writes summary.md, summary.csv and
+        over (['trainer.seed']); `at` is `--at`: 'best' for each trial's value at its best
+        epoch (its best.pt's) instead of its last. Also writes summary.md, summary.csv and
         summary_<metric>.png into the sweep dir, as the command does."""
+        from hpcdl.sweep.best_epoch import AT_CHOICES
         from hpcdl.sweep.direction import direction
         from hpcdl.sweep.report import (
             averaged_keys,
@@ -769,11 +772,13 @@ class Sweep:
         )
 
         over = [over] if isinstance(over, str) else list(over)
+        if at not in AT_CHOICES:
+            raise HpcdlError(f"at={at!r}: choose 'last' (the last epoch's value) or 'best'")
         with _in_api_words():
-            ledger, metric = refresh(self.sweep_dir, metric)
+            ledger, metric = refresh(self.sweep_dir, metric, at)
             ranking = direction(ledger, metric, mode)
             averaged_keys(ledger, over)
-        write_summary(ledger, metric, ranking, over)
+        write_summary(ledger, metric, ranking, over, at)
         notes = trial_notes(ledger)  # the lines the command prints below its table
         return [
             {
@@ -783,7 +788,7 @@ class Sweep:
                 "mode": ranking.mode.value,
                 "notes": [line for i in entry["trials"] for line in notes.get(i, [])],
             }
-            for rank, entry in enumerate(summarize(ledger, metric, ranking, over), 1)
+            for rank, entry in enumerate(summarize(ledger, metric, ranking, over, at), 1)
         ]
 
     def cancel(self) -> None:

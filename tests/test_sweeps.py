@@ -1589,6 +1589,60 @@ def test_a_rerun_names_its_trials_as_ranges(tmp_path: Path, capsys) -> None:
     ]
 
 
+def test_summary_at_best_ranks_by_each_trials_best_epoch(tmp_path: Path, capsys) -> None:
+    # Before: only the last epoch's value; lr=0.1 peaked at epoch 2 (its best.pt) and then
+    # overfitted, and ranked below lr=0.01 by its last epoch.
+    from hpcdl import Sweep
+    from hpcdl.cli.main import main
+    from hpcdl.rundir import RunDir
+    from hpcdl.sweep import launch
+
+    sweep = tmp_path / "sw"
+    ledger = launch.create_sweep(plan_sweep(["optim.lr=0.1,0.01", f"hydra.sweep.dir={sweep}"]))
+    epochs = {  # per trial: (val_accuracy, val_loss) of epochs 1-3
+        0: [(0.95, 0.10), (0.99, 0.02), (0.90, 0.30)],
+        1: [(0.80, 0.50), (0.93, 0.20), (0.94, 0.15)],
+    }
+    for t in ledger.trials:
+        run = RunDir(Path(t.run_dir))
+        for epoch, (acc, loss) in enumerate(epochs[t.index], 1):
+            run.metrics.append({"epoch": epoch, "val_accuracy": acc, "val_loss": loss})
+        best = min(range(3), key=lambda e: epochs[t.index][e][1]) + 1
+        run.write_summary(
+            {"outcome": "completed", "best_epoch": best, "best_metric_name": "val_loss",
+             "test_accuracy": 0.9}
+        )  # fmt: skip
+        launch._finish_trial(sweep, t.index, 0)
+    capsys.readouterr()
+    assert main(["sweep", "summary", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert _ranked(out) == ["optim.lr=0.01", "optim.lr=0.1"] and "0.9000" in out
+    assert main(["sweep", "summary", str(sweep), "--at", "best"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == (
+        "ranked by val_accuracy at each trial's best epoch (its best.pt's, by val_loss), "
+        "highest first (accuracy: higher is better); --mode min reverses it"
+    )
+    assert "| val_accuracy (best epoch) mean |" in out
+    assert _ranked(out) == ["optim.lr=0.1", "optim.lr=0.01"]
+    assert [_cells(row)[2] for row in _rows(out.split("\n\n", 1)[1])] == ["0.9900", "0.9400"]
+    assert (sweep / "summary.csv").read_text().splitlines()[:2] == [
+        "rank,overrides,val_accuracy_at_best_mean,val_accuracy_at_best_std,n,trials,state",
+        "1,optim.lr=0.1,0.99,,1,0,COMPLETED",
+    ]
+    rows = Sweep(sweep).summary(at="best", metric="val_loss")
+    assert [(r["overrides"], r["mean"]) for r in rows] == [
+        ("optim.lr=0.1", 0.02),
+        ("optim.lr=0.01", 0.15),
+    ]
+    assert main(["sweep", "summary", str(sweep), "--at", "best", "--metric", "test_accuracy"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --at best: test_accuracy is in no trial's metrics.csv (measured once, at the "
+        "end, not per epoch); give --at best a per-epoch metric with --metric (val_accuracy, "
+        "val_loss), or rank by this one with --at last\n"
+    )
+
+
 def test_a_summary_shows_each_rows_state_and_leaves_failed_folds_out_of_the_mean(
     tmp_path: Path, capsys
 ) -> None:

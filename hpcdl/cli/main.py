@@ -204,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_summary.add_argument("--metric", help=METRIC_HELP)
     sweep_summary.add_argument("--format", choices=["markdown", "csv"], default="markdown")
     sweep_summary.add_argument(
+        "--at",
+        choices=["last", "best"],
+        default="last",
+        help="each trial's value at its last epoch (default), or at its best epoch: the one "
+        "its best.pt was kept for, by its trainer.early_stopping.monitor",
+    )
+    sweep_summary.add_argument(
         "--over",
         action="append",
         default=[],
@@ -650,7 +657,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             trials=trials,
         )[1]
     states = chosen_states(getattr(args, "state", []))  # refused before the ledger is read
-    ledger, metric, silent = refresh_states(sweep_dir, getattr(args, "metric", None))
+    at = getattr(args, "at", "last")  # summary's --at
+    ledger, metric, silent = refresh_states(sweep_dir, getattr(args, "metric", None), at)
     if silent is not None:
         from hpcdl.launch.monitor import unanswered
 
@@ -667,13 +675,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.sweep_command == "summary":
         ranking = direction(ledger, metric, args.mode)  # refused before anything is written
         averaged_keys(ledger, args.over)  # so is an --over that is no swept key
-        text, notes, files = write_summary(ledger, metric, ranking, args.over)
+        text, notes, files = write_summary(ledger, metric, ranking, args.over, at)
         # --format csv: stdout holds the CSV alone (`> out.csv`, pandas.read_csv), the rest
         # goes to stderr.
         said = sys.stderr if args.format == "csv" else sys.stdout
         if args.format == "csv":
             print(files[1].read_text(), end="")
-            print(ranking.header(metric), file=said)
+            print(text.splitlines()[0], file=said)  # the direction's line
             print(notes + edit_notes(ledger), end="", file=said)
         else:
             print(text)

@@ -42,6 +42,7 @@ from hpcdl.launch.monitor import (
 from hpcdl.number_ranges import number_ranges
 from hpcdl.rundir import RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
+from hpcdl.sweep.best_epoch import BEST, LAST, best_epoch, value_at_best
 from hpcdl.sweep.direction import Direction
 from hpcdl.sweep.ledger import COMPLETED, TIMEOUT, TRIAL_STATES, Ledger
 from hpcdl.sweep.overrides import agrees, as_run
@@ -58,8 +59,11 @@ DEFAULT_METRIC = "val_accuracy"
 FOLD_KEY = "data.fold"
 
 
-def trial_metric(run_dir: RunDir, metric: str = DEFAULT_METRIC) -> Optional[float]:
-    """A trial's metric: the summary's value when it has one, else the last epoch's row."""
+def trial_metric(run_dir: RunDir, metric: str = DEFAULT_METRIC, at: str = LAST) -> Optional[float]:
+    """A trial's metric: the summary's value when it has one, else the last epoch's row;
+    `at` BEST (`summary --at best`): its best epoch's row (hpcdl.sweep.best_epoch)."""
+    if at == BEST:
+        return value_at_best(run_dir, metric)
     for record in (run_dir.read_summary(), run_dir.metrics.last_row()):
         value = (record or {}).get(metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -106,14 +110,14 @@ def default_metric(ledger: Ledger) -> str:
     return cfg.trainer.early_stopping.monitor
 
 
-def refresh(sweep_dir: Path, metric: Optional[str] = None) -> tuple[Ledger, str]:
+def refresh(sweep_dir: Path, metric: Optional[str] = None, at: str = LAST) -> tuple[Ledger, str]:
     """refresh_states() without the scheduler's silence."""
-    ledger, metric, _ = refresh_states(sweep_dir, metric)
+    ledger, metric, _ = refresh_states(sweep_dir, metric, at)
     return ledger, metric
 
 
 def refresh_states(
-    sweep_dir: Path, metric: Optional[str] = None
+    sweep_dir: Path, metric: Optional[str] = None, at: str = LAST
 ) -> tuple[Ledger, str, Optional[str]]:
     """Update every trial's state, attempts, requeue count and metric in the ledger; the
     third value: why Slurm's states are missing (a slurm_state source: neither squeue nor
@@ -124,7 +128,8 @@ def refresh_states(
     accounting (sacct) decides, or the run dir where the cluster has no accounting
     (task_state). The run dir has the last word once a trial has left the queue: a
     newest attempt that recorded a completed end is COMPLETED whatever the scheduler says
-    (settled_state)."""
+    (settled_state). `at` BEST: each trial's metric at its best epoch (`summary --at
+    best`), refused where it can have none (refuse_at_best)."""
     silent = None
     with ledger_mod.locked(sweep_dir) as ledger:
         on_slurm = ledger.launcher == "slurm"
@@ -151,10 +156,34 @@ def refresh_states(
             t.overrides = overrides_as_run(t.planned, run_dir)
         chosen, metric = metric, metric or default_metric(ledger)
         for t in ledger.trials:
-            t.metric, t.metric_name = trial_metric(RunDir(Path(t.run_dir)), metric), metric
-        if chosen and all(t.metric is None for t in ledger.trials):
-            refuse_unknown_metric(ledger, chosen)  # before the ledger is saved
+            t.metric, t.metric_name = trial_metric(RunDir(Path(t.run_dir)), metric, at), metric
+        if all(t.metric is None for t in ledger.trials):  # refused before the ledger is saved
+            if at == BEST and metric in reported_metrics(ledger):
+                refuse_at_best(ledger, metric)
+            if chosen:
+                refuse_unknown_metric(ledger, chosen)
     return ledger, metric, silent
+
+
+def refuse_at_best(ledger: Ledger, metric: str) -> None:
+    """`--at best` where no trial can have a value: an `hpcdl run` program's trials (they
+    keep no best epoch), or a metric no trial's metrics.csv has a column for (measured
+    once, at the end: test_accuracy, best_metric)."""
+    if RunDir(Path(ledger.trials[0].run_dir)).load_config().script is not None:
+        raise HpcdlError(
+            "--at best: an `hpcdl run` program's trials keep no best epoch (no best.pt); "
+            "rank by their last value: --at last"
+        )
+    columns = sorted(
+        {k for t in ledger.trials for k in (RunDir(Path(t.run_dir)).metrics.last_row() or {})}
+    )
+    if columns and metric not in columns:
+        per_epoch = ", ".join(c for c in columns if c not in COUNTERS)
+        raise HpcdlError(
+            f"--at best: {metric} is in no trial's metrics.csv (measured once, at the end, "
+            f"not per epoch); give --at best a per-epoch metric with --metric ({per_epoch}), "
+            "or rank by this one with --at last"
+        )
 
 
 def refuse_unknown_metric(ledger: Ledger, metric: str) -> None:
@@ -461,7 +490,7 @@ def averaged_keys(ledger: Ledger, over: Sequence[str] = ()) -> list[str]:
 
 
 def summarize(
-    ledger: Ledger, metric: str, direction: Direction, over: Sequence[str] = ()
+    ledger: Ledger, metric: str, direction: Direction, over: Sequence[str] = (), at: str = LAST
 ) -> list[dict[str, Any]]:
     """One entry per configuration, best first: the trials that differ only in data.fold
     (a k-fold sweep) or in a key of `over` (`--over trainer.seed`) grouped, with the mean
@@ -472,7 +501,7 @@ def summarize(
     for t in ledger.trials:
         key = tuple(o for o in t.overrides if o.partition("=")[0] not in averaged)
         members[key].append(t.index)
-        value = trial_metric(RunDir(Path(t.run_dir)), metric)
+        value = trial_metric(RunDir(Path(t.run_dir)), metric, at)
         if value is not None:
             reported[t.index] = value
     used = {o.partition("=")[0] for t in ledger.trials for o in t.overrides}
@@ -530,6 +559,7 @@ def group_state(ledger: Ledger, trial_ids: list[int]) -> str:
 
 
 def summary_table(entries: list[dict[str, Any]], metric: str, folds: bool) -> str:
+    """The ranked table; `metric`: its value column's name (`val_accuracy (best epoch)`)."""
     head = ["rank", "overrides", f"{metric} mean", "std" if folds else "", "n", "trials", "state"]
     rows = [[h for h in head if h]]
     for rank, e in enumerate(entries, 1):
@@ -593,30 +623,44 @@ def _states(ledger: Ledger, indices: list[int]) -> str:
 
 
 def write_summary(
-    ledger: Ledger, metric: str, direction: Direction, over: Sequence[str] = ()
+    ledger: Ledger, metric: str, direction: Direction, over: Sequence[str] = (), at: str = LAST
 ) -> tuple[str, str, list[Path]]:
     """summary.md (the direction's line, the table, then the notes on its rows),
     summary.csv and the plot; returns summary.md's text, its notes and the files. `over`:
-    keys averaged over besides data.fold."""
+    keys averaged over besides data.fold; `at` BEST: each trial's value at its best epoch,
+    which the first line, the table's and the CSV's column names say."""
     sweep_dir = SweepDir(Path(ledger.sweep_dir))
-    entries = summarize(ledger, metric, direction, over)
+    entries = summarize(ledger, metric, direction, over, at)
     folds = bool(over) or any(k == FOLD_KEY for k in ledger.swept_keys)
-    text = direction.header(metric) + "\n\n" + summary_table(entries, metric, folds)
+    column, ranked = metric, metric
+    if at == BEST:
+        column, ranked = f"{metric} (best epoch)", at_best_label(ledger, metric)
+    text = direction.header(ranked) + "\n\n" + summary_table(entries, column, folds)
     notes = missing_notes(entries, ledger, metric) + unfinished_note(entries, ledger, metric)
     text += "\n" + notes.rstrip("\n") if notes else ""
     markdown, table_csv = sweep_dir.summary_file("md"), sweep_dir.summary_file("csv")
     write_atomic(markdown, text + "\n")
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer)
-    head = ["rank", "overrides", f"{metric}_mean", f"{metric}_std", "n", "trials", "state"]
+    name = f"{metric}_at_best" if at == BEST else metric
+    head = ["rank", "overrides", f"{name}_mean", f"{name}_std", "n", "trials", "state"]
     writer.writerow(head)
     for rank, e in enumerate(entries, 1):
         mean, std = ("" if math.isnan(v) else v for v in (e["mean"], e["std"]))  # no value
         trials = " ".join(map(str, e["trials"]))
         writer.writerow([rank, e["overrides"], mean, std, e["n"], trials, e["state"]])
     write_atomic(table_csv, buffer.getvalue())
-    plots = plot_metric_per_key(ledger, metric, direction, sweep_dir.summary_plot(metric))
+    plots = plot_metric_per_key(ledger, metric, direction, sweep_dir.summary_plot(metric), at)
     return text, notes, [markdown, table_csv, *plots]
+
+
+def at_best_label(ledger: Ledger, metric: str) -> str:
+    """'val_accuracy at each trial's best epoch (its best.pt's, by val_loss)': what `--at
+    best` ranks by, naming the monitors that chose the epochs."""
+    found = (best_epoch(RunDir(Path(t.run_dir))) for t in ledger.trials)
+    monitors = sorted({b.monitor for b in found if b is not None and b.monitor})
+    by = f", by {' or '.join(monitors)}" if monitors else ""
+    return f"{metric} at each trial's best epoch (its best.pt's{by})"
 
 
 # The plot labels at most this many values of a key: 2000 seeds' labels took matplotlib
@@ -625,7 +669,7 @@ MAX_TICK_LABELS = 30
 
 
 def plot_metric_per_key(
-    ledger: Ledger, metric: str, direction: Direction, out_png: Path
+    ledger: Ledger, metric: str, direction: Direction, out_png: Path, at: str = LAST
 ) -> list[Path]:
     from matplotlib.figure import Figure
 
@@ -637,7 +681,7 @@ def plot_metric_per_key(
         ax = fig.add_subplot(1, len(keys), k + 1)
         xs, ys = [], []
         for t in ledger.trials:
-            value = trial_metric(RunDir(Path(t.run_dir)), metric)
+            value = trial_metric(RunDir(Path(t.run_dir)), metric, at)
             setting = next(
                 (o.split("=", 1)[1] for o in t.overrides if o.split("=", 1)[0] == key), None
             )
@@ -650,7 +694,9 @@ def plot_metric_per_key(
         shown = range(0, len(labels), math.ceil(len(labels) / MAX_TICK_LABELS) or 1)
         ax.set_xticks(list(shown), [labels[i] for i in shown], rotation=30)
         ax.set_xlabel(key)
-        ax.set_ylabel(f"{metric} ({'lower' if direction.lower_is_better else 'higher'} is better)")
+        where = ", best epoch" if at == BEST else ""
+        better = "lower" if direction.lower_is_better else "higher"
+        ax.set_ylabel(f"{metric} ({better} is better{where})")
         ax.grid(alpha=0.3)
     save_png(fig, out_png, dpi=100)
     return [out_png]

@@ -813,12 +813,18 @@ class Sweep:
         return rerun_failed(self.sweep_dir, fresh_code=fresh_code, overrides=given)[0]
 
     def rerun(
-        self, trials: Sequence[int], overrides: Sequence[str] = (), *, fresh_code: bool = False
+        self,
+        trials: Sequence[int],
+        overrides: Sequence[str] = (),
+        *,
+        fresh_code: bool = False,
+        from_scratch: bool = False,
     ) -> list[int]:
         """`hpcdl sweep rerun --trials 3,4,10-12 [KEY=VALUE ...]`: these trials again,
         whatever their state (a completed one with a suspicious result), each from its
-        newest checkpoint, as rerun_failed() reruns the failed ones; refused while one of
-        them is queued or running. The indices of the trials rerun."""
+        newest checkpoint, as rerun_failed() reruns the failed ones, or from its first epoch
+        with `from_scratch` (`--from-scratch`); refused while one of them is queued or
+        running. The indices of the trials rerun."""
         from hpcdl.cli.main import rerun_failed
         from hpcdl.sweep.ledger import load
 
@@ -830,9 +836,13 @@ class Sweep:
             _check_main_thread("Sweep.rerun", "a sweep on cluster=debug or cluster=local")
         given = _overrides(overrides)
         chosen = [int(i) for i in trials]
-        return rerun_failed(self.sweep_dir, fresh_code=fresh_code, overrides=given, trials=chosen)[
-            0
-        ]
+        return rerun_failed(
+            self.sweep_dir,
+            fresh_code=fresh_code,
+            overrides=given,
+            trials=chosen,
+            from_scratch=from_scratch,
+        )[0]
 
     def trial(self, index: int) -> Job:
         """One trial's run, as a Job (logs, result, status of that trial alone)."""

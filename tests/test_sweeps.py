@@ -1001,6 +1001,15 @@ def test_rerun_trials_reruns_those_whatever_their_state_and_refuses_queued_ones(
     assert f"rerun: hpcdl sweep rerun {sweep} --trials 0,1,2 trainer.max_epochs=7" in log
     assert "trial 2: rerun with trainer.max_epochs=7" in edit_notes(refresh(sweep)[0])
     assert Sweep(sweep).rerun([2]) == [2] and submitted[-1] == [2]
+    # --from-scratch: from its first epoch, its checkpoints set aside, as `hpcdl resume
+    # --from-scratch` does it.
+    (sweep / "0" / "checkpoints").mkdir()
+    (sweep / "0" / "checkpoints" / "step_000000013.pt").write_bytes(b"x")
+    assert main(["sweep", "rerun", str(sweep), "--trials", "0", "--from-scratch"]) == 0
+    assert submitted[-1] == [0]
+    assert (sweep / "0" / "checkpoints.set-aside-1" / "step_000000013.pt").is_file()
+    assert not (sweep / "0" / "summary.json").exists()
+    assert "trial 0: rerun with --from-scratch" in edit_notes(refresh(sweep)[0])
 
 
 def _rows(out: str) -> list[str]:

@@ -249,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a suspicious result); refused while one of them is queued or running",
     )
     sweep_rerun.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="train them again from their first epoch: each one's checkpoints/ moves to "
+        "checkpoints.set-aside-N, its metrics and summary are cleared (as hpcdl resume "
+        "--from-scratch)",
+    )
+    sweep_rerun.add_argument(
         "--dry-run", action="store_true", help="name the trials and print the sbatch script only"
     )
     sweep_rerun.add_argument(
@@ -655,6 +662,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             fresh_code=args.fresh_code,
             overrides=args.overrides,
             trials=trials,
+            from_scratch=args.from_scratch,
         )[1]
     states = chosen_states(getattr(args, "state", []))  # refused before the ledger is read
     at = getattr(args, "at", "last")  # summary's --at
@@ -712,6 +720,7 @@ def rerun_failed(
     fresh_code: bool = False,
     overrides: Sequence[str] = (),
     trials: Optional[Sequence[int]] = None,
+    from_scratch: bool = False,
 ) -> tuple[list[int], int]:
     """`sweep rerun --failed` (and Sweep.rerun_failed): the failed trials, as states are
     now, as a new job array, or a local pool in the foreground. The trials rerun and the
@@ -721,7 +730,8 @@ def rerun_failed(
     (a longer cluster.timeout_min for trials that timed out), checked for every trial
     before any is written; not the swept keys, which make the trials what they are.
     `trials` (`--trials 3,4,10-12`, Sweep.rerun): these trials instead, whatever their
-    state, each from its newest checkpoint; refused while one is queued or running."""
+    state, each from its newest checkpoint; refused while one is queued or running.
+    `from_scratch`: each from its first epoch instead (start_over)."""
     from hpcdl.cli.resume_run import refuse_edited_values
     from hpcdl.launch.slurm_state import is_active
     from hpcdl.rundir import open_run_dir
@@ -739,6 +749,7 @@ def rerun_failed(
     else:
         failed = chosen_trials(ledger, trials)
         selection = ["--trials", ",".join(map(str, failed))]
+    selection += ["--from-scratch"] if from_scratch else []
     if not failed:
         print("no failed trials to rerun")
         return failed, EXIT_OK
@@ -747,7 +758,7 @@ def rerun_failed(
         refuse_edited_values(cfg, run_dir, f"trial {i}: ")
     if overrides:
         chosen = rerun_settings(ledger, chosen, list(overrides))
-    if trials is not None:
+    if trials is not None and not from_scratch:
         refuse_nothing_to_train(chosen, sweep_dir)
     if fresh_code:
         from hpcdl.cli.fresh import fresh_sweep_code, fresh_sweep_dry_line, refreeze_sweep
@@ -764,6 +775,8 @@ def rerun_failed(
         print(f"would rerun {rerun_line(failed)}")
         if overrides:
             print(f"# each with {shlex.join(overrides)} in its config.yaml (nothing written)")
+        if from_scratch:
+            print("# each from its first epoch: its checkpoints/ set aside (nothing moved)")
         if ledger.launcher == "slurm":
             if fresh_code:
                 print(fresh_sweep_dry_line(ledger))
@@ -783,6 +796,8 @@ def rerun_failed(
                 return failed, EXIT_OK
             fresh = refreeze_sweep(led) if fresh_code else None
             write_rerun_settings(sweep_dir, chosen, failed, overrides, selection)
+            if from_scratch:
+                start_over(chosen, failed)
             print(f"rerunning {rerun_line(failed)}", flush=True)
             try:
                 arrays = submit_arrays(led, failed)
@@ -793,6 +808,8 @@ def rerun_failed(
         print(submitted_line(arrays, len(failed)))
         return failed, EXIT_OK
     write_rerun_settings(sweep_dir, chosen, failed, overrides, selection)
+    if from_scratch:
+        start_over(chosen, failed)
     print(f"rerunning {rerun_line(failed)}", flush=True)
     from hpcdl.sweep.launch import run_local_pool
 
@@ -821,6 +838,20 @@ def chosen_trials(ledger: Any, trials: Sequence[int]) -> list[int]:
     return sorted(trials)
 
 
+def start_over(trials: list[tuple[int, tuple[Config, Any]]], indices: list[int]) -> None:
+    """`--from-scratch`: each trial of `indices` set to train from its first epoch, as
+    `hpcdl resume --from-scratch` sets a run (its checkpoints/ and the program's records
+    moved aside, deleting nothing; its metrics and summary cleared)."""
+    from hpcdl.rundir import program_records
+
+    for i, (cfg, run_dir) in trials:
+        if i in indices:
+            aside = run_dir.set_aside_checkpoints(program_records(cfg, run_dir))
+            run_dir.clear_history()
+            if aside is not None:
+                print(f"trial {i}: --from-scratch: its checkpoints moved to {aside}", flush=True)
+
+
 def refuse_nothing_to_train(trials: list[tuple[int, tuple[Config, Any]]], sweep_dir: Path) -> None:
     """A trial rerun from its newest checkpoint that has trained all it is set to (a
     completed one, rerun as it is) would end at once: refused, with the ways to train it."""
@@ -831,8 +862,8 @@ def refuse_nothing_to_train(trials: list[tuple[int, tuple[Config, Any]]], sweep_
         if line is not None:
             raise HpcdlError(
                 f"trial {i}: {line}: hpcdl sweep rerun {sweep_dir} --trials {i} "
-                f"trainer.max_epochs=N; or train it again from its start: hpcdl resume "
-                f"{run_dir.path} --from-scratch"
+                f"trainer.max_epochs=N; or train it again from its first epoch: hpcdl sweep "
+                f"rerun {sweep_dir} --trials {i} --from-scratch"
             )
 
 
@@ -870,12 +901,14 @@ def write_rerun_settings(
     selection: Sequence[str] = ("--failed",),
 ) -> None:
     """The checked configs of the trials rerun now into their config.yaml, and a `rerun:`
-    line in their commands.log (the sweep summary notes it under the table)."""
-    if not overrides:
+    line in their commands.log (the sweep summary notes it under the table; so it does
+    `--from-scratch`)."""
+    if not overrides and "--from-scratch" not in selection:
         return
     for i, (cfg, run_dir) in trials:
         if i in indices:
-            run_dir.save_config(cfg)
+            if overrides:
+                run_dir.save_config(cfg)
             run_dir.record_rerun(sweep_dir, overrides, selection)
 
 

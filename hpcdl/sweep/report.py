@@ -271,7 +271,8 @@ def hand_resumes(run_dir: RunDir) -> list[list[str]]:
 
 def reruns_with(run_dir: RunDir) -> list[list[str]]:
     """The settings each `hpcdl sweep rerun --failed KEY=VALUE ...` (or `--trials 3,4
-    KEY=VALUE ...`) wrote into the trial's config.yaml (its commands.log's `rerun:` lines)."""
+    KEY=VALUE ...`) wrote into the trial's config.yaml (its commands.log's `rerun:` lines),
+    `--from-scratch` among them."""
     found = []
     for words in _logged(run_dir, "rerun"):
         if "--failed" in words:

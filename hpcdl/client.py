@@ -804,7 +804,7 @@ class Sweep:
         each one's config.yaml (["cluster.timeout_min=240"]; not a swept key). The indices
         of the trials rerun. `fresh_code` (`--fresh-code`, Slurm): the sweep's code frozen
         anew first, refused while a trial is queued or running."""
-        from hpcdl.cli.main import rerun_failed
+        from hpcdl.cli.sweep_cmd import rerun_failed
         from hpcdl.sweep.ledger import load
 
         if load(self.sweep_dir).launcher != "slurm":
@@ -825,7 +825,7 @@ class Sweep:
         newest checkpoint, as rerun_failed() reruns the failed ones, or from its first epoch
         with `from_scratch` (`--from-scratch`); refused while one of them is queued or
         running. The indices of the trials rerun."""
-        from hpcdl.cli.main import rerun_failed
+        from hpcdl.cli.sweep_cmd import rerun_failed
         from hpcdl.sweep.ledger import load
 
         if isinstance(trials, int) or not all(

@@ -345,7 +345,7 @@ def test_a_split_sweeps_dry_run_shows_each_array_as_submitted(
 
 def test_two_reruns_at_once_submit_a_failed_trial_once(tmp_path: Path, monkeypatch, capsys) -> None:
     # Before: both decided from the states before either submitted, and both submitted.
-    from hpcdl.cli import main as cli
+    from hpcdl.cli import sweep_cmd as cli
     from hpcdl.sweep import launch, report
     from hpcdl.sweep import ledger as ledger_mod
 

@@ -52,6 +52,13 @@ def fail() -> None:
     raise ValueError("the job's own error")
 
 
+def return_a_failure() -> object:
+    """What `hpcdl run`'s job returns for a program that failed: an outcome, not a raise."""
+    from hpcdl.job import JobOutcome
+
+    return JobOutcome(1, False, None, {}, 0, failed_exit_code=5)
+
+
 def run_rank(folder: Path, module: str, fn, *args) -> subprocess.CompletedProcess[str]:
     folder.mkdir(parents=True, exist_ok=True)
     DelayedSubmission(fn, *args).dump(folder / f"{JOB_ID}_submitted.pkl")
@@ -93,6 +100,15 @@ def test_a_finished_rank_exits_0_after_its_threads_without_the_teardown(tmp_path
     assert result(tmp_path / "ours") == ("success", 7)
     assert marker.read_text() == "written"  # the thread ran to its end before the exit
     assert "Exiting after successful completion" in out.stdout + out.stderr  # flushed
+
+
+def test_a_job_that_returns_a_failure_does_not_log_a_success(tmp_path: Path) -> None:
+    out = run_rank(tmp_path / "ours", "hpcdl.launch.rank_main", return_a_failure)
+    log = out.stdout + out.stderr
+    assert "completed successfully" not in log and "successful completion" not in log, log
+    assert "Job ended: failed (status 5), not a success" in log
+    status, outcome = result(tmp_path / "ours")  # the launcher still reads the outcome
+    assert status == "success" and getattr(outcome, "failed_exit_code", None) == 5
 
 
 @pytest.mark.parametrize("code", [3, 2])

@@ -17,10 +17,15 @@ A stop signal that comes while the rank starts is recorded from the first moment
 a SIGTERM ("Bypassing signal SIGTERM"); the job's handlers take it over when they go in.
 SIGCONT, which Slurm sends before each of those SIGTERMs, gets its default action back
 instead of submitit's handler, which logged it as noise in every rank's log.
+
+A job that returns a failure (an `hpcdl run` program that failed: the launcher reads its
+status from the returned outcome) is no success, whatever submitit's "Job completed
+successfully" would say: those two lines of its log say that it failed instead.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import signal
@@ -101,6 +106,8 @@ def _keep_early_stops_over_submitits() -> None:
     def handle_signals(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         record_early_stops()
+        submission = args[1] if len(args) > 1 else kwargs.get("submission")
+        logging.getLogger("submitit").addFilter(FailureNotSuccess(submission))
         # Slurm sends SIGCONT before the SIGTERM of every scancel, requeue and preemption
         # (in case the job was suspended); submitit's handler only logged it, once per
         # signal ("Bypassing signal SIGCONT"). Its default action continues a stopped
@@ -108,6 +115,29 @@ def _keep_early_stops_over_submitits() -> None:
         signal.signal(signal.SIGCONT, signal.SIG_DFL)
 
     JobEnvironment._handle_signals = handle_signals  # type: ignore[method-assign]
+
+
+# What submitit logs once the job function has returned, whatever it returned.
+SUCCESS_LINES = ("Job completed successfully", "Exiting after successful completion")
+
+
+class FailureNotSuccess(logging.Filter):
+    """submitit's success lines, for a job whose returned outcome reports a failure
+    (`failed_exit_code`, hpcdl.job.JobOutcome), rewritten to say so. The outcome is read
+    from the submission submitit ran (its `_result`, set as the function returns)."""
+
+    def __init__(self, submission: Any) -> None:
+        super().__init__()
+        self.submission = submission
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() not in SUCCESS_LINES:
+            return True
+        status = getattr(getattr(self.submission, "_result", None), "failed_exit_code", None)
+        if status is not None:
+            ended = "Job ended" if record.getMessage() == SUCCESS_LINES[0] else "Exiting"
+            record.msg, record.args = f"{ended}: failed (status {status}), not a success", ()
+        return True
 
 
 def main(argv: Optional[list[str]] = None) -> NoReturn:

@@ -1113,3 +1113,27 @@ def test_a_run_stopped_short_is_given_its_next_command_and_a_peers_loss_is_a_con
     assert report["next"] == (
         f"hpcdl resume {run.path} once the cause is fixed (continues from the newest checkpoint)"
     )
+
+
+def test_a_running_programs_ranks_show_how_long_ago_each_wrote(tmp_path: Path) -> None:
+    """`hpcdl status` of a running `hpcdl run` program: each rank's last output (its log's
+    mtime), so that a rank that hangs shows without any timeout; none for cluster=debug."""
+    import time
+
+    from hpcdl.launch.monitor import Launch, last_outputs
+
+    run = RunDir(tmp_path)
+    run.log_dir.mkdir(parents=True)
+    now = time.time()
+    for rank, age_s in ((0, 5), (1, 14 * 60), (10, 9000)):
+        log = run.log_dir / f"77_{rank}_log.out"
+        log.write_text("step\n")
+        os.utime(log, (now - age_s, now - age_s))
+    (run.log_dir / "76_0_log.out").write_text("an earlier job's\n")
+    shown = last_outputs(run, Launch("local", "77"), now)
+    assert list(shown.items()) == [
+        ("rank 0", "last output 5 s ago"),
+        ("rank 1", "last output 14 min ago"),
+        ("rank 10", "last output 2.5 h ago"),
+    ]
+    assert last_outputs(run, Launch("debug", None), now) == {}

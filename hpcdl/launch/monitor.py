@@ -248,9 +248,45 @@ def run_report(run_dir: RunDir) -> dict[str, Any]:
     attempt, whichever launcher ran it."""
     launch = newest_launch(run_dir)
     if launch.in_foreground:
-        return foreground_report(run_dir, launch)
-    assert launch.job_id is not None
-    return job_report(launch.job_id, run_dir)
+        report = foreground_report(run_dir, launch)
+    else:
+        assert launch.job_id is not None
+        report = job_report(launch.job_id, run_dir)
+    if report.get("state") == "RUNNING" and _runs_a_program(run_dir):
+        report.update(last_outputs(run_dir, launch))
+    return report
+
+
+def last_outputs(run_dir: RunDir, launch: Launch, now: Optional[float] = None) -> dict[str, str]:
+    """A running `hpcdl run` program's ranks (under launcher=torchrun, its nodes: one log
+    each), each with how long ago its log last grew: `rank 1: last output 14 min ago`, so
+    that a rank that hangs shows, stall_timeout_s or not. None for cluster=debug (no log)."""
+    if launch.job_id is None:
+        return {}
+    now = time.time() if now is None else now
+    folder = log_file(run_dir, launch, 0).parent
+    what = "node" if _runs_torchrun(run_dir) else "rank"
+    found: dict[int, float] = {}
+    for path in folder.glob(f"{launch.job_id}_*_log.out"):
+        middle = path.name.removeprefix(f"{launch.job_id}_").removesuffix("_log.out")
+        if middle.isdigit():  # not an array task's log ("<job>_<task>_<rank>")
+            try:
+                found[int(middle)] = path.stat().st_mtime
+            except OSError:
+                continue
+    return {
+        f"{what} {rank}": f"last output {ago_text(now - found[rank])} ago" for rank in sorted(found)
+    }
+
+
+def ago_text(seconds: float) -> str:
+    """`40 s`, `14 min`, `2.5 h`."""
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def foreground_report(run_dir: RunDir, launch: Launch) -> dict[str, Any]:
@@ -794,3 +830,12 @@ def _runs_a_program(run_dir: RunDir) -> bool:
     except OSError:
         return False
     return re.search(r"^script:\s*$", text, re.M) is not None
+
+
+def _runs_torchrun(run_dir: RunDir) -> bool:
+    """An `hpcdl run` run with launcher=torchrun: one Slurm task, and log, per node."""
+    try:
+        text = run_dir.config_file.read_text()
+    except OSError:
+        return False
+    return re.search(r"^\s+launcher: torchrun\s*$", text, re.M) is not None

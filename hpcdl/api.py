@@ -11,7 +11,9 @@
             raise SystemExit(hp.EXIT_REQUEUE)
 
 A program that ignores this API still gets the warning signal forwarded (and is requeued
-after it exits); with it, it can save at a step boundary first.
+after it exits); with it, it can save at a step boundary first. Under `hpcdl run
+stall_timeout_s=N`, every call of this module's functions is a sign of life, as output is
+(hpcdl.script_stall): a loop that asks stop_requested() each step is not ended as stalled.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ EXIT_REQUEUE = EXIT_INTERRUPTED
 
 _caught: list[int] = []
 _exit_hook: list[bool] = []  # the atexit hook, registered once
+_last_beat: list[float] = []  # when a call last touched the beat file (time.monotonic())
+
+
+def _beat() -> None:
+    """A sign of life for `hpcdl run stall_timeout_s=N` (HPCDL_BEAT_FILE, set only then)."""
+    path = os.environ.get("HPCDL_BEAT_FILE")
+    if path:
+        from hpcdl.script_stall import beat
+
+        beat(path, _last_beat)
 
 
 def catch_stop_signals(
@@ -41,6 +53,7 @@ def catch_stop_signals(
     default action (ending the program before it can save). Call it once, early. SIGINT
     (Ctrl-C: cluster=debug passes it on as it came, and a program run by hand gets it) is a
     stop request the first time; a second one raises KeyboardInterrupt, as Ctrl-C would."""
+    _beat()
     import atexit
     import signal
 
@@ -72,6 +85,7 @@ def _ignore_at_exit() -> None:
 
 def stop_requested() -> bool:
     """True once hpcdl was asked to stop this attempt (time limit, preemption, scancel)."""
+    _beat()
     if _caught:
         return True
     path = os.environ.get("HPCDL_STOP_FILE")
@@ -80,18 +94,21 @@ def stop_requested() -> bool:
 
 def run_dir() -> Optional[Path]:
     """The run's directory (the same for every attempt), or None outside `hpcdl run`."""
+    _beat()
     value = os.environ.get("HPCDL_RUN_DIR")
     return Path(value) if value else None
 
 
 def restart_count() -> int:
     """0 for the first attempt; > 0 for a continuation after a requeue."""
+    _beat()
     return int(os.environ.get("HPCDL_RESTART_COUNT", "0") or 0)
 
 
 def rank_env() -> RankEnv:
     """Rank, local rank, world size, master address and port of this process (from the
     RANK/WORLD_SIZE/... that hpcdl or torchrun exported, which win over SLURM_*)."""
+    _beat()
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
         return rank_env_from({k: v for k, v in env.items() if not k.startswith("SLURM_")})
@@ -101,6 +118,7 @@ def rank_env() -> RankEnv:
 def checkpoint_store(keep_last: int = 2, directory: Optional[str] = None) -> CheckpointStore:
     """The run's checkpoint store (RUN_DIR/checkpoints unless `directory` is given). Save
     from one rank (rank 0) only."""
+    _beat()
     from hpcdl.checkpoint import CheckpointStore
     from hpcdl.rundir import RunDir
 

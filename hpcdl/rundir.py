@@ -98,6 +98,11 @@ RUN_DIR_LAYOUT: tuple[tuple[str, str], ...] = (
     ("trial.log", "a trial of a local sweep: its console output"),
     ("stop/", "`hpcdl run`: one file per attempt, made when a stop is requested (HPCDL_STOP_FILE)"),
     (
+        "beats/",
+        "`hpcdl run` with stall_timeout_s: one file per attempt and rank, touched by the "
+        "program's hpcdl.api calls (HPCDL_BEAT_FILE)",
+    ),
+    (
         "ports/",
         "`hpcdl run` on several ranks: the port each attempt's program listens on, chosen by rank 0",
     ),
@@ -206,6 +211,7 @@ class RunDir(JobDir):
     TRIAL_LOG: ClassVar[str] = "trial.log"
     STOP: ClassVar[str] = "stop"
     PORTS: ClassVar[str] = "ports"
+    BEATS: ClassVar[str] = "beats"
     LOCK: ClassVar[str] = ".run.lock"
     TELEMETRY: ClassVar[str] = "telemetry"
     TRACKERS: ClassVar[str] = "trackers.json"
@@ -394,6 +400,11 @@ class RunDir(JobDir):
     def stop_file(self, job_id: Optional[str], restart_count: int) -> Path:
         """Where `hpcdl run` makes a file when this attempt is asked to stop (not created)."""
         return self.path / self.STOP / f"{job_id or 'local'}-{restart_count}"
+
+    def beat_file(self, job_id: Optional[str], restart_count: int, rank: int) -> Path:
+        """What `hpcdl run`'s program touches on each hpcdl.api call while stall_timeout_s
+        watches it (not created here; hpcdl.script_stall)."""
+        return self.path / self.BEATS / f"{job_id or 'local'}-{restart_count}-rank{rank}"
 
     @property
     def ports_dir(self) -> Path:

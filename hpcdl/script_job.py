@@ -6,6 +6,8 @@ torchrun per node, with hpcdl's stop contract around it.
     the program in its own process group -> on a stop signal:
     the stop file appears and the signal is forwarded -> the program's exit decides:
     0 = completed, 3 (EXIT_INTERRUPTED) or any exit after a stop = requeue, else failed.
+    With stall_timeout_s, a program silent that long (hpcdl.script_stall) has its stacks
+    dumped, a stall recorded, and is ended: status 4 (EXIT_STALLED), as hpcdl train's.
 
 Stdlib only: the program imports torch itself if it wants it.
 """
@@ -25,9 +27,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from hpcdl.env import RankEnv, rank_env_from
-from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_STALLED
 from hpcdl.script_group import GroupWatch
 from hpcdl.script_port import PortError, agreed_port
+from hpcdl.script_stall import StallWatch, dump_stacks, with_stack_dump
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -54,6 +57,8 @@ GRACE_S = 10.0
 # trials share the working directory; `--out '$HPCDL_RUN_DIR/ck'` gives each its own folder
 # without a shell around the program.
 RUN_DIR_REF = re.compile(r"\$(?:\{HPCDL_RUN_DIR\}|HPCDL_RUN_DIR(?![A-Za-z0-9_]))")
+# A stalled program's phase in its `stall` record (hpcdl train's are the trainer's).
+STALL_PHASE = "no output and no hpcdl.api call"
 
 
 def _forwarded(name: str | None, launcher: str) -> str:
@@ -100,6 +105,11 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     # hpcdl's job sets PYTHONSAFEPATH (its frozen code must win over the submit dir); the
     # program must see its own folder first, to import the modules beside it.
     child_env.pop("PYTHONSAFEPATH", None)
+    watch, dumps = None, False  # dumps: the program prints its stacks on STACK_SIGNAL
+    if cfg.script.stall_timeout_s is not None:
+        watch = stall_watch(cfg.script.stall_timeout_s, run_dir, env, child_env)
+        dumped = with_stack_dump(command) if watch is not None else None
+        command, dumps = (dumped, True) if dumped is not None else (command, False)
     torchrun = cfg.script.launcher.value == "torchrun"
     # How torchrun ends on a stop (status 1), hpcdl's or the command's own (`-- torchrun`).
     torchrun_stop = "hpcdl's SIGTERM" if torchrun else "the stop" if _is_torchrun(command) else None
@@ -118,7 +128,13 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     group = GroupWatch(proc.pid, env.world_size) if env.is_main and not torchrun else None
     forwarded = forced = hinted = False
     stop_s = None  # when the wrapper saw the stop (time.time())
+    stalled = False
+    kill_at: Optional[float] = None  # a stalled program's SIGKILL (time.monotonic())
     while proc.poll() is None:
+        if kill_at is not None and time.monotonic() >= kill_at:
+            print(f"hpcdl: the program did not end within {GRACE_S:.0f} s: SIGKILL", flush=True)
+            _signal_group(proc.pid, "SIGKILL")
+            kill_at = None
         if stop.requested and not forwarded:
             stop_s = time.time() - POLL_S  # Slurm's signal may have reached the program first
             _touch(stop_file)
@@ -146,10 +162,14 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
                 flush=True,
             )
             hinted = True
-        if not stop.requested:
+        if not stop.requested and not stalled:
             peers.end_if_one_failed(proc.pid)
             if group is not None:
                 group.poll()
+            silent_s = watch.silent_s() if watch is not None and peers.failed is None else None
+            if silent_s is not None:
+                end_stalled(cfg, run_dir, env, proc.pid, silent_s, dumps, peers)
+                stalled, kill_at = True, time.monotonic() + GRACE_S
         time.sleep(POLL_S)
     if stop.requested:  # Slurm may have signalled (and ended) the program itself first
         _touch(stop_file)
@@ -158,12 +178,16 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
     note = group.note() if group is not None and not stop.requested else None
     if note is not None:
         print(note, flush=True)
-    if code not in (EXIT_OK, EXIT_INTERRUPTED) and not stop.requested and peers.failed is None:
+    failed = code not in (EXIT_OK, EXIT_INTERRUPTED) and not stop.requested
+    if failed and peers.failed is None and not stalled:
         peers.report(_status(code))  # first: the others end theirs meanwhile
     _end_left_processes(proc.pid)
     wall_s = time.monotonic() - started
     if env.is_main:  # before the summary: its wall_s_total counts this attempt
-        run_dir.record_program_end(wall_s, _status(code))
+        run_dir.record_program_end(wall_s, EXIT_STALLED if stalled else _status(code))
+    if stalled:
+        print(f"hpcdl: the stalled program ended (status {_status(code)})", flush=True)
+        return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=EXIT_STALLED)
     if peers.failed is not None:  # ended by us: the job's status is the failed peer's
         peer_rank, peer_status = peers.failed
         print(
@@ -186,6 +210,69 @@ def run_script(cfg: Config, run_dir: RunDir, stop: StopFlag) -> JobOutcome:
         return JobOutcome(env.rank, False, stop.signal_name, {}, 0)
     print(f"hpcdl: the program exited with status {_status(code)}", flush=True)
     return JobOutcome(env.rank, False, None, {}, 0, failed_exit_code=_status(code))
+
+
+def stall_watch(
+    timeout_s: float, run_dir: RunDir, env: RankEnv, child_env: dict[str, str]
+) -> Optional[StallWatch]:
+    """stall_timeout_s's watch of this rank's program, its beat file in the program's
+    environment; None where its output is no log file (cluster=debug: the terminal)."""
+    beat_file = run_dir.beat_file(env.job_id, env.restart_count, env.rank)
+    watch = StallWatch(timeout_s, beat_file)
+    if not watch.watches_output:
+        print(
+            f"hpcdl: note: stall_timeout_s={timeout_s:g} is not watched here: the program's "
+            "output goes to a terminal or a pipe, not to a rank log (cluster=debug); run "
+            "with cluster=local or on Slurm to have it watched",
+            flush=True,
+        )
+        return None
+    with contextlib.suppress(OSError):  # a rerun of a local run reuses the attempt's name
+        beat_file.unlink(missing_ok=True)
+    child_env["HPCDL_BEAT_FILE"] = str(beat_file)
+    return watch
+
+
+def end_stalled(
+    cfg: Config,
+    run_dir: RunDir,
+    env: RankEnv,
+    pid: int,
+    silent_s: float,
+    dumps: bool,
+    peers: PeerFailure,
+) -> None:
+    """A program silent for stall_timeout_s: one line (the stall watchdog's, which
+    hpcdl.launch.diagnose reads), its threads' stacks, a `stall` record as hpcdl train's
+    watchdog writes it, the other ranks told (status 4), then SIGTERM; the caller sends
+    SIGKILL after GRACE_S."""
+    from hpcdl.job import requeue_after_stall
+
+    assert cfg.script is not None and cfg.script.stall_timeout_s is not None
+    timeout_s = cfg.script.stall_timeout_s
+    then = "its threads' stacks follow, then it is ended" if dumps else "it is ended"
+    # A new line first: the program's last output may have no end of line (a progress bar).
+    print(
+        f"\nhpcdl: rank {env.rank} made no progress for {silent_s:.0f} s (no output and no "
+        f"hpcdl.api call, stall_timeout_s={timeout_s:g}); {then} (SIGTERM, SIGKILL after "
+        f"{GRACE_S:.0f} s)",
+        flush=True,
+    )
+    if dumps:
+        dump_stacks(pid)
+    record: dict[str, Any] = {
+        "event": "stall",
+        "job_id": env.job_id,
+        "rank": env.rank,
+        "phase": STALL_PHASE,
+        "seconds": round(silent_s, 1),
+    }
+    first = peers.report(EXIT_STALLED)  # the other ranks end theirs meanwhile
+    if cfg.cluster.requeue_on_stall and first and env.launcher == "slurm" and env.job_id:
+        record["action"] = requeue_after_stall(env.job_id, run_dir, cfg.cluster.max_requeues)
+    with contextlib.suppress(OSError):  # the run dir's file system may be what hangs
+        run_dir.append_attempt(record)
+    _signal_group(pid, "SIGTERM")
 
 
 def _unconfirmed_stop(
@@ -242,13 +329,17 @@ class PeerFailure:
         self._next_look = time.monotonic() + PEER_POLL_S
         self._kill_at: float | None = None
 
-    def report(self, status: int) -> None:
+    def report(self, status: int) -> bool:
+        """Whether this rank's is the job's first failure (always, for a job of one)."""
         if self.path is None:
-            return
-        with contextlib.suppress(OSError):  # FileExistsError: another rank failed first
+            return True
+        try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "x") as f:
                 f.write(f"{self.rank} {status}\n")
+        except OSError:  # FileExistsError: another rank failed first
+            return False
+        return True
 
     def end_if_one_failed(self, pid: int) -> None:
         now = time.monotonic()

@@ -22,7 +22,10 @@ from typing import Any, Optional
 DEFAULT_WORDBREAKS = "\"'><=;|&(:"
 
 # Overrides that are no config group key: hydra.sweep.dir for `train -m`, `hpcdl run`'s own.
-EXTRA_KEYS = {"train": ["hydra.sweep.dir="], "run": ["launcher=", "entry=", "metrics_file="]}
+EXTRA_KEYS = {
+    "train": ["hydra.sweep.dir="],
+    "run": ["launcher=", "entry=", "metrics_file=", "stall_timeout_s="],
+}
 # Commands that take one key only.
 ONLY_KEYS = {"predict": ["task.predict="]}
 

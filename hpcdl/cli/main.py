@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an existing program with hpcdl's run dir, profiles, dry-run, "
         "preflight, requeue and sweeps: hpcdl run [overrides] -- python train.py --lr 0.1, or "
         "hpcdl run entry=package.module:function entry.kwargs.lr=0.1. Overrides: cluster "
-        "settings, launcher=srun|torchrun, metrics_file=PATH, run_dir=PATH.",
+        "settings, launcher=srun|torchrun, metrics_file=PATH, stall_timeout_s=SECONDS, "
+        "run_dir=PATH.",
     )
     run.add_argument("overrides", nargs="*", help="cluster=..., launcher=..., entry=...")
     run.add_argument("--config-dir", "-cd", action="append", default=[], help="extra config dir")

@@ -3,7 +3,8 @@ program through the same run dir, snapshot, sbatch, preflight, submission and sw
 machinery as `hpcdl train` (hpcdl.cli.main). Never imports torch.
 
 Overrides besides the config's (cluster=..., cluster.nodes=2, run_dir=...): launcher=srun|
-torchrun, entry=package.module:function, entry.kwargs.NAME=VALUE, metrics_file=PATH.
+torchrun, entry=package.module:function, entry.kwargs.NAME=VALUE, metrics_file=PATH,
+stall_timeout_s=SECONDS.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import itertools
+import math
 import os
 import re
 import warnings
@@ -21,7 +23,7 @@ from hpcdl.config.schema import Config, ScriptConfig, ScriptLauncher
 from hpcdl.errors import ConfigError, HpcdlWarning
 
 # Keys of `hpcdl run` itself; everything else goes to the config.
-RUN_KEYS = ("launcher", "entry", "metrics_file")
+RUN_KEYS = ("launcher", "entry", "metrics_file", "stall_timeout_s")
 # The config's keys that a script run uses; hpcdl train's (model, trainer, ...) would be
 # composed into its config.yaml and read by nothing (hpcdl.config.convert names them all).
 CONFIG_KEYS = ("cluster", "run_dir", "hydra")
@@ -108,7 +110,7 @@ def script_from(overrides: list[str], command: list[str]) -> tuple[ScriptConfig,
     """Split `hpcdl run`'s own keys out of the overrides."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    entry, launcher, metrics_file = None, ScriptLauncher.srun, None
+    entry, launcher, metrics_file, stall_timeout_s = None, ScriptLauncher.srun, None, None
     kwargs: dict[str, Any] = {}
     rest = []
     for text in overrides:
@@ -129,6 +131,8 @@ def script_from(overrides: list[str], command: list[str]) -> tuple[ScriptConfig,
             )
         elif key == "metrics_file":
             metrics_file = value
+        elif key == "stall_timeout_s":
+            stall_timeout_s = seconds_of(key, value)
         else:
             raise ConfigError(f"{key}: unknown key of hpcdl run; use entry.kwargs.NAME=VALUE")
     script = ScriptConfig(
@@ -137,8 +141,23 @@ def script_from(overrides: list[str], command: list[str]) -> tuple[ScriptConfig,
         entry_kwargs=kwargs,
         launcher=launcher,
         metrics_file=metrics_file,
+        stall_timeout_s=stall_timeout_s,
     )
     return script, rest
+
+
+def seconds_of(key: str, value: str) -> float:
+    """A positive, finite number of seconds, or one line naming the key and the fix."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(
+            f"{key}={value!r}: give the seconds a rank's program may go without output or an "
+            f"hpcdl.api call before it is ended, a number > 0 ({key}=1800), or leave {key} out"
+        )
+    return seconds
 
 
 def refuse_foreign_key(key: str) -> None:

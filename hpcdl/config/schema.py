@@ -560,6 +560,9 @@ class ScriptConfig:
     # A file (relative to the run dir) the script writes its metrics to, JSON object or
     # CSV with a header (last row wins): copied into summary.json for sweep summaries.
     metrics_file: Optional[str] = None
+    # A rank whose program has written no output and made no hpcdl.api call for this long
+    # is ended (its stacks dumped, a stall recorded, exit status 4); None: not watched.
+    stall_timeout_s: Optional[float] = None
 
 
 # ----------------------------------------------------------------------------- top level

@@ -222,3 +222,42 @@ def test_a_slow_program_that_prints_or_calls_the_api_is_not_stopped(tmp_path: Pa
     assert out.returncode == EXIT_OK, out.stdout + out.stderr
     assert stall_records(tmp_path / "run") == []
     assert "step 9" in out.stdout
+
+
+def test_only_the_first_stalled_rank_on_slurm_requeues_with_requeue_on_stall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cluster.requeue_on_stall for `hpcdl run`: the rank whose stall is the job's first
+    failure requeues the job (one requeue per stall, counted against max_requeues); a rank
+    that stalls after it only records its stall. Each program is ended (SIGTERM)."""
+    from dataclasses import replace
+
+    import hpcdl.requeue
+    from hpcdl.config.schema import Config, ScriptConfig
+    from hpcdl.env import RankEnv
+    from hpcdl.rundir import RunDir
+    from hpcdl.script_job import PeerFailure, end_stalled
+
+    asked: list[str] = []
+    monkeypatch.setattr(
+        hpcdl.requeue, "requeue", lambda job, path: (asked.append(job), "requeued")[1]
+    )
+    base = Config()
+    cfg = replace(
+        base,
+        script=ScriptConfig(command=["python", "x.py"], stall_timeout_s=3.0),
+        cluster=replace(base.cluster, requeue_on_stall=True),
+    )
+    run = RunDir(tmp_path)
+    for rank in (1, 0):
+        env = RankEnv(rank=rank, world_size=2, launcher="slurm", job_id="51")
+        program = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        end_stalled(cfg, run, env, program.pid, 3.2, False, PeerFailure(run, env))
+        assert program.wait(timeout=10) == -15  # SIGTERM
+    assert asked == ["51"]
+    assert stall_records(tmp_path) == [
+        {"event": "stall", "job_id": "51", "rank": 1, "phase": "no output and no hpcdl.api call",
+         "seconds": 3.2, "action": "requeued"},
+        {"event": "stall", "job_id": "51", "rank": 0, "phase": "no output and no hpcdl.api call",
+         "seconds": 3.2},
+    ]  # fmt: skip

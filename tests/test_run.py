@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcdl.cli.run import expand_token
+from hpcdl.errors import ConfigError
 from tests.conftest import REPO, run_without_torch
 
 DDP_SCRIPT = """\
@@ -1144,3 +1145,14 @@ def test_a_stop_torchrun_ends_with_status_1_is_said_so_also_as_the_commands_own(
         "it ends); hpcdl.api's checkpoint store got no checkpoint after the stop (one your "
         "program writes itself is not looked for)"
     )
+
+
+def test_a_value_twice_in_a_command_list_is_refused() -> None:
+    # Before: two trials alike, each training the same thing.
+    with pytest.raises(ConfigError, match=r"--lr=\{0.1,0.1\}: 0.1 is given twice; give each"):
+        expand_token("--lr={0.1,0.1}")
+    with pytest.raises(ConfigError, match=r"0\.1 and 1e-1 are one value"):
+        expand_token("{0.1,1e-1}")
+    with pytest.raises(ConfigError, match=r"seed=1,2,1: 1 is given twice"):
+        expand_token("seed=1,2,1")
+    assert expand_token("--opt={adam,adamw}") == ["--opt=adam", "--opt=adamw"]

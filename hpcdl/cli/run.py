@@ -186,7 +186,9 @@ def expand_token(token: str) -> list[str]:
     app's list) -> two tokens; anything else -> itself."""
     match = HYDRA_LIST.match(token)
     if match and "{" not in token:
-        return [f"{match.group(1)}={v}" for v in match.group(2).split(",")]
+        values = match.group(2).split(",")
+        refuse_repeated_values(token, values)
+        return [f"{match.group(1)}={v}" for v in values]
     options: list[list[str]] = []
     for inner in BRACES.findall(token):
         span = RANGE.match(inner.strip())
@@ -195,6 +197,7 @@ def expand_token(token: str) -> list[str]:
             options.append([str(v) for v in range(start, stop, step)])
         elif "," in inner:
             options.append([v.strip() for v in inner.split(",")])
+            refuse_repeated_values(token, options[-1])
         else:
             options.append(["{" + inner + "}"])
     if not options:
@@ -205,6 +208,23 @@ def expand_token(token: str) -> list[str]:
         pieces = [p if i % 2 == 0 else choice[i // 2] for i, p in enumerate(parts)]
         expanded.append("".join(pieces))
     return expanded
+
+
+def refuse_repeated_values(token: str, values: list[str]) -> None:
+    """A value twice in one list of the command (`--lr={0.1,0.1}`, `{0.1,1e-1}`): two trials
+    alike, refused in one line, as `hpcdl train -m` refuses them."""
+    seen: dict[str, str] = {}
+    for value in values:
+        try:
+            same = f"number {float(value)!r}"
+        except ValueError:
+            same = value
+        if same in seen:
+            what = value if seen[same] == value else f"{seen[same]} and {value} are one value;"
+            what += "" if what.endswith(";") else " is given twice;"
+            unique = ",".join(dict.fromkeys(seen.values()))
+            raise ConfigError(f"{token}: {what} give each value once ({{{unique}}})")
+        seen[same] = value
 
 
 def plan_program_sweep(cfg: Config, overrides: list[str]) -> Any:

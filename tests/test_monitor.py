@@ -786,7 +786,8 @@ def test_a_trial_that_stopped_itself_is_not_blamed_on_its_exit_status(
     answers.update(sacct="41_1|FAILED|00:01:09|3:0|n1\n", scontrol="")
     monkeypatch.setattr(slurm_state, "query", lambda cmd: answers[cmd[0]])
     report = status_lines(RunDir(sweep / "1"), capsys)
-    assert report["state"] == "FAILED" and report["last_end"] == f"timeout ({action})"
+    # hpcdl status says TIMEOUT too (it said FAILED: Slurm's word for the exit status 3).
+    assert report["state"] == "TIMEOUT" and report["last_end"] == f"timeout ({action})"
     assert "cause" not in report, report
 
 
@@ -1094,8 +1095,10 @@ def test_a_run_stopped_short_is_given_its_next_command_and_a_peers_loss_is_a_con
     run.checkpoint_dir.mkdir(exist_ok=True)
     (run.checkpoint_dir / step_file_name(120)).write_bytes(b"x")
     report = status_lines(run, capsys)
+    assert report["state"] == "TIMEOUT"  # its own record says so; Slurm's word was FAILED
     assert report["next"] == (
-        f"hpcdl resume {run.path} (continues from the checkpoint saved as it stopped)"
+        f"hpcdl resume {run.path} (continues from the checkpoint saved as it stopped; add "
+        "cluster.timeout_min=MINUTES for a longer limit)"
     )
     assert "cause" not in report  # it stopped itself
 

@@ -175,6 +175,13 @@ def job_report(job_id: str, run_dir: Optional[RunDir]) -> dict[str, Any]:
         report["requeues"] += 1  # requeued (or chained), not started again yet
     if run_dir is not None and left_the_queue_unrun(report, run_dir):
         return {**report, "state": "CANCELLED", "source": f"{report['source']}; cancelled"}
+    if run_dir is not None and report["state"] == "FAILED":
+        # Past cluster.max_requeues a job at its time limit saves, records the stop and
+        # exits 3, which Slurm calls FAILED (hpcdl.launch.slurm_job): it timed out, as
+        # `hpcdl sweep status` says of such a trial.
+        end = own_stop_record(run_dir, str(report["job_id"]))
+        if end is not None and end.get("reason") == "timeout":
+            report["state"] = "TIMEOUT"
     if run_dir is None and report["source"] in (SQUEUE_FAILED, NO_SLURM):
         raise no_scheduler_error(job_id, report["source"])
     if report["source"] not in (NO_ACCOUNTING, NOT_IN_ACCOUNTING):
@@ -583,6 +590,11 @@ def next_step(run_dir: RunDir, report: dict[str, Any]) -> Optional[str]:
         return None
     reason = str(report.get("last_end", "")).split(" ", 1)[0].rstrip(":,")
     command = f"hpcdl resume {run_dir.path}"
+    if reason == "timeout" and report["state"] == "TIMEOUT":  # out of requeues
+        return (
+            f"{command} (continues from the checkpoint saved as it stopped; add "
+            "cluster.timeout_min=MINUTES for a longer limit)"
+        )
     if reason in RESUMABLE_ENDS:
         return f"{command} (continues from the checkpoint saved as it stopped)"
     if report["state"] in FAILED_STATES:

@@ -31,6 +31,11 @@ def test_a_stall_is_the_cause_even_when_peers_report_errors(tmp_path: Path) -> N
     folder = logs(tmp_path, "5", {0: "ValueError: later\n", 3: stalled})
     rank, detail = root_cause(folder, "5") or (None, "")
     assert rank == 3 and detail.startswith("stalled: rank 3 made no progress for 31 s")
+    assert "its stacks" not in detail  # none followed the line (a shell script's stall)
+    dumped = stalled + 'Thread 0x7f (most recent call first):\n  File "x.py", line 3 in f\n'
+    (tmp_path / "dumped").mkdir()
+    folder = logs(tmp_path / "dumped", "5", {3: dumped})
+    assert (root_cause(folder, "5") or (0, ""))[1].endswith("(its stacks are in its log)")
 
 
 def test_a_rank_killed_without_a_word_is_named(tmp_path: Path) -> None:

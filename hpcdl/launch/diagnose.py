@@ -86,10 +86,10 @@ def root_cause(log_dir: Path, job_id: str) -> Optional[tuple[Optional[int], str]
     for rank, text in logs.items():
         stalled = STALL_LINE.search(text)
         if stalled and WAITING in stalled.group(1):
-            waiting.append((rank, f"stalled: {stalled.group(1)} (its stacks are in its log)"))
+            waiting.append((rank, f"stalled: {stalled.group(1)}{_stacks(text, stalled)}"))
             continue
         if stalled:
-            return rank, f"stalled: {stalled.group(1)} (its stacks are in its log)"
+            return rank, f"stalled: {stalled.group(1)}{_stacks(text, stalled)}"
         held = BACKSTOP_LINE.search(text)
         if held:
             return rank, (
@@ -244,3 +244,9 @@ def describe(cause: Optional[tuple[Optional[int], str]]) -> Optional[str]:
         return None
     rank, detail = cause
     return f"rank {rank}: {detail}" if rank is not None else detail
+
+
+def _stacks(text: str, stalled: re.Match[str]) -> str:
+    """' (its stacks are in its log)' where faulthandler's dump follows the stall line (a
+    program `hpcdl run` could not start through its bootstrap, a shell script, has none)."""
+    return " (its stacks are in its log)" if "most recent call first" in text[stalled.end() :] else ""

@@ -148,8 +148,9 @@ def test_failed_trial_is_rerun_alone_after_the_fix(devcluster, tmp_path) -> None
 def test_trials_cancelled_while_queued_are_cancelled_and_rerun(devcluster, tmp_path) -> None:
     long = ["data=synthetic", "data.num_samples=4000", "trainer.batch_size=4"]
     sweep = submit_sweep(
-        tmp_path / "sw", *long, "optim.lr=0.1,0.05,0.02,0.01", "cluster.array_parallelism=1"
-    )
+        tmp_path / "sw", *long, "optim.lr=0.01,0.005,0.002,0.001", "cluster.array_parallelism=1"
+    )  # small rates: trial 0 trains until the scancel, which on a loaded machine came after
+    # step 63, where optim.lr=0.1 with batches of 4 had diverged (FAILED, non-finite loss)
     first = ledger(sweep)["trials"]
     array = first[0]["job_id"].split("_")[0]
     # One queued trial alone (sacct keeps calling it PENDING, in its array's record), then

@@ -750,3 +750,28 @@ def test_a_program_found_by_name_under_export_none_is_warned_about(hpcdl, tmp_pa
     assert activated.returncode == 0 and "--export=NONE" not in activated.stderr
     train = hpcdl("train", *base[1:], "--dry-run")  # its interpreter is an absolute path
     assert train.returncode == 0 and "--export=NONE" not in train.stderr
+
+
+def test_a_target_not_importable_here_is_refused_unless_the_job_sets_up_its_own(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """It was a warning, then a submission whose job failed after its queue wait: the job
+    runs this Python, without the shell's PYTHONPATH (a user trial's `mylm` module)."""
+    from hpcdl.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    user = ["model=custom", "model.target=absent_lab.nets:Net", "cluster=devcluster"]
+    assert main(["train", *user, "run_dir=r", "--no-preflight"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "error: model.target='absent_lab.nets:Net': module 'absent_lab' is not importable here"
+    ), err
+    assert "put its folder on PYTHONPATH" in err and len(err.splitlines()) == 1
+    assert main(["train", *user, "--dry-run", "--no-preflight"]) == 2
+    assert not (tmp_path / "r").exists()
+    # The job's own environment (module load, conda activate) may have it: warned, also
+    # in the dry run, which goes on.
+    setup = "cluster.setup=[source /opt/lab/env.sh]"
+    assert main(["train", *user, setup, "--dry-run", "--no-preflight"]) == 0
+    out = capsys.readouterr().out
+    assert "# warning: model.target='absent_lab.nets:Net': module 'absent_lab' is not" in out

@@ -679,14 +679,39 @@ def warn_short_time_limit(cfg: Config) -> None:
         warnings.warn(HpcdlWarning(exported), stacklevel=1)
 
 
-def refuse_missing_modules(cfg: Config) -> None:
+def refuse_missing_modules(cfg: Config, dry: bool = False) -> None:
     """A Slurm login node imports none of the user's code: a module missing from the user's
-    package, which would be frozen without it, is found by looking at its files instead."""
+    package, which would be frozen without it, is found by looking at its files instead.
+    A target whose package is not importable here at all is refused where the job runs
+    this same interpreter with nothing set up first (so it would not find it either); with
+    cluster.setup, cluster.python, a container or a PYTHONPATH in cluster.env the job's own
+    environment decides, and a `dry` run warns as the submission does."""
     from hpcdl.launch.slurm import named_targets
-    from hpcdl.launch.snapshot import missing_submodule
+    from hpcdl.launch.snapshot import find_top_level, missing_submodule
     from hpcdl.launch.static_kwargs import refuse_unknown_kwargs, unbound_name
 
+    cluster = cfg.cluster
+    own_env = bool(cluster.setup or cluster.python or cluster.container.image) or (
+        "PYTHONPATH" in cluster.env
+    )
     for key, target in named_targets(cfg):
+        top = target.partition(":")[0].split(".")[0]
+        if top and find_top_level(top) is None:
+            if not own_env:
+                raise ConfigError(
+                    f"{key}={target!r}: module {top!r} is not importable here, and the job runs "
+                    "this Python with nothing set up first (your shell's PYTHONPATH does not go "
+                    "with it: hpcdl freezes your code into the run instead); put its folder on "
+                    f"PYTHONPATH (PYTHONPATH=/path/to/project hpcdl ...) or install it, or set up "
+                    "the job's own environment with cluster.setup"
+                )
+            if dry:
+                print(
+                    f"# warning: {key}={target!r}: module {top!r} is not importable here, so it "
+                    "is not frozen with the run's code; the job imports whatever its "
+                    "environment (cluster.setup) finds",
+                )
+            continue
         why = missing_submodule(target)
         if why:
             raise ConfigError(f"{key}={target!r}: {why}; check the module path")
@@ -755,7 +780,7 @@ def preflight_verdict(
 
     warn_short_time_limit(cfg)
     try:  # the user's code, looked at (not run) as a submission does, also without Slurm
-        refuse_missing_modules(cfg)
+        refuse_missing_modules(cfg, dry=True)
     except ConfigError as err:
         return err
     if skip_preflight:

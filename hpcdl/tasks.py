@@ -253,9 +253,12 @@ class CustomTask(Task):
         count = self._count(where, result[2]) if len(result) == 3 else None
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            # With a count (per-token losses, padding left out) the mean is over the counted
+            # items: loss.mean() of an unreduced loss would count the padding too.
+            mean = "loss.sum() / count" if count is not None else "loss.mean()"
             raise ConfigError(
                 f"{where}: the loss is {shape}, not a scalar tensor; return the batch's mean "
-                "loss, e.g. loss.mean()"
+                f"loss, e.g. {mean}"
             )
         if not isinstance(metrics, Mapping) or not all(isinstance(k, str) for k in metrics):
             raise ConfigError(

@@ -85,7 +85,9 @@ def custom(fn):
     ("returned", "message"),
     [
         (lambda m, b: torch.tensor(1.0), "return \\(loss, \\{metric: value\\}\\)"),
-        (lambda m, b: (torch.ones(3), {}), "not a scalar tensor"),
+        (lambda m, b: (torch.ones(3), {}), r"not a scalar tensor; .*e\.g\. loss\.mean\(\)$"),
+        # With a count, mean() of an unreduced per-token loss would count the padding too.
+        (lambda m, b: (torch.ones(3), {}, 2), r"e\.g\. loss\.sum\(\) / count$"),
         (lambda m, b: (torch.tensor(1.0), [0.5]), "not a dict"),
         (lambda m, b: (torch.tensor(1.0), {"loss": 1.0}), "may not be called 'loss'"),
         (lambda m, b: (torch.tensor(1.0), {"dice": "high"}), "metric 'dice' is 'high'"),

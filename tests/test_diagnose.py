@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hpcdl.launch.diagnose import describe, root_cause
 
 PEER = (
@@ -307,3 +309,25 @@ def test_a_program_not_found_is_the_cause_not_a_setup_line_the_script_let_fail(
         0,
         "'mytool' is not found in the job's environment (PATH)",
     )
+
+
+class _NoLabels:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> dict:
+        return {}["labels"]
+
+
+def test_an_error_in_a_dataloader_worker_is_kept_as_raised_there() -> None:
+    """The end record (hpcdl status's last_end) said `KeyError: Caught KeyError in
+    DataLoader worker process 0.`, torch's wrapping, not the error (a user trial's)."""
+    import torch.utils.data
+
+    from hpcdl.launch.diagnose import error_line
+
+    loader = torch.utils.data.DataLoader(_NoLabels(), num_workers=1)
+    with pytest.raises(KeyError) as caught:
+        next(iter(loader))
+    assert error_line(caught.value) == "KeyError: 'labels'"
+    assert error_line(ValueError("bad sample 17\nmore")) == "ValueError: bad sample 17"

@@ -208,6 +208,11 @@ def error_line(err: BaseException) -> str:
     """An exception as an end record keeps it (`ValueError: bad sample 17`): its first line,
     at most about 300 characters, as `hpcdl status` shows it."""
     lines = str(err).strip().splitlines()
+    if lines and lines[0].startswith("Caught ") and "Original Traceback" in str(err):
+        # Raised in a DataLoader worker: torch re-raises it here as "Caught KeyError in
+        # DataLoader worker process 1.", the worker's traceback after it; its last line is
+        # the error itself (`KeyError: 'labels'`).
+        return clipped(lines[-1].strip(), 300)
     return clipped(f"{type(err).__name__}: {lines[0] if lines else ''}".strip(), 300)
 
 

@@ -3,6 +3,7 @@ trainer.step_hooks, ...): imported inside the job only, never on the login node.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import traceback
@@ -32,9 +33,15 @@ def resolve_target(key: str, target: str) -> object:
             "module so that it imports"
         ) from exc
     found: object = module
-    for attr in attr_path.split("."):
+    for depth, attr in enumerate(attr_path.split(".")):
         if not hasattr(found, attr):
-            raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr_path!r}")
+            names = [n for n in dir(found) if not n.startswith("_")]
+            close = difflib.get_close_matches(attr, names, n=1)
+            guess = ".".join([*attr_path.split(".")[:depth], close[0]]) if close else ""
+            hint = f"; did you mean {module_name}:{guess}?" if guess else ""
+            raise ConfigError(
+                f"{where}: module {module_name!r} has no attribute {attr_path!r}{hint}"
+            )
         found = getattr(found, attr)
     return found
 

@@ -179,7 +179,10 @@ def test_custom_target_with_kwargs(user_module):
         ("???", {}, "model.target='\\?\\?\\?': expected 'package.module:name'"),
         ("{m}.build", {}, "expected 'package.module:name' .*, e.g. {m}:build \\(or {m}.build:NAME"),
         ("no_such_pkg_xyz.models:build", {}, "cannot import 'no_such_pkg_xyz.models'"),
-        ("{m}:missing", {}, "has no attribute 'missing'"),
+        ("{m}:missing", {}, "has no attribute 'missing'$"),
+        # A typo: the name it meant, as the Slurm submission's look at the source says.
+        ("{m}:biuld", {}, "has no attribute 'biuld'; did you mean {m}:build\\?$"),
+        ("{m}:Factories.wdie", {}, "'Factories.wdie'; did you mean {m}:Factories.wide\\?$"),
         ("{m}:NOT_CALLABLE", {}, "'NOT_CALLABLE' is a int, not callable"),
         ("{m}:not_a_model", {}, "returned a str, not a torch.nn.Module"),
         (

@@ -46,11 +46,12 @@ def uses_user_code(cfg: Config) -> bool:
     )
 
 
-def probe_user_code(cfg: Config) -> None:
+def probe_user_code(cfg: Config, here: bool = False) -> None:
     """Build the data and the model, and run the task's step on the first training batch
     (no optimizer step, nothing written), and task.predict on it when set; raises the
-    one-line errors the job (or `hpcdl predict`) would."""
-    if cfg.cluster.launcher == Launcher.slurm:
+    one-line errors the job (or `hpcdl predict`) would. `here`: for a Slurm run too
+    (`hpcdl train --probe`), on this machine's CPU."""
+    if cfg.cluster.launcher == Launcher.slurm and not here:
         return
     if cfg.trainer.step_hooks:  # imported only: a hook runs on steps, not in a probe
         from hpcdl.hooks import load_step_hooks

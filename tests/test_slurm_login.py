@@ -775,3 +775,43 @@ def test_a_target_not_importable_here_is_refused_unless_the_job_sets_up_its_own(
     assert main(["train", *user, setup, "--dry-run", "--no-preflight"]) == 0
     out = capsys.readouterr().out
     assert "# warning: model.target='absent_lab.nets:Net': module 'absent_lab' is not" in out
+
+
+PROBED_TASK = """
+import torch
+
+
+def vector_loss(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y, reduction="none"), {}
+"""
+
+
+def test_probe_runs_ones_code_here_before_a_slurm_submission(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A login node runs none of the user's code, so a broken loss failed in the job after
+    its queue wait (a user trial's); `--probe` runs it on one batch here, and the dry run
+    says whether it ran."""
+    from hpcdl.cli.main import main
+
+    (tmp_path / "probedtask.py").write_text(PROBED_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    user = ["task=custom", "task.target=probedtask:vector_loss", "cluster=devcluster"]
+    assert main(["train", *user, "--dry-run", "--no-preflight"]) == 0
+    out = capsys.readouterr().out
+    assert "# your code: not run here (a login node imports no torch); --probe runs" in out
+    for extra in (["run_dir=r"], ["--dry-run"], ["-m", "optim.lr=0.1,0.01"]):
+        assert main(["train", *user, *extra, "--probe", "--no-preflight"]) == 2, extra
+        err = capsys.readouterr().err
+        assert "task.target='probedtask:vector_loss': the loss is (" in err, err
+        assert len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["probedtask.py"]  # nothing made
+    fixed = ["task.target=probedfix:mean_loss"]  # a module of its own: not imported yet
+    (tmp_path / "probedfix.py").write_text(
+        "from probedtask import vector_loss\n\n\ndef mean_loss(model, batch):\n"
+        "    loss, metrics = vector_loss(model, batch)\n    return loss.mean(), metrics\n"
+    )
+    assert main(["train", *user, *fixed, "--dry-run", "--probe", "--no-preflight"]) == 0
+    assert "# your code: ran on one batch here (--probe)\n" in capsys.readouterr().out

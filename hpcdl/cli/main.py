@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--no-preflight", action="store_true", help="Slurm: skip the sinfo/scontrol checks"
     )
+    train.add_argument(
+        "--probe",
+        action="store_true",
+        help="Slurm: run your model, data and task on one batch here (CPU) before submitting, "
+        "as local runs always do (imports torch and your code on this node)",
+    )
 
     run = sub.add_parser(
         "run",
@@ -497,8 +503,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         compose_config(args.overrides, args.config_dir)
         return EXIT_OK
     cfg = compose_config(args.overrides, args.config_dir)
+    if args.probe:  # on a Slurm login node too, as it was asked for
+        from hpcdl.probe import probe_user_code
+
+        probe_user_code(cfg, here=True)
     if args.dry_run:
-        return dry_run(cfg, args.no_preflight)
+        return dry_run(cfg, args.no_preflight, args.probe)
     cfg, run_dir = start_run(cfg, args.no_preflight)
     warn_regression_dropout(cfg, args.overrides)  # once it starts: a refusal stays one line
     if args.no_launch:
@@ -550,6 +560,8 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
     """A planned sweep (`train -m`, `run -m`): dry run, or start_sweep."""
     from hpcdl.config.schema import Launcher
 
+    if getattr(args, "probe", False):  # train -m --probe: the first trial's, here
+        probe_first_trial(plan, here=True)
     if args.dry_run:
         print(f"{plural(len(plan.trials), 'trial')}:")
         for t in plan.trials:
@@ -560,7 +572,7 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
 
                 check_new_sweep_dir(Path(plan.sweep_dir).expanduser().resolve())
             return EXIT_OK
-        return dry_run_sweep(plan, args.no_preflight)
+        return dry_run_sweep(plan, args.no_preflight, getattr(args, "probe", False))
     return start_sweep(plan, args.no_preflight)[1]
 
 
@@ -596,7 +608,7 @@ def start_sweep(plan: SweepPlan, skip_preflight: bool) -> tuple[Path, int]:
     return sweep_dir, run_local_pool(ledger, indices)
 
 
-def probe_first_trial(plan: SweepPlan) -> None:
+def probe_first_trial(plan: SweepPlan, here: bool = False) -> None:
     """The first trial's code and data run on one batch before the sweep dir exists, as `hpcdl
     train` runs a run's (debug and local; a Slurm login node runs none): a model, dataset or
     file every trial shares is refused in one line, not once per trial as it fails. Trials
@@ -605,7 +617,7 @@ def probe_first_trial(plan: SweepPlan) -> None:
 
     trial = plan.trials[0]
     try:
-        probe_user_code(trial.config)
+        probe_user_code(trial.config, here)
     except HpcdlError as err:  # named as preflight names a trial's
         err.args = (f"trial {trial.index} ({' '.join(trial.overrides)}): {err}",)
         raise
@@ -725,7 +737,7 @@ def refuse_missing_modules(cfg: Config, dry: bool = False) -> None:
             refuse_unknown_kwargs(key, called, kwargs)
 
 
-def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
+def dry_run(cfg: Config, skip_preflight: bool = False, probed: bool = False) -> int:
     """The sbatch script, the program and each rank's environment; then the preflight's
     verdict: a request the cluster would refuse is refused here too, in one line after them
     (not checked where no Slurm answers, as on a laptop)."""
@@ -741,12 +753,29 @@ def dry_run(cfg: Config, skip_preflight: bool = False) -> int:
     cfg = with_workdir(cfg)  # as the run would record it
     script = print_job(cfg, run_dir)
     refusal = preflight_verdict(cfg, skip_preflight, script)
+    if cfg.script is None:  # hpcdl run's program is checked as a command (hpcdl.cli.run)
+        print(probe_line(cfg, probed))
     print("# dry run: nothing submitted", flush=True)
     if cfg.run_dir is not None:  # the refusal `hpcdl train` would meet first
         check_new_run_dir(cfg.run_dir)
     if refusal is not None:
         raise refusal
     return EXIT_OK
+
+
+def probe_line(cfg: Config, probed: bool) -> str:
+    """Whether the user's code ran here on one batch: a Slurm login node runs none unless
+    asked (`--probe`), and the job then finds its errors after its queue wait."""
+    from hpcdl.probe import uses_user_code
+
+    if not uses_user_code(cfg):
+        return "# your code: none (built-in model, data and task)"
+    if probed:
+        return "# your code: ran on one batch here (--probe)"
+    return (
+        "# your code: not run here (a login node imports no torch); --probe runs your "
+        "model, data and task on one batch here first, as local runs do"
+    )
 
 
 def print_job(cfg: Config, run_dir: JobDir) -> str:
@@ -806,7 +835,7 @@ def preflight_verdict(
     return None
 
 
-def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
+def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False, probed: bool = False) -> int:
     """`train -m --dry-run`: the job array's sbatch script, one per distinct cluster config
     (trials that differ in `cluster.*` cannot share an array's header), then the
     preflight's verdict on each, as the submission would meet it."""
@@ -834,6 +863,8 @@ def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False) -> int:
         if refusal is not None:  # named as start_sweep names it
             refusal.args = (f"trial {trial.index} ({' '.join(trial.overrides)}): {refusal}",)
             break
+    if first.config.script is None:
+        print(probe_line(first.config, probed).replace("# your code:", "# your code (trial 0):"))
     print("# dry run: nothing submitted", flush=True)
     if plan.sweep_dir is not None:  # the refusal `train -m` would meet first
         check_new_sweep_dir(sweep_dir)

@@ -1326,7 +1326,21 @@ def test_a_programs_error_metric_ranks_lowest_first_and_the_summary_says_why(
         "name); --mode max reverses it\n"
     )
     assert main(["sweep", "summary", str(sweep), "--metric", "wall_s", "--format", "csv"]) == 0
-    assert "ranked by wall_s, lowest first" in capsys.readouterr().err  # stdout: the CSV
+    err = capsys.readouterr().err
+    assert "ranked by wall_s, lowest first" in err  # stdout: the CSV
+    assert "report no metric of their own" not in err  # wall_s asked for by name
+    # Programs that report nothing: ranked by run time, which is said (a user trial took
+    # the fastest lr for the best).
+    quiet = _completed_sweep(
+        plan_program_sweep(
+            compose_config([f"hydra.sweep.dir={tmp_path / 'quiet'}"], script=script, multirun=True),
+            [f"hydra.sweep.dir={tmp_path / 'quiet'}"],
+        ),
+        [{}, {}, {}],
+    )
+    assert main(["sweep", "summary", str(quiet)]) == 0
+    err = capsys.readouterr().err
+    assert "the programs report no metric of their own" in err and "wall_s" in err, err
 
 
 @pytest.mark.parametrize(

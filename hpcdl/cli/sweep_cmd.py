@@ -88,6 +88,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         hint = no_metric_hint(ledger, metric)
         if hint:
             print(hint, file=sys.stderr)
+        if metric == "wall_s" and getattr(args, "metric", None) is None:
+            # An lr sweep ranked by run time reads as if the fastest trial were the best.
+            print(
+                "hpcdl: note: the programs report no metric of their own (no metrics_file, or "
+                "no number in it), so the trials are ranked by wall_s, their run time; have "
+                "the program write its metrics (metrics_file=result.json, docs/scripts.md"
+                "#sweeps) or rank by another key with --metric",
+                file=sys.stderr,
+            )
     return EXIT_OK
 
 

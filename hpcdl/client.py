@@ -67,12 +67,14 @@ def submit(
     *,
     config_dir: Union[PathLike, Sequence[PathLike], None] = None,
     preflight: bool = True,
+    probe: bool = False,
 ) -> Job:
     """What `hpcdl train OVERRIDES` does: compose and validate, preflight (Slurm), probe
     your code (debug, local), create the run dir, launch. On a Slurm profile it returns as
     soon as the job is queued; on cluster=debug or cluster=local it trains first, in the
     foreground. Bad input raises the command's one-line HpcdlError, with nothing created.
-    `config_dir`: one or more `--config-dir` folders; `preflight=False`: `--no-preflight`."""
+    `config_dir`: one or more `--config-dir` folders; `preflight=False`: `--no-preflight`;
+    `probe=True`: `--probe` (a Slurm run's code too, on one batch here)."""
     from hpcdl.cli import main as cli
     from hpcdl.cli.compose import SweepValueError, compose_config
     from hpcdl.config.schema import Launcher
@@ -89,6 +91,10 @@ def submit(
     in_process = cfg.cluster.launcher == Launcher.debug
     command = _as_command("train", given, config_dir, preflight)
     with _imports_from_here(), command, _process_state_kept(in_process):
+        if probe:
+            from hpcdl.probe import probe_user_code
+
+            probe_user_code(cfg, here=True)
         cfg, run_dir = cli.start_run(cfg, skip_preflight=not preflight)
         code = cli.launch_new(cfg, run_dir)
     return Job(run_dir.path, None if cfg.cluster.launcher == Launcher.slurm else code)
@@ -99,6 +105,7 @@ def submit_sweep(
     *,
     config_dir: Union[PathLike, Sequence[PathLike], None] = None,
     preflight: bool = True,
+    probe: bool = False,
 ) -> Sweep:
     """What `hpcdl train -m OVERRIDES` does: every trial composed and validated first, then
     the sweep dir and one job array (Slurm: returns once queued), or the trials run here in
@@ -114,6 +121,8 @@ def submit_sweep(
     if launchers != {Launcher.slurm}:
         _check_main_thread("submit_sweep", "a sweep on cluster=debug or cluster=local")
     with _as_command("train", ["-m", *given], config_dir, preflight):
+        if probe:  # `train -m --probe`: the first trial's code, here
+            cli.probe_first_trial(plan, here=True)
         sweep_dir, _ = cli.start_sweep(plan, skip_preflight=not preflight)
     return Sweep(sweep_dir)
 
@@ -150,6 +159,7 @@ def submit_program_sweep(
     *,
     config_dir: Union[PathLike, Sequence[PathLike], None] = None,
     preflight: bool = True,
+    probe: bool = False,
 ) -> Sweep:
     """What `hpcdl run -m OVERRIDES -- COMMAND...` does: one trial per combination of the
     command's lists (`"--lr={0.1,0.03}"`, `"seed=1,2"`), one job array (Slurm: returns once

@@ -815,3 +815,18 @@ def test_probe_runs_ones_code_here_before_a_slurm_submission(
     )
     assert main(["train", *user, *fixed, "--dry-run", "--probe", "--no-preflight"]) == 0
     assert "# your code: ran on one batch here (--probe)\n" in capsys.readouterr().out
+
+
+def test_submit_probe_true_refuses_a_broken_loss_before_the_run_dir(tmp_path, monkeypatch) -> None:
+    import hpcdl
+    from hpcdl.errors import ConfigError
+
+    (tmp_path / "probedapi.py").write_text(PROBED_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    user = ["task=custom", "task.target=probedapi:vector_loss", "cluster=devcluster", "run_dir=r"]
+    with pytest.raises(ConfigError, match=r"the loss is \("):
+        hpcdl.submit(user, preflight=False, probe=True)
+    with pytest.raises(ConfigError, match=r"trial 0 .*the loss is \("):
+        hpcdl.submit_sweep([*user[:3], "optim.lr=0.1,0.01"], preflight=False, probe=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["probedapi.py"]

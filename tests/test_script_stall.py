@@ -261,3 +261,10 @@ def test_only_the_first_stalled_rank_on_slurm_requeues_with_requeue_on_stall(
         {"event": "stall", "job_id": "51", "rank": 0, "phase": "no output and no hpcdl.api call",
          "seconds": 3.2},
     ]  # fmt: skip
+    # Rank 0's end record, as the requeue's SIGTERM ends its wrapper: the stall's requeue,
+    # not "an outside scontrol requeue, or a failed node" (a trial on the dev cluster).
+    from hpcdl.launch.slurm_job import stall_requeue
+
+    assert stall_requeue(run) == "requeued after rank 1 stalled (cluster.requeue_on_stall)"
+    run.append_attempt({"event": "start", "job_id": "51", "restart_count": 1})
+    assert stall_requeue(run) is None  # the next attempt's own requeue would be an outsider's

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpcdl.config.schema import Requeue
 from hpcdl.env import RankEnv, rank_env_from, slurm_job_ref
@@ -272,7 +272,9 @@ def main(run_dir: str) -> dict[str, Any]:
         if should_requeue(reason, num_timeouts, cfg.cluster.max_requeues) and env.job_id:
             action = come_back(cfg, path, env, env.job_id)
         elif reason == "requeued":
-            action = "requeued by Slurm (an outside scontrol requeue, or a failed node)"
+            action = stall_requeue(path) or (
+                "requeued by Slurm (an outside scontrol requeue, or a failed node)"
+            )
         elif reason in LIMITED_REASONS:
             action = (
                 f"not requeued: cluster.max_requeues={cfg.cluster.max_requeues} timeouts reached"
@@ -292,6 +294,20 @@ def main(run_dir: str) -> dict[str, Any]:
         )
         print(f"hpcdl: stopped ({reason}, {outcome.signal_name}); {action}", flush=True)
     sys.exit(EXIT_INTERRUPTED)
+
+
+def stall_requeue(path: RunDir) -> Optional[str]:
+    """The requeue this attempt's stalled rank asked for (cluster.requeue_on_stall), as an
+    end record says it; None when no stall of this attempt requeued the job (it was
+    called an outside scontrol requeue)."""
+    attempts = path.read_attempts()
+    starts = [i for i, a in enumerate(attempts) if a.get("event") == "start"]
+    for record in reversed(attempts[starts[-1] + 1 :] if starts else attempts):
+        if record.get("event") == "stall" and str(record.get("action", "")).startswith(
+            "requeued"
+        ):
+            return f"requeued after rank {record.get('rank')} stalled (cluster.requeue_on_stall)"
+    return None
 
 
 if __name__ == "__main__":

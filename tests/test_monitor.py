@@ -1140,3 +1140,28 @@ def test_a_running_programs_ranks_show_how_long_ago_each_wrote(tmp_path: Path) -
         ("rank 10", "last output 2.5 h ago"),
     ]
     assert last_outputs(run, Launch("debug", None), now) == {}
+
+
+def test_a_program_that_did_not_confirm_its_stop_is_not_promised_a_stop_checkpoint(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """`hpcdl cancel` of an `hpcdl run` program that SIGTERM ended (status 143, no save):
+    `next:` promised "the checkpoint saved as it stopped", and the resume redid the work
+    since its last periodic save (a trial on the dev cluster)."""
+    from hpcdl.checkpoint_file import step_file_name
+    from hpcdl.cli.compose import compose_config
+    from hpcdl.config.schema import ScriptConfig
+
+    cfg = compose_config([f"run_dir={tmp_path / 'scr'}"], script=ScriptConfig(["python", "t.py"]))
+    run = create_run_dir(cfg)[1]
+    run.record_submission("31", "devcluster", run.log_dir)
+    run.checkpoint_dir.mkdir(exist_ok=True)
+    (run.checkpoint_dir / step_file_name(170)).write_bytes(b"x")  # a periodic save
+    scheduler(monkeypatch, "CANCELLED")
+    for status, promised in ((143, False), (3, True)):
+        run.append_attempt({"event": "start", "job_id": "31", "restart_count": 0})
+        run.record_program_end(12.0, status)
+        run.append_attempt({"event": "end", "job_id": "31", "reason": "cancelled"})
+        shown = status_lines(run, capsys)["next"]
+        assert ("saved as it stopped" in shown) is promised, shown
+        assert ("ended with status 143 when asked to stop, not 3" in shown) is not promised

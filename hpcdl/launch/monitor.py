@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcdl.errors import HpcdlError
-from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from hpcdl.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from hpcdl.launch.diagnose import PEER_GONE, clipped, describe, root_cause
 from hpcdl.launch.foreground import FOREGROUND_LAUNCHERS
 from hpcdl.launch.logtail import copy_new
@@ -35,7 +35,7 @@ from hpcdl.launch.slurm_state import (
     job_state,
     query,
 )
-from hpcdl.rundir import RunDir, SweepDir
+from hpcdl.rundir import PROGRAM_END, RunDir, SweepDir
 
 # Polling interval floor: a busy scheduler should see at most one query per 10 s from us.
 MIN_REFRESH_S = 10.0
@@ -596,10 +596,30 @@ def next_step(run_dir: RunDir, report: dict[str, Any]) -> Optional[str]:
             "cluster.timeout_min=MINUTES for a longer limit)"
         )
     if reason in RESUMABLE_ENDS:
+        status = unconfirmed_program_stop(run_dir)
+        if status is not None:  # an `hpcdl run` program that did not say it saved
+            return (
+                f"{command} (continues from the newest checkpoint; the program ended with "
+                f"status {status} when asked to stop, not 3, so it may have saved nothing "
+                "then: docs/scripts.md#stop-and-requeue)"
+            )
         return f"{command} (continues from the checkpoint saved as it stopped)"
     if report["state"] in FAILED_STATES:
         return f"{command} once the cause is fixed (continues from the newest checkpoint)"
     return None
+
+
+def unconfirmed_program_stop(run_dir: RunDir) -> Optional[int]:
+    """An `hpcdl run` program's exit status in the newest attempt when it was asked to stop
+    and did not confirm a save with status 3 (EXIT_INTERRUPTED), e.g. 143 for a program
+    that SIGTERM ended; None for hpcdl train's runs and for confirmed stops."""
+    if not _runs_a_program(run_dir):
+        return None
+    attempts = run_dir.read_attempts()
+    starts = [i for i, a in enumerate(attempts) if a.get("event") == "start"]
+    ends = [a for a in attempts[starts[-1] + 1 if starts else 0 :] if a.get("event") == PROGRAM_END]
+    status = ends[-1].get("exit_code") if ends else None
+    return status if isinstance(status, int) and status != EXIT_INTERRUPTED else None
 
 
 def failure_cause(run_dir: RunDir, launch: Launch, state: str) -> Optional[str]:

@@ -1813,3 +1813,34 @@ def test_the_summary_plot_labels_a_key_with_many_values_sparsely(
     labels = [label.get_text() for label in ax.get_xticklabels()]
     assert 10 <= len(labels) <= MAX_TICK_LABELS and labels[:2] == ["0", "4"]
     assert len(ax.collections[0].get_offsets()) == 100  # every trial still plotted
+
+
+def test_a_swept_max_epochs_is_extended_by_resuming_the_trial_not_by_a_rerun(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A sweep of trainer.max_epochs: the advice for a completed trial with nothing left to
+    train was `sweep rerun --trials 0 trainer.max_epochs=N`, itself refused as a swept key
+    whose message named trainer.max_epochs=50 as another setting (a dev-cluster trial)."""
+    from types import SimpleNamespace
+
+    import hpcdl.nothing_to_train
+    from hpcdl.cli.sweep_cmd import refuse_nothing_to_train, rerun_settings
+    from hpcdl.errors import ConfigError, HpcdlError
+
+    monkeypatch.setattr(
+        hpcdl.nothing_to_train, "nothing_to_train", lambda cfg, run_dir: "trained all 2 epochs"
+    )
+    trial = [(0, (None, SimpleNamespace(path=tmp_path / "sw" / "0")))]
+    with pytest.raises(HpcdlError) as swept:
+        refuse_nothing_to_train(trial, tmp_path / "sw", ["trainer.max_epochs", "optim.lr"])
+    assert str(swept.value).startswith(
+        f"trial 0: trained all 2 epochs: hpcdl resume {tmp_path / 'sw' / '0'} "
+        "trainer.max_epochs=N (trainer.max_epochs is swept, so a sweep rerun may not set it); "
+    ), swept.value
+    with pytest.raises(HpcdlError, match=r"--trials 0 trainer\.max_epochs=N; or train it again"):
+        refuse_nothing_to_train(trial, tmp_path / "sw", ["optim.lr"])
+    ledger = SimpleNamespace(swept_keys=["trainer.max_epochs"])
+    with pytest.raises(ConfigError) as err:
+        rerun_settings(ledger, [], ["trainer.max_epochs=9"])
+    assert "(cluster.timeout_min=240)" in str(err.value) and "=50" not in str(err.value)
+    assert "`hpcdl resume SWEEP_DIR/N trainer.max_epochs=...`" in str(err.value)

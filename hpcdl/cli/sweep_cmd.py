@@ -158,7 +158,7 @@ def rerun_failed(
     if overrides:
         chosen = rerun_settings(ledger, chosen, list(overrides))
     if trials is not None and not from_scratch:
-        refuse_nothing_to_train(chosen, sweep_dir)
+        refuse_nothing_to_train(chosen, sweep_dir, ledger.swept_keys)
     if fresh_code:
         from hpcdl.cli.fresh import fresh_sweep_code, fresh_sweep_dry_line, refreeze_sweep
 
@@ -251,18 +251,26 @@ def start_over(trials: list[tuple[int, tuple[Config, Any]]], indices: list[int])
                 print(f"trial {i}: --from-scratch: its checkpoints moved to {aside}", flush=True)
 
 
-def refuse_nothing_to_train(trials: list[tuple[int, tuple[Config, Any]]], sweep_dir: Path) -> None:
+def refuse_nothing_to_train(
+    trials: list[tuple[int, tuple[Config, Any]]], sweep_dir: Path, swept: Sequence[str] = ()
+) -> None:
     """A trial rerun from its newest checkpoint that has trained all it is set to (a
-    completed one, rerun as it is) would end at once: refused, with the ways to train it."""
+    completed one, rerun as it is) would end at once: refused, with the ways to train it
+    (`hpcdl resume` of the trial where trainer.max_epochs is swept: a rerun may not set it)."""
     from hpcdl.nothing_to_train import nothing_to_train
 
     for i, (cfg, run_dir) in trials:
         line = nothing_to_train(cfg, run_dir)
         if line is not None:
+            longer = (
+                f"hpcdl resume {run_dir.path} trainer.max_epochs=N (trainer.max_epochs is "
+                "swept, so a sweep rerun may not set it)"
+                if "trainer.max_epochs" in swept or "trainer" in swept
+                else f"hpcdl sweep rerun {sweep_dir} --trials {i} trainer.max_epochs=N"
+            )
             raise HpcdlError(
-                f"trial {i}: {line}: hpcdl sweep rerun {sweep_dir} --trials {i} "
-                f"trainer.max_epochs=N; or train it again from its first epoch: hpcdl sweep "
-                f"rerun {sweep_dir} --trials {i} --from-scratch"
+                f"trial {i}: {line}: {longer}; or train it again from its first epoch: hpcdl "
+                f"sweep rerun {sweep_dir} --trials {i} --from-scratch"
             )
 
 
@@ -277,10 +285,16 @@ def rerun_settings(
     for text in overrides:
         key = text.partition("=")[0].lstrip("+~")
         if key in ledger.swept_keys or key.split(".", 1)[0] in ledger.swept_keys:
+            examples = [
+                e
+                for e in ("cluster.timeout_min=240", "trainer.max_epochs=50")
+                if e.split("=")[0] not in ledger.swept_keys
+            ]
+            other = f"settings ({', '.join(examples)})" if examples else "settings"
             raise ConfigError(
                 f"{key}: a swept key, whose value makes each trial what it is; rerun with other "
-                "settings (cluster.timeout_min=240, trainer.max_epochs=50), or sweep other "
-                "values as a new sweep"
+                f"{other}, or sweep other values as a new sweep; `hpcdl resume SWEEP_DIR/N "
+                f"{key}=...` changes it for trial N alone"
             )
     changed = []
     for i, (cfg, run_dir) in trials:

@@ -355,9 +355,11 @@ class PeerFailure:
         except (OSError, ValueError):  # none yet (or being written)
             return
         self.failed = (rank, status)
+        # A stalled peer's status is its wrapper's (4), not its program's.
+        what = "stalled (status 4)" if status == EXIT_STALLED else f"exited with status {status}"
         print(
-            f"hpcdl: rank {rank}'s program exited with status {status}: ending this rank's "
-            f"program (SIGTERM, SIGKILL after {GRACE_S:.0f} s)",
+            f"hpcdl: rank {rank}'s program {what}: ending this rank's program (SIGTERM, "
+            f"SIGKILL after {GRACE_S:.0f} s)",
             flush=True,
         )
         _signal_group(pid, "SIGTERM")

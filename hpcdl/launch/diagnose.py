@@ -31,7 +31,9 @@ BACKSTOP_LINE = re.compile(r"^Timeout \((\d+:\d\d:\d\d)(?:\.\d+)?\)!$", re.M)
 # An `hpcdl run` program's own failure (hpcdl.script_job), and a rank whose program its
 # wrapper ended because another rank's had failed: a consequence.
 PROGRAM_EXIT = re.compile(r"^hpcdl: the program exited with status (\d+)$", re.M)
-PEER_ENDED = re.compile(r"^hpcdl: rank \d+'s program exited with status \d+: ending", re.M)
+PEER_ENDED = re.compile(
+    r"^hpcdl: rank \d+'s program (?:exited with status \d+|stalled \(status \d+\)): ending", re.M
+)
 # hpcdl.script_job's own line for a program it could not start: the cause, also where a
 # setup line the job script tolerated (`module purge || true`) left a shell error before it.
 PROGRAM_NOT_FOUND = re.compile(r"^hpcdl: ('.+' is not found in the job's environment .*)$", re.M)

@@ -769,6 +769,12 @@ def test_a_target_not_importable_here_is_refused_unless_the_job_sets_up_its_own(
     assert "put its folder on PYTHONPATH" in err and len(err.splitlines()) == 1
     assert main(["train", *user, "--dry-run", "--no-preflight"]) == 2
     assert not (tmp_path / "r").exists()
+    capsys.readouterr()
+    (tmp_path / "absent_lab").mkdir()  # here, but not on PYTHONPATH: said so
+    (tmp_path / "absent_lab" / "__init__.py").write_text("")
+    assert main(["train", *user, "--dry-run", "--no-preflight"]) == 2
+    said = f"it is in this folder ({tmp_path / 'absent_lab'}), which is not on PYTHONPATH"
+    assert f"{said}: run PYTHONPATH=. hpcdl ..., or set up" in capsys.readouterr().err
     # The job's own environment (module load, conda activate) may have it: warned, also
     # in the dry run, which goes on.
     setup = "cluster.setup=[source /opt/lab/env.sh]"

@@ -710,11 +710,18 @@ def refuse_missing_modules(cfg: Config, dry: bool = False) -> None:
         top = target.partition(":")[0].split(".")[0]
         if top and find_top_level(top) is None:
             if not own_env:
+                here = Path.cwd()
+                fix = (
+                    f"it is in this folder ({here / top}), which is not on PYTHONPATH: run "
+                    "PYTHONPATH=. hpcdl ..."
+                    if (here / top / "__init__.py").is_file() or (here / f"{top}.py").is_file()
+                    else "put its folder on PYTHONPATH (PYTHONPATH=/path/to/project hpcdl ...) "
+                    "or install it"
+                )
                 raise ConfigError(
                     f"{key}={target!r}: module {top!r} is not importable here, and the job runs "
                     "this Python with nothing set up first (your shell's PYTHONPATH does not go "
-                    "with it: hpcdl freezes your code into the run instead); put its folder on "
-                    f"PYTHONPATH (PYTHONPATH=/path/to/project hpcdl ...) or install it, or set up "
+                    f"with it: hpcdl freezes your code into the run instead); {fix}, or set up "
                     "the job's own environment with cluster.setup"
                 )
             if dry:

@@ -33,6 +33,7 @@ LAYERS: list[list[str]] = [
         "hpcdl.runlock",
         "hpcdl.requeue",
         "hpcdl.watchdog",
+        "hpcdl.script_stall",
         "hpcdl.targets",
         "hpcdl.env",
         "hpcdl.threads",

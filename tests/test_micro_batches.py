@@ -46,8 +46,12 @@ def rows(run: Path) -> list[dict[str, str]]:
     "extra",
     [
         [],  # one rank, eager sums, accuracy deferred
-        ["trainer.lagged_sync=true"],  # one rank, sums read a step later
-        ["cluster=local", "cluster.tasks_per_node=2"],  # DDP: no_sync until the last pass
+        # one rank, sums read a step later; both variants also run in CI within
+        # test_a_step_that_returns_its_loss_count_trains_the_same_for_any_passes_and_ranks
+        pytest.param(["trainer.lagged_sync=true"], marks=pytest.mark.extended),
+        pytest.param(  # DDP: no_sync until the last pass
+            ["cluster=local", "cluster.tasks_per_node=2"], marks=pytest.mark.extended
+        ),
     ],
     ids=["one-rank", "lagged", "two-ranks"],
 )

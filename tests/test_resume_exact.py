@@ -65,7 +65,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
     [
         ["SIGTERM@7"],  # mid-epoch, between two step checkpoints
         ["SIGTERM@12"],  # the step before the first epoch boundary
-        ["SIGTERM@3", "SIGINT@30"],  # twice: early, then again mid-epoch 3 (Ctrl-C)
+        pytest.param(  # twice: early, then again mid-epoch 3 (Ctrl-C)
+            ["SIGTERM@3", "SIGINT@30"], marks=pytest.mark.extended
+        ),
     ],
     ids=["mid-epoch", "epoch-boundary", "twice"],
 )
@@ -142,7 +144,8 @@ def test_an_error_waits_for_the_save_in_flight(tmp_path, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name == "hpcdl-checkpoint"]
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+# 2 ranks: a rank SIGKILLed mid-run and the exact resume run in CI in test_your_code.py
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.extended)])
 def test_sigkill_loses_at_most_one_interval_and_resume_is_exact(hpcdl, tmp_path, reference, ranks):
     extra = LOCAL2 if ranks == 2 else []
     run_dir = tmp_path / "run"

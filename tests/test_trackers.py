@@ -73,7 +73,9 @@ def tensorboard_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     "fault",
     [
         "SIGTERM@7",  # mid-epoch: stops with a checkpoint at step 8
-        "SIGKILL@13",  # no handler: steps 11 and 12 were logged after the checkpoint at 10
+        pytest.param(  # no handler: steps 11 and 12 were logged after the checkpoint at 10
+            "SIGKILL@13", marks=pytest.mark.extended
+        ),
     ],
 )
 def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path, tensorboard_reference, fault):

@@ -25,6 +25,7 @@ def test_breast_cancer_mlp_default_reaches_95_percent(hpcdl, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # 2-rank gloo DDP trains in many CI cases; this one checks accuracy
 def test_digits_cnn_two_rank_gloo_ddp_reaches_95_percent(hpcdl, tmp_path: Path) -> None:
     out = hpcdl(
         "train",

@@ -600,6 +600,12 @@ class RunDir(JobDir):
     def write_trackers(self, record: Mapping[str, Any]) -> None:
         write_json_atomic(self.path / self.TRACKERS, dict(record))
 
+    def newest_attempt_records(self) -> list[dict[str, Any]]:
+        """The records after the newest start record (all of them before any start)."""
+        events = self.read_attempts()
+        starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+        return events[starts[-1] + 1 :] if starts else events
+
     def append_attempt(self, record: Mapping[str, Any]) -> None:
         append_line_durably(self.path / self.ATTEMPTS, json.dumps(dict(record)))
 

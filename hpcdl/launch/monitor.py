@@ -615,9 +615,7 @@ def unconfirmed_program_stop(run_dir: RunDir) -> Optional[int]:
     that SIGTERM ended; None for hpcdl train's runs and for confirmed stops."""
     if not _runs_a_program(run_dir):
         return None
-    attempts = run_dir.read_attempts()
-    starts = [i for i, a in enumerate(attempts) if a.get("event") == "start"]
-    ends = [a for a in attempts[starts[-1] + 1 if starts else 0 :] if a.get("event") == PROGRAM_END]
+    ends = [a for a in run_dir.newest_attempt_records() if a.get("event") == PROGRAM_END]
     status = ends[-1].get("exit_code") if ends else None
     return status if isinstance(status, int) and status != EXIT_INTERRUPTED else None
 
@@ -855,19 +853,20 @@ def cancel_foreground(run_dir: RunDir, launch: Launch) -> int:
 
 
 def _runs_a_program(run_dir: RunDir) -> bool:
-    """An `hpcdl run` run: its config.yaml's `script:` is a mapping, not null (read as text:
-    the login node's commands load no config schema for this)."""
-    try:
-        text = run_dir.config_file.read_text()
-    except OSError:
-        return False
-    return re.search(r"^script:\s*$", text, re.M) is not None
+    """An `hpcdl run` run: its config.yaml's `script:` is a mapping, not null."""
+    return _config_has(run_dir, r"^script:\s*$")
 
 
 def _runs_torchrun(run_dir: RunDir) -> bool:
     """An `hpcdl run` run with launcher=torchrun: one Slurm task, and log, per node."""
+    return _config_has(run_dir, r"^\s+launcher: torchrun\s*$")
+
+
+def _config_has(run_dir: RunDir, line: str) -> bool:
+    """Whether config.yaml has a line matching `line` (read as text: the login node's
+    commands load no config schema for this)."""
     try:
         text = run_dir.config_file.read_text()
     except OSError:
         return False
-    return re.search(r"^\s+launcher: torchrun\s*$", text, re.M) is not None
+    return re.search(line, text, re.M) is not None

@@ -300,9 +300,7 @@ def stall_requeue(path: RunDir) -> Optional[str]:
     """The requeue this attempt's stalled rank asked for (cluster.requeue_on_stall), as an
     end record says it; None when no stall of this attempt requeued the job (it was
     called an outside scontrol requeue)."""
-    attempts = path.read_attempts()
-    starts = [i for i, a in enumerate(attempts) if a.get("event") == "start"]
-    for record in reversed(attempts[starts[-1] + 1 :] if starts else attempts):
+    for record in reversed(path.newest_attempt_records()):
         if record.get("event") == "stall" and str(record.get("action", "")).startswith(
             "requeued"
         ):

@@ -706,6 +706,7 @@ def test_rng_state_survives_the_store_with_weights_only(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_cuda_rng_restore_repeats_the_same_draws(tmp_path: Path) -> None:
+    torch.cuda.init()  # capture reads the CUDA generators only once CUDA is in use
     torch.cuda.manual_seed_all(3)
     store = CheckpointStore(tmp_path)
     store.save({"rng": capture_rng_state()}, 1)

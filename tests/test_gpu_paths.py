@@ -7,6 +7,7 @@ on a rank blocked waiting for the GPU."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -49,7 +50,7 @@ def test_micro_batches_with_a_loss_count_train_the_whole_batchs_weights_on_the_g
     for run, extra in runs.items():
         out = run_hpcdl(
             "train", f"run_dir={run}", *common, *extra, cwd=tmp_path,
-            env={"PYTHONPATH": f"{tmp_path}:{REPO}"},
+            env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', REPO)}"},
         )  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr
         summary = json.loads((tmp_path / run / "summary.json").read_text())
@@ -100,7 +101,8 @@ def fsdp_run(cwd: Path, run_dir: str, steps: int) -> subprocess.Popen:
     script = REPO / "docs" / "examples" / "fsdp_train.py"
     return subprocess.Popen(
         [sys.executable, "-m", "hpcdl.cli.main", "run", "cluster=local",
-         "cluster.gpus_per_node=1", f"run_dir={run_dir}", "--", "python", str(script),
+         "cluster.tasks_per_node=1", "cluster.gpus_per_node=1", f"run_dir={run_dir}", "--",
+         "python", str(script),
          "--steps", str(steps)],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -155,7 +157,8 @@ def test_the_stall_watch_ends_a_rank_blocked_on_the_gpu_with_its_stack(tmp_path:
     (tmp_path / "wait.py").write_text(WAIT_FOR_GPU)
     started = time.monotonic()
     out = run_hpcdl(
-        "run", "cluster=local", "cluster.gpus_per_node=1", "stall_timeout_s=8", "run_dir=run",
+        "run", "cluster=local", "cluster.tasks_per_node=1", "cluster.gpus_per_node=1",
+        "stall_timeout_s=8", "run_dir=run",
         "--", "python", "wait.py", cwd=tmp_path, timeout=150,
     )  # fmt: skip
     took = time.monotonic() - started

@@ -67,6 +67,28 @@ def test_local_ranks_get_the_gpus_the_shell_shows(hpcdl, tmp_path: Path, shell, 
     assert seen == [ranks_see, ranks_see]
 
 
+def test_more_ranks_than_gpus_on_a_node_is_said_at_launch(hpcdl, tmp_path: Path) -> None:
+    """2 ranks on a node with cluster.gpus_per_node=1 both get HPCDL_DEVICE=cuda:0 (as
+    cluster=local's 2 ranks with a GPU asked for do), which NCCL refuses at the first collective (seen on an H100: 'Duplicate GPU detected'):
+    a warning naming the fix, once, also for a sweep; a gloo program still runs."""
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    said = (
+        "warning: cluster.tasks_per_node=2 ranks share cluster.gpus_per_node=1 GPU on each "
+        "node (HPCDL_DEVICE=cuda:0 for ranks 0 and 1): NCCL refuses two ranks on one GPU "
+        "('Duplicate GPU detected'); set cluster.tasks_per_node=1, or cluster.gpus_per_node=2"
+    )
+    one = ["cluster=rivanna_a100", "cluster.tasks_per_node=2", "--dry-run"]
+    out = hpcdl("run", *one, "--", "python", "train.py")
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert out.stderr.splitlines().count(said) == 1, out.stderr
+    out = hpcdl("run", "-m", *one, "--", "python", "train.py", "--seed", "{1,2}")
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert out.stderr.splitlines().count(said) == 1, out.stderr
+    for fine in (["cluster.tasks_per_node=1"], ["cluster.gpus_per_node=2"], ["launcher=torchrun"]):
+        out = hpcdl("run", *one, *fine, "--", "python", "train.py")
+        assert out.returncode == 0 and "share" not in out.stderr, (fine, out.stderr)
+
+
 def test_more_local_gpus_than_the_shell_shows_is_refused_before_anything(hpcdl, tmp_path):
     out = hpcdl(
         "train", "cluster=local", "cluster.gpus_per_node=2", "run_dir=run",

@@ -58,7 +58,29 @@ def compose_program(
     cfg = compose_config(rest, config_dirs, script=script, multirun=multirun)
     if not multirun:
         check_script(script, cfg.cluster)
+    note = shared_gpu_note(cfg)
+    if note is not None:
+        warnings.warn(HpcdlWarning(note), stacklevel=1)
     return cfg, rest
+
+
+def shared_gpu_note(cfg: Config) -> str | None:
+    """More ranks on a node than GPUs: hpcdl gives rank r HPCDL_DEVICE=cuda:(r mod GPUs),
+    so two ranks get one GPU, which NCCL refuses at the program's first collective
+    ("Duplicate GPU detected"). Said at launch, not refused: a program on gloo, or one
+    whose ranks share a GPU on purpose, runs so. torchrun gives its workers no device."""
+    from hpcdl.config.schema import tasks_per_node
+
+    assert cfg.script is not None
+    gpus, ranks = cfg.cluster.gpus_per_node, tasks_per_node(cfg.cluster)
+    if cfg.script.launcher == ScriptLauncher.torchrun or not 0 < gpus < ranks:
+        return None
+    return (
+        f"cluster.tasks_per_node={ranks} ranks share cluster.gpus_per_node={gpus} "
+        f"GPU{'s' if gpus > 1 else ''} on each node (HPCDL_DEVICE=cuda:0 for ranks 0 and "
+        f"{gpus}): NCCL refuses two ranks on one GPU ('Duplicate GPU detected'); set "
+        f"cluster.tasks_per_node={gpus}, or cluster.gpus_per_node={ranks}"
+    )
 
 
 def program_sweep(cfg: Config, overrides: list[str]) -> Any:

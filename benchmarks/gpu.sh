@@ -10,7 +10,7 @@
 #   5. kernels, copies and waits per step: python -m benchmarks.kernels, hpcdl (lagged sync
 #      on and off) vs the hand-written loop, MLP and CNN bf16 (kernels.md; ~1 min).
 # bash benchmarks/gpu.sh tests devices   runs only the steps named (tests, devices, suite,
-# lagged, kernels, and faults: benchmarks/gpu_faults.sh, what a failing GPU rank does, ~3-9 min, only
+# lagged, kernels, and faults: benchmarks/gpu_faults.sh, what a failing GPU rank does, 90 s on an H100, only
 # when named), e.g. in two calls where one call's time limit is too short for all four;
 # BENCHMARKS="overhead mfu" bash benchmarks/gpu.sh suite   runs only those benchmarks;
 # REPEATS=3 sets the suite's measured rounds (default 5). The suite's files are rewritten

@@ -1091,7 +1091,21 @@ def test_a_run_stopped_short_is_given_its_next_command_and_a_peers_loss_is_a_con
          "action": "not requeued: cluster.max_requeues=1 timeouts reached"}
     )  # fmt: skip
     scheduler(monkeypatch, "FAILED")
-    assert "next" not in status_lines(run, capsys)  # no checkpoint: nothing to continue from
+    report = status_lines(run, capsys)  # no checkpoint: only a longer limit helps
+    assert report["state"] == "TIMEOUT"
+    assert report["next"] == (
+        f"hpcdl resume {run.path} cluster.timeout_min=MINUTES (no checkpoint was saved before "
+        "the limit: it starts again from the beginning, so give it a longer one)"
+    )
+    killed = new_run(tmp_path, "killed")  # Slurm's kill at the limit, before any save
+    killed.record_submission("21", "devcluster", killed.log_dir)
+    killed.append_attempt({"event": "start", "job_id": "21", "restart_count": 0})
+    scheduler(monkeypatch, "TIMEOUT")
+    report = status_lines(killed, capsys)
+    assert report["state"] == "TIMEOUT" and report["next"].startswith(
+        f"hpcdl resume {killed.path} cluster.timeout_min=MINUTES (no checkpoint"
+    ), report
+    scheduler(monkeypatch, "FAILED")
     run.checkpoint_dir.mkdir(exist_ok=True)
     (run.checkpoint_dir / step_file_name(120)).write_bytes(b"x")
     report = status_lines(run, capsys)

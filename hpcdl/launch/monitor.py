@@ -586,10 +586,22 @@ RESUMABLE_ENDS = ("timeout", "preempted", "cancelled", "interrupted", "requested
 def next_step(run_dir: RunDir, report: dict[str, Any]) -> Optional[str]:
     """What to type next for a run that has stopped short of its end: a stop it saved for
     (a time limit with no requeue left, a cancel), or a failure (once its cause is fixed)."""
-    if is_active(report["state"]) or report["state"] == "COMPLETED" or not run_dir.step_files():
+    if is_active(report["state"]) or report["state"] == "COMPLETED":
         return None
-    reason = str(report.get("last_end", "")).split(" ", 1)[0].rstrip(":,")
     command = f"hpcdl resume {run_dir.path}"
+    if not run_dir.step_files():
+        if report["state"] != "TIMEOUT":
+            return None
+        if _runs_a_program(run_dir):  # its checkpoints are its own, wherever it keeps them
+            return (
+                f"{command} cluster.timeout_min=MINUTES (a longer limit; the program "
+                "continues from what it saved, if anything)"
+            )
+        return (
+            f"{command} cluster.timeout_min=MINUTES (no checkpoint was saved before the "
+            "limit: it starts again from the beginning, so give it a longer one)"
+        )
+    reason = str(report.get("last_end", "")).split(" ", 1)[0].rstrip(":,")
     if reason == "timeout" and report["state"] == "TIMEOUT":  # out of requeues
         return (
             f"{command} (continues from the checkpoint saved as it stopped; add "

@@ -222,7 +222,7 @@ def _words(command: Sequence[str]) -> list[str]:
 
 
 # The sweep commands' flags, as Sweep.status()/summary() take them: keyword arguments.
-_FLAG_AS_KEYWORD = re.compile(r"--(metric|mode|at) ([\w./-]+)")
+_FLAG_AS_KEYWORD = re.compile(r"--(metric|mode|at|state) ([\w./-]+)")
 
 
 # `hpcdl predict RUN task.predict=... --split test` in a refusal: Job.predict() says it as a call.
@@ -735,14 +735,19 @@ class Sweep:
         check_sweep_dir(sweep_dir)
         return cls(sweep_dir)
 
-    def status(self, metric: Optional[str] = None) -> list[dict[str, Any]]:
+    def status(
+        self, metric: Optional[str] = None, state: str | Sequence[str] = ()
+    ) -> list[dict[str, Any]]:
         """`hpcdl sweep status` as data: per trial its index, overrides, run_dir, job_id,
-        state, attempts, requeues and metric (val_accuracy unless `metric` says)."""
-        from hpcdl.sweep.report import refresh
+        state, attempts, requeues and metric (val_accuracy unless `metric` says). `state`
+        (`--state`): only the trials in these states, e.g. "failed,timeout" or
+        ["failed", "timeout"] (case-insensitive; an unknown name raises HpcdlError)."""
+        from hpcdl.sweep.report import chosen_states, refresh
 
         with _in_api_words():
+            states = chosen_states([state] if isinstance(state, str) else list(state))
             ledger, _ = refresh(self.sweep_dir, metric)
-        return [asdict(t) for t in ledger.trials]
+        return [asdict(t) for t in ledger.trials if not states or t.state in states]
 
     def wait(self, timeout: Optional[float] = None, poll_s: float = POLL_S) -> list[dict[str, Any]]:
         """Until no trial is queued or running; then status(). Failed trials do not raise:

@@ -177,6 +177,10 @@ def test_local_sweep_status_summary_and_rerun_failed(tmp_path, monkeypatch) -> N
     assert sweep == Sweep.from_sweep_dir("sw")
     assert [t["state"] for t in sweep.wait()] == ["COMPLETED", "FAILED"]  # ran in the foreground
     assert "epoch 2/2" in sweep.trial(0).logs()
+    assert [t["index"] for t in sweep.status(state="failed")] == [1]  # --state failed
+    assert [t["index"] for t in sweep.status(state=["Failed", "completed"])] == [0, 1]
+    with pytest.raises(HpcdlError, match=r"^state='broke': no trial state of that name"):
+        sweep.status(state="broke")
 
     np.savez("broken.npz", x=x, y=y)
     assert sweep.rerun_failed() == [1]

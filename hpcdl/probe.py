@@ -19,7 +19,7 @@ import traceback
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpcdl.config.schema import (
     DATASET_SOURCES,
@@ -27,9 +27,13 @@ from hpcdl.config.schema import (
     CustomDataConfig,
     CustomModelConfig,
     CustomTaskConfig,
+    Device,
     Launcher,
 )
-from hpcdl.errors import ConfigError, DataWarning, HpcdlError
+from hpcdl.errors import ConfigError, DataWarning, HpcdlError, HpcdlWarning
+
+if TYPE_CHECKING:
+    import torch
 
 # Built-in sources that read files the user points data.path at (the others are bundled).
 FILE_SOURCES = ("files", "mnist", "cifar10")
@@ -46,19 +50,20 @@ def uses_user_code(cfg: Config) -> bool:
     )
 
 
-def probe_user_code(cfg: Config, here: bool = False) -> None:
+def probe_user_code(cfg: Config, here: bool = False) -> bool:
     """Build the data and the model, and run the task's step on the first training batch
     (no optimizer step, nothing written), and task.predict on it when set; raises the
     one-line errors the job (or `hpcdl predict`) would. `here`: for a Slurm run too
-    (`hpcdl train --probe`), on this machine's CPU."""
+    (`hpcdl train --probe`), on this machine's CPU. False where the user's code asked for
+    CUDA itself in a run that trains on GPUs (warned: checked up to there), else True."""
     if cfg.cluster.launcher == Launcher.slurm and not here:
-        return
+        return True
     if cfg.trainer.step_hooks:  # imported only: a hook runs on steps, not in a probe
         from hpcdl.hooks import load_step_hooks
 
         load_step_hooks(cfg.trainer.step_hooks)
     if not uses_user_code(cfg):
-        return
+        return True
     import torch
 
     from hpcdl.data.feed import build_feed
@@ -67,7 +72,7 @@ def probe_user_code(cfg: Config, here: bool = False) -> None:
     from hpcdl.models import build_model
     from hpcdl.tasks import build_prediction, build_task, check_monitor
 
-    device = torch.device("cpu")
+    device = torch.device("cpu")  # this machine's, whatever the run trains on
     # One batch: no worker processes needed.
     data = replace(cfg.data, num_workers=0)
     with warnings.catch_warnings():  # the job reads the same data and says them once
@@ -103,9 +108,20 @@ def probe_user_code(cfg: Config, here: bool = False) -> None:
     except HpcdlError:
         raise
     except Exception as exc:  # the user's forward or step: one line naming which
+        key = culprit(cfg, exc, model, task)
+        if asks_for_cuda(exc, device) and trains_on_gpus(cfg):  # fine where the ranks run
+            warnings.warn(
+                HpcdlWarning(
+                    f"{key}: checked up to its first use of CUDA: on this machine's CPU the "
+                    f"first training batch {raised(exc)}; the job's ranks run it on their GPUs"
+                ),
+                stacklevel=1,
+            )
+            return False
+        hint = f" ({CPU_ADVICE}; this run trains on the CPU)" if asks_for_cuda(exc, device) else ""
         raise ConfigError(
-            f"{culprit(cfg, exc, model, task)}: the first training batch failed: {raised(exc)}"
-            + batch_hint(cfg, exc, batch)
+            f"{key}: the first training batch failed: {raised(exc)}"
+            + (hint or batch_hint(cfg, exc, batch))
         ) from None
     if not math.isfinite(loss):
         raise ConfigError(
@@ -117,6 +133,35 @@ def probe_user_code(cfg: Config, here: bool = False) -> None:
         model.eval()
         with torch.no_grad():
             build_prediction(cfg.task).outputs(model, batch)
+    return True
+
+
+# What torch says when code run on the CPU asks for CUDA (a CPU build, no driver, or a
+# tensor on the GPU beside the CPU's).
+CUDA_ERRORS = ("Torch not compiled with CUDA", "NVIDIA driver", "found at least two devices")
+
+
+def asks_for_cuda(exc: BaseException, device: torch.device) -> bool:
+    return device.type == "cpu" and any(marker in str(exc) for marker in CUDA_ERRORS)
+
+
+def trains_on_gpus(cfg: Config) -> bool:
+    """Whether the run trains on GPUs: in this process (cluster=debug) where CUDA is
+    here, else where its ranks are given GPUs (cluster.gpus_per_node); never with
+    trainer.device=cpu."""
+    if cfg.trainer.device == Device.cpu:
+        return False
+    if cfg.cluster.launcher == Launcher.debug:
+        import torch
+
+        return torch.cuda.is_available()
+    return cfg.cluster.gpus_per_node > 0
+
+
+CPU_ADVICE = (
+    "code that moves tensors to 'cuda' itself fails on the CPU; take the device from the "
+    "inputs, e.g. torch.zeros(n, device=x.device)"
+)
 
 
 def _data_key(cfg: Config) -> str:

@@ -823,6 +823,57 @@ def test_probe_runs_ones_code_here_before_a_slurm_submission(
     assert "# your code: ran on one batch here (--probe)\n" in capsys.readouterr().out
 
 
+CUDA_NET = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(30, 2)
+
+    def forward(self, x):
+        return self.fc(x * torch.ones(x.shape[1], device="cuda"))
+"""
+
+
+def test_a_model_that_asks_for_cuda_itself_is_probed_up_to_there_where_ranks_get_gpus(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """The probe runs on this machine's CPU: a model that puts a tensor on 'cuda' itself
+    fails there but not on the job's GPUs, so a run that trains on GPUs is warned (and goes
+    on); one that trains on the CPU would fail as the probe did, and is refused."""
+    from hpcdl.cli.main import main
+
+    (tmp_path / "cudanet.py").write_text(CUDA_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    user = ["model=custom", "model.target=cudanet:Net", "cluster=devcluster", "--no-preflight"]
+    gpus = ["cluster.gpus_per_node=1", "--dry-run", "--probe"]
+    assert main(["train", *user, *gpus]) == 0
+    captured = capsys.readouterr()
+    [warning] = captured.err.splitlines()
+    assert warning == (
+        "warning: model.target='cudanet:Net': checked up to its first use of CUDA: on this "
+        "machine's CPU the first training batch raised AssertionError: Torch not compiled with "
+        "CUDA enabled; the job's ranks run it on their GPUs"
+    ), warning
+    assert "# your code: ran here (--probe) until it asked for CUDA itself" in captured.out
+    for cpu in (["cluster.gpus_per_node=0", "--dry-run", "--probe"], [*gpus, "trainer.device=cpu"]):
+        assert main(["train", *user, *cpu]) == 2, cpu
+        [error] = capsys.readouterr().err.splitlines()
+        assert error.startswith("error: model.target='cudanet:Net': the first training batch failed")
+        assert error.endswith(
+            "take the device from the inputs, e.g. torch.zeros(n, device=x.device); this run "
+            "trains on the CPU)"
+        ), error
+    local = ["model=custom", "model.target=cudanet:Net", "run_dir=r"]  # cluster=debug here
+    assert main(["train", *local]) == 2
+    assert "this run trains on the CPU" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cudanet.py"]
+
+
 def test_submit_probe_true_refuses_a_broken_loss_before_the_run_dir(tmp_path, monkeypatch) -> None:
     import hpcdl
     from hpcdl.errors import ConfigError

@@ -503,12 +503,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         compose_config(args.overrides, args.config_dir)
         return EXIT_OK
     cfg = compose_config(args.overrides, args.config_dir)
+    probed = None
     if args.probe:  # on a Slurm login node too, as it was asked for
         from hpcdl.probe import probe_user_code
 
-        probe_user_code(cfg, here=True)
+        probed = probe_user_code(cfg, here=True)
     if args.dry_run:
-        return dry_run(cfg, args.no_preflight, args.probe)
+        return dry_run(cfg, args.no_preflight, probed)
     cfg, run_dir = start_run(cfg, args.no_preflight)
     warn_regression_dropout(cfg, args.overrides)  # once it starts: a refusal stays one line
     if args.no_launch:
@@ -560,8 +561,9 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
     """A planned sweep (`train -m`, `run -m`): dry run, or start_sweep."""
     from hpcdl.config.schema import Launcher
 
+    probed = None
     if getattr(args, "probe", False):  # train -m --probe: the first trial's, here
-        probe_first_trial(plan, here=True)
+        probed = probe_first_trial(plan, here=True)
     if args.dry_run:
         print(f"{plural(len(plan.trials), 'trial')}:")
         for t in plan.trials:
@@ -572,7 +574,7 @@ def launch_sweep(plan: SweepPlan, args: argparse.Namespace) -> int:
 
                 check_new_sweep_dir(Path(plan.sweep_dir).expanduser().resolve())
             return EXIT_OK
-        return dry_run_sweep(plan, args.no_preflight, getattr(args, "probe", False))
+        return dry_run_sweep(plan, args.no_preflight, probed)
     return start_sweep(plan, args.no_preflight)[1]
 
 
@@ -608,7 +610,7 @@ def start_sweep(plan: SweepPlan, skip_preflight: bool) -> tuple[Path, int]:
     return sweep_dir, run_local_pool(ledger, indices)
 
 
-def probe_first_trial(plan: SweepPlan, here: bool = False) -> None:
+def probe_first_trial(plan: SweepPlan, here: bool = False) -> bool:
     """The first trial's code and data run on one batch before the sweep dir exists, as `hpcdl
     train` runs a run's (debug and local; a Slurm login node runs none): a model, dataset or
     file every trial shares is refused in one line, not once per trial as it fails. Trials
@@ -617,7 +619,7 @@ def probe_first_trial(plan: SweepPlan, here: bool = False) -> None:
 
     trial = plan.trials[0]
     try:
-        probe_user_code(trial.config, here)
+        return probe_user_code(trial.config, here)
     except HpcdlError as err:  # named as preflight names a trial's
         err.args = (f"trial {trial.index} ({' '.join(trial.overrides)}): {err}",)
         raise
@@ -744,7 +746,7 @@ def refuse_missing_modules(cfg: Config, dry: bool = False) -> None:
             refuse_unknown_kwargs(key, called, kwargs)
 
 
-def dry_run(cfg: Config, skip_preflight: bool = False, probed: bool = False) -> int:
+def dry_run(cfg: Config, skip_preflight: bool = False, probed: Optional[bool] = None) -> int:
     """The sbatch script, the program and each rank's environment; then the preflight's
     verdict: a request the cluster would refuse is refused here too, in one line after them
     (not checked where no Slurm answers, as on a laptop)."""
@@ -770,15 +772,21 @@ def dry_run(cfg: Config, skip_preflight: bool = False, probed: bool = False) -> 
     return EXIT_OK
 
 
-def probe_line(cfg: Config, probed: bool) -> str:
+def probe_line(cfg: Config, probed: Optional[bool]) -> str:
     """Whether the user's code ran here on one batch: a Slurm login node runs none unless
-    asked (`--probe`), and the job then finds its errors after its queue wait."""
+    asked (`--probe`), and the job then finds its errors after its queue wait. `probed`:
+    None not asked, True ran, False stopped where it asked for CUDA (the probe's CPU)."""
     from hpcdl.probe import uses_user_code
 
     if not uses_user_code(cfg):
         return "# your code: none (built-in model, data and task)"
     if probed:
         return "# your code: ran on one batch here (--probe)"
+    if probed is False:
+        return (
+            "# your code: ran here (--probe) until it asked for CUDA itself; the rest is "
+            "checked on the job's GPUs"
+        )
     return (
         "# your code: not run here (a login node imports no torch); --probe runs your "
         "model, data and task on one batch here first, as local runs do"
@@ -842,7 +850,9 @@ def preflight_verdict(
     return None
 
 
-def dry_run_sweep(plan: SweepPlan, skip_preflight: bool = False, probed: bool = False) -> int:
+def dry_run_sweep(
+    plan: SweepPlan, skip_preflight: bool = False, probed: Optional[bool] = None
+) -> int:
     """`train -m --dry-run`: the job array's sbatch script, one per distinct cluster config
     (trials that differ in `cluster.*` cannot share an array's header), then the
     preflight's verdict on each, as the submission would meet it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    longest_files_first(items)
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch
@@ -26,6 +28,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+def longest_files_first(items: list[pytest.Item]) -> None:
+    """The test files in the order of their seconds in a CI run (tests/file_seconds.json),
+    longest first, each file's tests together and in order: tests/run.sh's xdist workers
+    take a file at a time in this order (--no-loadscope-reorder), so the long ones start
+    early and the workers end together (xdist's own order, by tests per file, left one
+    worker a minute longer). New files count as 0 s. Refresh the table from a run's
+    --junitxml: python -m tests.file_seconds unit.xml."""
+    seconds = json.loads((REPO / "tests" / "file_seconds.json").read_text())
+    items.sort(key=lambda item: -seconds.get(item.nodeid.partition("::")[0], 0))
 
 
 def run_hpcdl(

@@ -5,10 +5,11 @@
 # Without arguments the slurm tier runs next to the others, as a second pytest process:
 # its tests spend most of their time waiting for the scheduler and for jobs, so the two
 # together take little longer than the slower one. Its report follows the other's.
-# The other tiers run as two pytest-xdist workers, a test file each at a time (module
-# fixtures stay shared within a file): on a 2-core machine the whole run took 22m41s
-# this way against 28-31 min with one worker (2026-11-26). Tests keep to their own
-# tmp_path, so they do not meet.
+# The other tiers run as three pytest-xdist workers, a test file each at a time (module
+# fixtures stay shared within a file), the longest files first (tests/conftest.py, from
+# tests/file_seconds.json): on a 2-core machine the whole run took 28-31 min with one
+# worker, 29m48s-30m57s with two and 27m49s with three (2026-11-28; their processes often
+# wait on subprocesses and signals). Tests keep to their own tmp_path, so they do not meet.
 # Extra arguments go to one pytest over everything, e.g. bash ./tests/run.sh -m "not slurm".
 # The `extended` cases (a second signal, micro-batch variants the loss-count case covers,
 # SIGKILL variants, ...: each a variant of a case the tiers run) are left out of the run without arguments to
@@ -29,7 +30,7 @@ slurm_log=$(mktemp /tmp/hpcdl-slurm-tier.XXXXXX)
 slurm_pid=$!
 trap 'kill "$slurm_pid" 2>/dev/null || true' INT TERM
 status=0
-"${PYTEST[@]}" -n 2 --dist loadfile -m "not slurm and not extended" --basetemp=/tmp/hpcdl-tests || status=$?
+"${PYTEST[@]}" -n 3 --dist loadfile --no-loadscope-reorder -m "not slurm and not extended" --basetemp=/tmp/hpcdl-tests || status=$?
 slurm_status=0
 wait "$slurm_pid" || slurm_status=$?
 echo

@@ -19,7 +19,7 @@ import traceback
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from hpcdl.config.schema import (
     DATASET_SOURCES,
@@ -31,9 +31,6 @@ from hpcdl.config.schema import (
     Launcher,
 )
 from hpcdl.errors import ConfigError, DataWarning, HpcdlError, HpcdlWarning
-
-if TYPE_CHECKING:
-    import torch
 
 # Built-in sources that read files the user points data.path at (the others are bundled).
 FILE_SOURCES = ("files", "mnist", "cifar10")
@@ -109,7 +106,7 @@ def probe_user_code(cfg: Config, here: bool = False) -> bool:
         raise
     except Exception as exc:  # the user's forward or step: one line naming which
         key = culprit(cfg, exc, model, task)
-        if asks_for_cuda(exc, device) and trains_on_gpus(cfg):  # fine where the ranks run
+        if asks_for_cuda(exc) and trains_on_gpus(cfg):  # fine where the ranks run
             warnings.warn(
                 HpcdlWarning(
                     f"{key}: checked up to its first use of CUDA: on this machine's CPU the "
@@ -118,7 +115,7 @@ def probe_user_code(cfg: Config, here: bool = False) -> bool:
                 stacklevel=1,
             )
             return False
-        hint = f" ({CPU_ADVICE}; this run trains on the CPU)" if asks_for_cuda(exc, device) else ""
+        hint = f" ({CPU_ADVICE}; this run trains on the CPU)" if asks_for_cuda(exc) else ""
         raise ConfigError(
             f"{key}: the first training batch failed: {raised(exc)}"
             + (hint or batch_hint(cfg, exc, batch))
@@ -136,13 +133,13 @@ def probe_user_code(cfg: Config, here: bool = False) -> bool:
     return True
 
 
-# What torch says when code run on the CPU asks for CUDA (a CPU build, no driver, or a
-# tensor on the GPU beside the CPU's).
+# What torch says when code run on the (probe's) CPU asks for CUDA: a CPU build, no
+# driver, or a tensor on the GPU beside the CPU's.
 CUDA_ERRORS = ("Torch not compiled with CUDA", "NVIDIA driver", "found at least two devices")
 
 
-def asks_for_cuda(exc: BaseException, device: torch.device) -> bool:
-    return device.type == "cpu" and any(marker in str(exc) for marker in CUDA_ERRORS)
+def asks_for_cuda(exc: BaseException) -> bool:
+    return any(marker in str(exc) for marker in CUDA_ERRORS)
 
 
 def trains_on_gpus(cfg: Config) -> bool:

@@ -614,7 +614,8 @@ def probe_first_trial(plan: SweepPlan, here: bool = False) -> bool:
     """The first trial's code and data run on one batch before the sweep dir exists, as `hpcdl
     train` runs a run's (debug and local; a Slurm login node runs none): a model, dataset or
     file every trial shares is refused in one line, not once per trial as it fails. Trials
-    that differ in them are checked by their own runs (a failed trial is rerun once fixed)."""
+    that differ in them are checked by their own runs (a failed trial is rerun once fixed).
+    False where its code stopped at its own use of CUDA (probe_user_code)."""
     from hpcdl.probe import probe_user_code
 
     trial = plan.trials[0]

@@ -124,7 +124,9 @@ class ClassificationTask(Task):
                 "or set data.num_classes if that count is wrong"
             )
         try:
-            loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
+            # The loss in fp32 (bf16/fp16 logits); fp32 ones as they are, without a call a step.
+            wide = logits if logits.dtype == torch.float32 else logits.float()
+            loss_sum = F.cross_entropy(wide, y, reduction="sum")
         except (IndexError, RuntimeError) as exc:
             if "out of bounds" not in str(exc) and "out of range" not in str(exc):
                 raise
@@ -398,7 +400,7 @@ def class_indices(labels: Any) -> torch.Tensor:
             f"{where}: the labels of a batch have shape {tuple(labels.shape)}; give one class "
             "index per sample (or use task=custom for several labels per sample)"
         )
-    return labels.long()
+    return labels if labels.dtype == torch.int64 else labels.long()
 
 
 class CustomPrediction:

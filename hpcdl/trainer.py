@@ -440,7 +440,7 @@ class Trainer:
         stats = tuple(float(out.stats[name]) for name in names)
         stop, eval_due, save_due = local_flags
         sums = StepSums(
-            float(out.loss_sum.detach()),
+            out.loss_sum.item(),  # no detach: a read keeps no graph
             float(out.num_samples),
             float(out.loss_weight),
             stop,
@@ -660,8 +660,11 @@ class Trainer:
             norm = nn.utils.get_total_norm(grads) if grads else None
         if tracked and norm is not None:
             self._grad_norms[step] = norm.detach()
-        p.scaler.step(p.optimizer)
-        p.scaler.update()
+        if p.scaler.is_enabled():
+            p.scaler.step(p.optimizer)
+            p.scaler.update()
+        else:  # what a disabled scaler's step does, without its two calls a step
+            p.optimizer.step()
         p.scheduler.step()
 
     def _count_bad_step(self, step: int) -> None:

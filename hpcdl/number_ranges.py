@@ -3,6 +3,8 @@ Plain stdlib, for the CLI's one-line summaries and `hpcdl status`'s array tasks.
 
 from __future__ import annotations
 
+import decimal
+import itertools
 from collections.abc import Iterable
 
 
@@ -36,3 +38,28 @@ def parse_number_ranges(text: str) -> list[int]:
             if n not in numbers:
                 numbers.append(n)
     return numbers
+
+
+def range_values(start: float, stop: float, step: float = 1) -> list[str]:
+    """A sweep's range(start, stop, step) as people mean it, as the values' text: Python's
+    range() for integers; with a float in it, each value rounded to the decimals of start
+    and step, and the stop left out. Added up in binary floating point, range(0.1,0.5,0.1)
+    gives 0.30000000000000004 and range(0.7,1.0,0.1) ends with 0.9999999999999999, short of
+    the stop (as Hydra's range() does). ValueError for a zero step."""
+    if step == 0:
+        raise ValueError("the step of range() must not be 0")
+    if not any(isinstance(v, float) for v in (start, stop, step)):
+        return [str(v) for v in range(int(start), int(stop), int(step))]
+    places = max(_decimals(start), _decimals(step))
+    values: list[str] = []
+    for index in itertools.count():
+        number = round(start + index * step, places)
+        if (number >= stop) if step > 0 else (number <= stop):
+            return values
+        values.append(repr(float(number)))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _decimals(number: float) -> int:
+    exponent = decimal.Decimal(repr(number)).as_tuple().exponent
+    return -exponent if isinstance(exponent, int) and exponent < 0 else 0

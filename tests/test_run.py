@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,6 +38,25 @@ def test_expand_token() -> None:
     assert expand_token("optimizer.lr=0.1,0.01") == ["optimizer.lr=0.1", "optimizer.lr=0.01"]
     assert expand_token("--layers=1,2") == ["--layers=1,2"]  # a flag's own comma list stays
     assert expand_token("plain") == ["plain"] and expand_token("{single}") == ["{single}"]
+
+
+def test_expand_token_ranges_of_any_numbers() -> None:
+    """range() in a program sweep as in Python, with floats too: rounded to the decimals
+    given, the stop left out. A float range was split at its commas into three trials
+    (`--lr=range(0.7`, `--lr=1.0`, `--lr=0.1)`), range(3) was left as it was."""
+    assert expand_token("--lr={range(0.7,1.0,0.1)}") == ["--lr=0.7", "--lr=0.8", "--lr=0.9"]
+    assert expand_token("{range(0.1, 0.5, 0.1)}") == ["0.1", "0.2", "0.3", "0.4"]
+    assert expand_token("{range(3)}") == ["0", "1", "2"]
+    assert expand_token("{range(6,0,-2)}") == ["6", "4", "2"]
+    assert expand_token("{range(1e-4,3e-4,1e-4)}") == ["0.0001", "0.0002"]
+    for token, message in (
+        ("--lr={range(a,3)}", "'a' is not a number; write range(stop), range(start, stop)"),
+        ("{range(3,3)}", "range(3,3) is empty; give at least one value"),
+        ("{range(0,1,0)}", "the step of range() must not be 0"),
+        ("{range(1,2,3,4)}", "range() takes 1 to 3 numbers, not 4"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(f"{token}: {message}")):
+            expand_token(token)
 
 
 SHOW_GPUS = """\

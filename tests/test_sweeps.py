@@ -28,6 +28,22 @@ def test_lists_range_choice_and_glob_expand_like_hydra() -> None:
     assert [t.overrides for t in globbed.trials] == [["optim=adam"], ["optim=adamw"]]
 
 
+def test_a_float_range_gives_the_values_people_write() -> None:
+    """Hydra adds a float range's step up in binary: range(0.1,0.5,0.1) gave a trial
+    optim.lr=0.30000000000000004 and range(0.7,1.0,0.1) a fourth one at the stop, 1.0.
+    Rounded to the decimals given, and the stop left out as in Python; shuffle() kept."""
+    plan = plan_sweep(["optim.lr=range(0.1,0.5,0.1)"])
+    lrs = ("0.1", "0.2", "0.3", "0.4")
+    assert [t.overrides for t in plan.trials] == [[f"optim.lr={v}"] for v in lrs]
+    assert [t.config.optim.lr for t in plan.trials] == [0.1, 0.2, 0.3, 0.4]
+    up_to = plan_sweep(["model.dropout=range(0.7,1.0,0.1)"])
+    assert [t.config.model.dropout for t in up_to.trials] == [0.7, 0.8, 0.9]
+    down = plan_sweep(["optim.lr=tag(log,range(0.5,0.1,-0.1))"])
+    assert [t.config.optim.lr for t in down.trials] == [0.5, 0.4, 0.3, 0.2]
+    shuffled = plan_sweep(["optim.lr=shuffle(range(0.1,0.5,0.1))"])
+    assert sorted(t.config.optim.lr for t in shuffled.trials) == [0.1, 0.2, 0.3, 0.4]
+
+
 def test_each_trial_config_equals_composing_it_from_scratch(monkeypatch) -> None:
     # The sweep composes once per distinct group choice (model x optim: 4 here), then
     # applies the scalar keys; every trial must come out as compose_config makes it alone.

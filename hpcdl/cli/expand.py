@@ -22,6 +22,7 @@ from hpcdl.cli.compose import (
 )
 from hpcdl.config.convert import GROUPS, PRESET_GROUPS
 from hpcdl.errors import ConfigError
+from hpcdl.number_ranges import range_values
 from hpcdl.sweep.plan import SweepPlan, Trial
 
 SWEEP_DIR_KEY = "hydra.sweep.dir"
@@ -124,9 +125,12 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
             rewritten.append(f"{key}={','.join(matched)}")
         else:
             values = list(ov.sweep_string_iterator())
+            decimal = decimal_range(value)
+            if decimal is not None:
+                values = decimal
             if not values:
                 raise ConfigError(f"{text}: empty sweep for {key}; give at least one value")
-            rewritten.append(text)
+            rewritten.append(text if decimal is None else f"{key}={_as_choice(value, decimal)}")
         swept.append(key)
     if not swept:
         lists = [t for ov, t in zip(parsed, rest, strict=True) if isinstance(ov.value(), list)]
@@ -144,6 +148,32 @@ def expand_sweep(overrides: list[str], config_dirs: Optional[list[str]] = None) 
     batches = BasicSweeper.split_arguments(parser.parse_overrides(rewritten), None)
     combos = [c for batch in batches for c in batch]
     return Expansion(sweep_dir=sweep_dir, common=common, swept_keys=swept, combos=combos)
+
+
+def decimal_range(value: Any) -> Optional[list[str]]:
+    """A range() with a float in it as people mean it (hpcdl.number_ranges.range_values:
+    Hydra's gave 0.30000000000000004, and range(0.7,1.0,0.1) ended with 1.0, the stop), or
+    None for any other sweep."""
+    from hydra.core.override_parser.types import RangeSweep
+
+    if not isinstance(value, RangeSweep):
+        return None
+    start, stop, step = value.start, value.stop, value.step
+    if start is None or stop is None or not step:  # Hydra's own errors for these
+        return None
+    if not any(isinstance(v, float) for v in (start, stop, step)):
+        return None
+    return range_values(start, stop, step)
+
+
+def _as_choice(value: Any, values: list[str]) -> str:
+    """The range's values as an explicit sweep, with its shuffle() and tag()s."""
+    text = f"choice({','.join(values)})"
+    if value.shuffle:
+        text = f"shuffle({text})"
+    if value.tags:
+        text = f"tag({','.join(sorted(value.tags))},{text})"
+    return text
 
 
 def refuse_repeated_sweeps(parsed: list[Any], texts: list[str]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from hpcdl.config.schema import Config, ScriptConfig, ScriptLauncher
 from hpcdl.errors import ConfigError, HpcdlWarning
+from hpcdl.number_ranges import range_values
 
 # Keys of `hpcdl run` itself; everything else goes to the config.
 RUN_KEYS = ("launcher", "entry", "metrics_file", "stall_timeout_s")
@@ -28,7 +29,7 @@ RUN_KEYS = ("launcher", "entry", "metrics_file", "stall_timeout_s")
 # composed into its config.yaml and read by nothing (hpcdl.config.convert names them all).
 CONFIG_KEYS = ("cluster", "run_dir", "hydra")
 BRACES = re.compile(r"\{([^{}]*)\}")
-RANGE = re.compile(r"^range\((-?\d+),\s*(-?\d+)(?:,\s*(-?\d+))?\)$")
+RANGE = re.compile(r"^range\((.*)\)$")
 HYDRA_LIST = re.compile(r"^([A-Za-z_+~][\w.+~/-]*)=([^=]*,[^=]*)$")
 
 
@@ -215,8 +216,7 @@ def expand_token(token: str) -> list[str]:
     for inner in BRACES.findall(token):
         span = RANGE.match(inner.strip())
         if span:
-            start, stop, step = int(span.group(1)), int(span.group(2)), int(span.group(3) or 1)
-            options.append([str(v) for v in range(start, stop, step)])
+            options.append(range_in_braces(token, span.group(1)))
         elif "," in inner:
             options.append([v.strip() for v in inner.split(",")])
             refuse_repeated_values(token, options[-1])
@@ -230,6 +230,35 @@ def expand_token(token: str) -> list[str]:
         pieces = [p if i % 2 == 0 else choice[i // 2] for i, p in enumerate(parts)]
         expanded.append("".join(pieces))
     return expanded
+
+
+def range_in_braces(token: str, arguments: str) -> list[str]:
+    """`{range(0,6,2)}`, `{range(3)}`, `{range(0.1,0.5,0.1)}` (0.1 0.2 0.3 0.4, rounded to
+    the decimals given: hpcdl.number_ranges.range_values) -> the values' text."""
+    usage = "range(stop), range(start, stop) or range(start, stop, step), numbers"
+    try:
+        numbers = [_number(a) for a in arguments.split(",")]
+        if not 1 <= len(numbers) <= 3:
+            raise ValueError(f"range() takes 1 to 3 numbers, not {len(numbers)}")
+        start, stop, step = ([0, *numbers, 1] if len(numbers) == 1 else [*numbers, 1])[:3]
+        values = range_values(start, stop, step)
+    except ValueError as err:
+        raise ConfigError(f"{token}: {err}; write {usage}") from None
+    if not values:
+        raise ConfigError(f"{token}: range({arguments}) is empty; give at least one value")
+    return values
+
+
+def _number(text: str) -> float:
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
 
 
 def refuse_repeated_values(token: str, values: list[str]) -> None:

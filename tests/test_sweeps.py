@@ -359,6 +359,32 @@ def test_a_split_sweeps_dry_run_shows_each_array_as_submitted(
     assert "job array" not in out and "dependency" not in out, out
 
 
+def test_a_cluster_key_sweeps_dry_run_says_which_trials_each_script_runs(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Trials with different cluster keys go in different job arrays (an array's tasks share
+    its #SBATCH header); the dry run printed their scripts one after the other without
+    saying which trials each runs, nor which trial an array task is."""
+    from hpcdl.cli.main import main
+    from hpcdl.sweep import launch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launch, "max_array_size", lambda: 1001)
+    args = ["train", "-m", "cluster=devcluster", "optim.lr=0.1,0.01,0.001"]
+    assert main([*args, "cluster.nodes=1,2", "--dry-run", "--no-preflight"]) == 0
+    out = capsys.readouterr().out
+    one = "# cluster config 1 of 2: trials 0, 2, 4, one job array (its tasks 0-2, in this order)\n"
+    two = "# cluster config 2 of 2: trials 1, 3, 5, one job array (its tasks 0-2, in this order)\n"
+    assert one in out and two in out, out
+    first, second = out.split(one)[1].split(two)
+    assert "#SBATCH --nodes=1\n" in first and "#SBATCH --nodes=2\n" in second
+    assert out.count("#!/bin/bash") == 2
+    # A lone trial of its cluster config is a plain job.
+    assert main(["train", "-m", "cluster=devcluster", "cluster.nodes=1,2", "--dry-run",
+                 "--no-preflight"]) == 0  # fmt: skip
+    assert "# cluster config 2 of 2: trial 1, one plain job\n" in capsys.readouterr().out
+
+
 def test_two_reruns_at_once_submit_a_failed_trial_once(tmp_path: Path, monkeypatch, capsys) -> None:
     # Before: both decided from the states before either submitted, and both submitted.
     from hpcdl.cli import sweep_cmd as cli

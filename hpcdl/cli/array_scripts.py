@@ -25,7 +25,10 @@ def print_array_scripts(trials: list[tuple[int, Config]], sweep_dir: Path) -> No
     from hpcdl.sweep.launch import array_parts, max_array_size, waits_for_previous
 
     limit = max_array_size()
-    for parts in array_parts(trials, limit):
+    groups = array_parts(trials, limit)
+    for number, parts in enumerate(groups):
+        if len(groups) > 1:  # which trials went where: the scripts alone do not say
+            print(group_line(parts, number, len(groups)))
         note = python_note(parts[0][0][1].cluster)  # a cluster.python this machine lacks
         if len(parts) == 1:  # as before splits were shown
             print(part_script(parts[0], None, sweep_dir))
@@ -53,6 +56,20 @@ def print_array_scripts(trials: list[tuple[int, Config]], sweep_dir: Path) -> No
                 print("\n".join(changed))
         if note is not None:
             print(note)
+
+
+def group_line(parts: list[list[tuple[int, Config]]], number: int, num_groups: int) -> str:
+    """`# cluster config 1 of 2: trials 0-1, one job array (its tasks 0-1)`: the trials of
+    one distinct cluster config, and what they are submitted as."""
+    indices = [i for part in parts for i, _ in part]
+    which = f"trial{'s' if len(indices) > 1 else ''} {number_ranges(indices)}"
+    if len(parts) > 1:
+        what = f"{len(parts)} job arrays"
+    elif len(indices) > 1:
+        what = f"one job array (its tasks 0-{len(indices) - 1}, in this order)"
+    else:
+        what = "one plain job"
+    return f"# cluster config {number + 1} of {num_groups}: {which}, {what}"
 
 
 def part_script(part: list[tuple[int, Config]], after: Optional[str], sweep_dir: Path) -> str:

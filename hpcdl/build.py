@@ -169,6 +169,10 @@ def first_batches(
     device, wrapped and restored (the loader draws nothing from the global RNG streams, so
     the model's initial weights are the same). Not when the run has nothing left to do."""
     start = Start(checkpoint=store.load_latest(mmap=True))
+    if start.checkpoint is not None and "data_state" in start.checkpoint[1]:
+        # The datasets prepare samples as the run's first attempt's did, from before the
+        # loader below starts its workers (they copy the datasets).
+        feed.load_data_state(start.checkpoint[1]["data_state"])
     progress = start.progress(sharder, cfg.trainer.early_stopping)
     t = cfg.trainer
     if progress.early_stopped or progress.epoch >= t.max_epochs:

@@ -542,6 +542,8 @@ def _inference_feed(cfg: Config, state: dict[str, Any], split: str) -> Feed:
         feed = build_feed(
             data_cfg, device, seed=cfg.trainer.seed, task=cfg.task, class_names=trained
         )
+        if state.get("data_state") is not None:  # its train dataset's fitted statistics
+            feed.load_data_state(state["data_state"])
     else:
         fitted = state.get("preprocessing")  # {} in checkpoints of dataset runs
         regression = numeric_targets(cfg.task)

@@ -818,7 +818,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self, rng_states: list[dict[str, Any]]) -> dict[str, Any]:
+        data_state = self.p.feed.data_state()  # data=custom's fitted state, when it has one
         return {
+            **({} if data_state is None else {"data_state": data_state}),
             "format_version": FORMAT_VERSION,
             "model": self.p.raw_model.state_dict(),
             "optimizer": self.p.optimizer.state_dict(),

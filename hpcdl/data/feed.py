@@ -65,6 +65,13 @@ class Feed:
         """What `hpcdl predict` needs to prepare raw rows ({} when it cannot)."""
         return {}
 
+    def data_state(self) -> Optional[dict[str, Any]]:
+        """data=custom: the train dataset's own fitted state (hpcdl.data.fitted_state)."""
+        return None
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        """A checkpoint's data_state into the datasets, before any batch is read."""
+
     def info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
             "input_shape": list(self.input_shape),
@@ -149,9 +156,11 @@ class DatasetFeed(Feed):
         num_classes: int,
         class_names: list[str],
         source: str = "data.target",
+        data_state: Optional[dict[str, Any]] = None,
     ) -> None:
         self.datasets = datasets
         self.source = source  # data.target='mylab.data:build', named in errors
+        self._data_state = data_state
         self.settings = settings
         self.input_shape = input_shape
         self.num_classes = num_classes
@@ -159,6 +168,15 @@ class DatasetFeed(Feed):
 
     def num_samples(self, split: str) -> int:
         return len(self.datasets[split])
+
+    def data_state(self) -> Optional[dict[str, Any]]:
+        return self._data_state
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        from hpcdl.data.fitted_state import load_data_state
+
+        load_data_state(self.datasets, state, self.source)
+        self._data_state = state  # saved again as it was
 
     def train_batches(
         self, sharder: EpochSharder, epoch: int, start_step: int, device: torch.device
@@ -257,9 +275,13 @@ def build_dataset_feed(
     )
 
     check_data(cfg)
+    data_state = None
     if isinstance(cfg, CustomDataConfig):
+        from hpcdl.data.fitted_state import read_data_state
+
         datasets = build_custom_datasets(cfg)
         where = f"data.target={cfg.target!r}"
+        data_state = read_data_state(datasets, where)
         collate: Optional[Any] = (
             resolve_callable("data.collate_fn", cfg.collate_fn) if cfg.collate_fn else None
         )
@@ -292,6 +314,7 @@ def build_dataset_feed(
         num_classes=num_classes,
         class_names=class_names,
         source=where,
+        data_state=data_state,
     )
 
 

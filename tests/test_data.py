@@ -1109,3 +1109,34 @@ def test_a_sample_of_another_shape_mid_epoch_is_named_as_such(num_workers: int) 
     message = str(info.value)
     assert message.startswith("data.target='rs.data:build': samples of different shapes in one")
     assert message.endswith("or set data.collate_fn to pad them") and "\n" not in message
+
+
+def test_classes_are_read_through_subsets_and_concatenated_parts_that_agree() -> None:
+    """A ConcatDataset has no `classes` of its own: its parts' were not found, so a
+    classification run needed data.num_classes and its confusion matrix showed 0, 1, 2.
+    Parts that number their classes differently (two folder datasets of other class
+    folders) would give one label two meanings: refused, naming the parts."""
+    from torch.utils.data import ConcatDataset, Subset
+
+    from hpcdl.data.custom import num_classes_of
+
+    class Named(torch.utils.data.Dataset):
+        def __init__(self, classes: list[str]) -> None:
+            self.classes = classes
+
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            return torch.zeros(2), 0
+
+    cfg = schema.CustomDataConfig(target="mine:build")
+    same = ConcatDataset([Named(["cat", "dog"]), Subset(Named(["cat", "dog"]), [0, 1])])
+    assert num_classes_of(Subset(same, [0, 5]), cfg) == (2, ["cat", "dog"])
+    assert num_classes_of(same, replace(cfg, num_classes=2)) == (2, ["cat", "dog"])
+    other = ConcatDataset([Named(["cat", "dog"]), Named(["dog", "cat"])])
+    with pytest.raises(DataError, match=re.escape(
+        "data.target='mine:build': the ConcatDataset's parts 0 and 1 name different classes "
+        "(['cat', 'dog'] and ['dog', 'cat']): a label would mean one class in one part"
+    )):  # fmt: skip
+        num_classes_of(other, cfg)

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import Subset
+from torch.utils.data import ConcatDataset, Subset
 
 from hpcdl.config.schema import CustomDataConfig, DataCommon
 from hpcdl.data.loader import quiet_default_collate
@@ -201,17 +201,48 @@ def check_collate(
 
 def num_classes_of(dataset: Any, cfg: CustomDataConfig) -> tuple[int, list[str]]:
     """data.num_classes, else the dataset's `classes` (names) or `num_classes`, looking
-    through Subsets; (0, []) when none says."""
-    inner = dataset
-    while isinstance(inner, Subset):
-        inner = inner.dataset
-    names = getattr(inner, "classes", None)
+    through Subsets and into a ConcatDataset's parts (which must then agree); (0, []) when
+    none says."""
+    names, number = _declared_classes(dataset, f"data.target={cfg.target!r}")
     if cfg.num_classes is not None:
         count = cfg.num_classes
-    elif isinstance(names, Sequence) and not isinstance(names, str):
+    elif names is not None:
         count = len(names)
     else:
-        count = int(getattr(inner, "num_classes", 0) or 0)
-    if isinstance(names, Sequence) and not isinstance(names, str) and len(names) == count:
-        return count, [str(n) for n in names]
+        count = number
+    if names is not None and len(names) == count:
+        return count, names
     return count, [str(i) for i in range(count)]
+
+
+def _declared_classes(dataset: Any, where: str) -> tuple[Optional[list[str]], int]:
+    """(the `classes` names, the `num_classes`) the dataset's parts declare, the same in
+    each: concatenated datasets that number their classes differently (two ImageFolders of
+    other class folders) would give one label two meanings."""
+    declared = []
+    for index, part in enumerate(_parts(dataset)):
+        names = getattr(part, "classes", None)
+        if isinstance(names, Sequence) and not isinstance(names, str):
+            declared.append((index, [str(n) for n in names]))
+    if len({tuple(names) for _, names in declared}) > 1:
+        (i, first), (j, other) = next(
+            (declared[0], d) for d in declared[1:] if d[1] != declared[0][1]
+        )
+        raise DataError(
+            f"{where}: the ConcatDataset's parts {i} and {j} name different classes ({first} "
+            f"and {other}): a label would mean one class in one part and another in the "
+            "other; give every part the same classes, in the same order"
+        )
+    if declared:
+        return declared[0][1], len(declared[0][1])
+    numbers = [int(getattr(part, "num_classes", 0) or 0) for part in _parts(dataset)]
+    return None, max(numbers, default=0)
+
+
+def _parts(dataset: Any) -> list[Any]:
+    """The datasets under Subset wrappers and inside ConcatDatasets, in order."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    if isinstance(dataset, ConcatDataset):
+        return [inner for part in dataset.datasets for inner in _parts(part)]
+    return [dataset]

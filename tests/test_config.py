@@ -533,6 +533,19 @@ def write_conf(root: Path, path: str, text: str) -> None:
             ["cluster=mycluster"],
             "myconf/cluster/mycluster.yaml: cluster.env.FOO: YAML read a boolean (true)",
         ),
+        (  # YAML 1.1's octal: exported as UMASK=18 before
+            "cluster/mycluster.yaml",
+            "name: mycluster\nlauncher: slurm\nenv:\n  THREADS: 8\n  UMASK: 0022\n",
+            ["cluster=mycluster"],
+            "myconf/cluster/mycluster.yaml: cluster.env.UMASK: YAML read 0022 as the number 18, "
+            'which the job would export as UMASK=18; quote the text you mean: UMASK: "0022"',
+        ),
+        (  # and its sexagesimal numbers
+            "cluster/mycluster.yaml",
+            "name: mycluster\nlauncher: slurm\nenv:\n  WALL: 1:30\n",
+            ["cluster=mycluster"],
+            "myconf/cluster/mycluster.yaml: cluster.env.WALL: YAML read 1:30 as the number 90",
+        ),
         (
             "optim/fast.yaml",
             "name: sgd\nlr: 0.1\nmomentun: 0.9\n",

@@ -382,6 +382,7 @@ def compose_config(
         raise (err if script is None else err.for_run()) from None
     with _naming_the_file(overrides, config_dirs):
         config = _typed_config(composed, overrides)
+        refuse_yaml_numbers_in_env(config.cluster, overrides, config_dirs)
         if script is not None:
             config = replace(config, script=script)
         validate(config)  # errors name the paths as given
@@ -446,13 +447,22 @@ def file_setting(
     own defaults) that sets the key or a mapping above it. None where an override on the
     command line sets it (overrides come after every file), where no file sets it (a
     schema default), or where the file leaves it required (`???`)."""
+    if _set_by_override(key, overrides):
+        return None
+    source = _file_of(key, config_dirs, _defaults_list(overrides, config_dirs))
+    return None if source is None else source[0]
+
+
+def _set_by_override(key: str, overrides: list[str]) -> bool:
+    """Whether an override sets the key (or a mapping above or below it); True as well for
+    overrides Hydra cannot parse (no file can be said to set anything then)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException:
-        return None
+        return True
     for override in parsed:
         name = override.key_or_group
         if override.is_delete() or name.startswith("hydra"):
@@ -460,15 +470,79 @@ def file_setting(
         if name in (*GROUPS, *PRESET_GROUPS) and not isinstance(override.value(), dict):
             continue  # a group choice picks a file: the files below decide
         if key == name or key.startswith(name + ".") or name.startswith(key + "."):
-            return None
-    for config_path, package in reversed(_defaults_list(overrides, config_dirs)):
+            return True
+    return False
+
+
+def _file_of(
+    key: str, config_dirs: Optional[list[str]], defaults: list[tuple[str, str]]
+) -> Optional[tuple[Path, str]]:
+    """(file, package) of the last of the defaults list's files that sets `key`."""
+    for config_path, package in reversed(defaults):
         path = _config_file(config_path, config_dirs)
         if path is None:
             continue
         found = _lookup(path, package, key)
         if found is not None:
-            return path if found else None
+            return (path, package) if found else None
     return None
+
+
+def refuse_yaml_numbers_in_env(
+    cluster: schema.ClusterConfig, overrides: list[str], config_dirs: Optional[list[str]]
+) -> None:
+    """A cluster.env value a YAML file wrote as a number YAML 1.1 reads otherwise: `0022`
+    (octal: 18), `0x1F`, `1_000`, `1:30` (sexagesimal: 90). The job would export the number
+    the file did not say (UMASK=18): refused, naming how to quote it. Found by the value's
+    text in the file that set it, only for values that are whole numbers."""
+    numbers = {k: v for k, v in cluster.env.items() if v.lstrip("-").isdigit()}
+    if not numbers or not _any_yaml_number_text(config_dirs):
+        return  # (the whole check reads Hydra's defaults list: a tenth of a second a key)
+    defaults = _defaults_list(overrides, config_dirs)
+    for key, value in numbers.items():
+        if _set_by_override(f"cluster.env.{key}", overrides):
+            continue  # the command line's text, kept as given
+        source = _file_of(f"cluster.env.{key}", config_dirs, defaults)
+        text = None if source is None else _yaml_text(*source, f"cluster.env.{key}")
+        if text is not None and text != value:
+            raise ConfigError(
+                f"cluster.env.{key}: YAML read {text} as the number {value}, which the job "
+                f"would export as {key}={value}; quote the text you mean: {key}: \"{text}\""
+            )
+
+
+# A YAML 1.1 integer not written in decimal digits: 0022, 0x1F, 0b11, 1_000, 1:30.
+_OTHER_INT = re.compile(
+    r":\s+[-+]?(0[0-7]+|0x[0-9a-fA-F_]+|0b[01_]+|[0-9][0-9_]*_[0-9_]*|[1-9][0-9_]*(:[0-5]?[0-9])+)"
+    r"\s*(#.*)?$",
+    re.M,
+)
+
+
+def _any_yaml_number_text(config_dirs: Optional[list[str]]) -> bool:
+    """Whether any config file may hold such a number (one pass over their text)."""
+    dirs = [conf_dir(), *user_conf_dirs(config_dirs)]
+    for path in (p for d in dirs for p in Path(d).rglob("*.yaml")):
+        try:
+            if _OTHER_INT.search(path.read_text()):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _yaml_text(path: Path, package: str, key: str) -> Optional[str]:
+    """The key's scalar as written in the file (YAML's base loader: every scalar as text)."""
+    try:
+        node: Any = yaml.load(path.read_text(), Loader=yaml.BaseLoader)
+    except (OSError, yaml.YAMLError):
+        return None
+    parts = key.split(".")[len(package.split(".")) if package else 0 :]
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node if isinstance(node, str) else None
 
 
 def _defaults_list(overrides: list[str], config_dirs: Optional[list[str]]) -> list[tuple[str, str]]:
@@ -652,6 +726,7 @@ class SweepComposer:
         self._merged: dict[tuple[str, ...], DictConfig] = {}  # group choices -> stage 1
         self._parsed: dict[str, Override] = {}
         self._parser: Optional[OverridesParser] = None
+        self._env_checked: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
 
     def config(self, overrides: list[str]) -> schema.Config:
         split = self._split(overrides)
@@ -665,6 +740,11 @@ class SweepComposer:
         with _naming_the_file(overrides, self._config_dirs):
             config = _typed_config(composed, overrides)
             validate(config)
+            # Once per group choices and cluster overrides: it reads the defaults list.
+            env_key = (choices, tuple(v for v in values if v.lstrip("+~").startswith("cluster")))
+            if env_key not in self._env_checked:
+                refuse_yaml_numbers_in_env(config.cluster, overrides, self._config_dirs)
+                self._env_checked.add(env_key)
         return config
 
     def _split(self, overrides: list[str]) -> Optional[tuple[tuple[str, ...], list[str]]]:

@@ -507,7 +507,7 @@ def refuse_yaml_numbers_in_env(
         if text is not None and text != value:
             raise ConfigError(
                 f"cluster.env.{key}: YAML read {text} as the number {value}, which the job "
-                f"would export as {key}={value}; quote the text you mean: {key}: \"{text}\""
+                f'would export as {key}={value}; quote the text you mean: {key}: "{text}"'
             )
 
 

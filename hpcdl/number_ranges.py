@@ -1,5 +1,6 @@
-"""Runs of consecutive numbers, as people and Slurm write them: [0, 1, 2, 5] -> '0-2, 5'.
-Plain stdlib, for the CLI's one-line summaries and `hpcdl status`'s array tasks."""
+"""Runs of consecutive numbers, as people and Slurm write them: [0, 1, 2, 5] -> '0-2, 5';
+and a sweep's range() as people mean it. Plain stdlib, for the CLI's one-line summaries,
+`hpcdl status`'s array tasks and the sweeps' range()."""
 
 from __future__ import annotations
 
@@ -44,20 +45,28 @@ def range_values(start: float, stop: float, step: float = 1) -> list[str]:
     """A sweep's range(start, stop, step) as people mean it, as the values' text: Python's
     range() for integers; with a float in it, each value rounded to the decimals of start
     and step, and the stop left out. Added up in binary floating point, range(0.1,0.5,0.1)
-    gives 0.30000000000000004 and range(0.7,1.0,0.1) ends with 0.9999999999999999, short of
-    the stop (as Hydra's range() does). ValueError for a zero step."""
+    gives 0.30000000000000004 and range(0.7,1.0,0.1) a fourth value, 0.9999999999999999 (as
+    Hydra's range() does). ValueError for a zero step, or more than MAX_RANGE_VALUES."""
     if step == 0:
         raise ValueError("the step of range() must not be 0")
     if not any(isinstance(v, float) for v in (start, stop, step)):
-        return [str(v) for v in range(int(start), int(stop), int(step))]
+        integers = range(int(start), int(stop), int(step))
+        if len(integers) > MAX_RANGE_VALUES:
+            raise ValueError(f"range() gives more than {MAX_RANGE_VALUES} values")
+        return [str(v) for v in integers]
     places = max(_decimals(start), _decimals(step))
     values: list[str] = []
     for index in itertools.count():
         number = round(start + index * step, places)
         if (number >= stop) if step > 0 else (number <= stop):
             return values
+        if index >= MAX_RANGE_VALUES:
+            raise ValueError(f"range() gives more than {MAX_RANGE_VALUES} values")
         values.append(repr(float(number)))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+MAX_RANGE_VALUES = 100_000  # a step far too small for its span: refused, not a hang
 
 
 def _decimals(number: float) -> int:

@@ -562,6 +562,16 @@ class Job:
         cfg, run_dir = open_run_dir(self.run_dir)
         return load_model(cfg, run_dir, _checkpoint(checkpoint), device)
 
+    def data_state(self, checkpoint: CheckpointRef = "best") -> Optional[dict[str, Any]]:
+        """A data=custom run's fitted data state in a checkpoint (its train dataset's
+        state_dict(), as `hpcdl predict` loads it into rebuilt datasets), for your own
+        inference code: `dataset.load_state_dict(job.data_state())`. None for a run whose
+        dataset has none (and for the built-in sources). Imports torch."""
+        from hpcdl.inference import saved_data_state
+
+        cfg, run_dir = open_run_dir(self.run_dir)
+        return saved_data_state(cfg, run_dir, _checkpoint(checkpoint))
+
     def evaluate(
         self, checkpoint: CheckpointRef = "best", overrides: Sequence[str] = (), split: str = "test"
     ) -> dict[str, Any]:

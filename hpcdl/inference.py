@@ -116,6 +116,16 @@ def load_model(cfg: Config, run_dir: RunDir, which: str, device: str | torch.dev
     return model.to(target)
 
 
+def saved_data_state(cfg: Config, run_dir: RunDir, which: str) -> Optional[dict[str, Any]]:
+    """A checkpoint's data_state (hpcdl.data.fitted_state), or None (Job.data_state)."""
+    if cfg.script is not None:
+        raise ConfigError(
+            f"{run_dir.path} is an `hpcdl run` run; its program keeps its own data state"
+        )
+    state = read_checkpoint(_checkpoint_for(run_dir, which), mmap=True).get("data_state")
+    return state if isinstance(state, dict) else None
+
+
 def _usable_device(device: str | torch.device) -> torch.device:
     """`device` as torch names it, checked before any work: a GPU this process cannot see
     is one line naming it (torch said `AssertionError: Torch not compiled with CUDA

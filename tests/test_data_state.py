@@ -125,6 +125,15 @@ def test_the_fitted_mean_is_saved_and_loaded_by_resume_evaluate_and_predict(
     assert main(["evaluate", str(run), "--split", "val"]) == 0
     assert all(torch.equal(d.mean, trained) for d in features.made[-2:])
 
+    # For the user's own inference code: the Python API hands the state over.
+    from hpcdl import Job
+
+    assert torch.equal(Job.from_run_dir(run).data_state()["mean"], trained)
+    assert torch.equal(Job.from_run_dir(run).data_state("newest")["mean"], trained)
+    plain = tmp_path / "plain"
+    assert main(["train", f"run_dir={plain}", "trainer.max_epochs=1"]) == 0
+    assert Job.from_run_dir(plain).data_state() is None  # a built-in source: none
+
 
 @pytest.mark.parametrize(
     ("target", "message"),

@@ -450,7 +450,8 @@ class Job:
         """What `hpcdl status RUN_DIR` prints, as a dict: job_id, state, elapsed (a string,
         `[D-]HH:MM:SS` as sacct writes it, whoever ran the job), source, attempts, requeues,
         last_end, last_epoch, last_metrics (train_loss and the val_* metrics of the last epoch), test_metrics
-        (summary.json's test_*), test_accuracy, ... of the run's newest attempt
+        (summary.json's test_*), test_accuracy, ... of the run's newest attempt (an `hpcdl
+        run` program's: metrics, its metrics file's numbers, instead of the training's keys)
         (a Slurm job, or a run in the foreground: job_id is then the local job's, None
         in-process; state COMPLETED, INTERRUPTED, FAILED or RUNNING)."""
         from hpcdl.launch.monitor import run_report

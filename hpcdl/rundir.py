@@ -192,6 +192,11 @@ def _without_refused_jobs(records: list[dict[str, Any]]) -> list[dict[str, Any]]
     return [r for i, r in enumerate(records) if i not in refused] if refused else records
 
 
+# What `hpcdl run` writes into every program's summary.json beside the program's own metrics
+# (hpcdl.script_job): not a metric of the program.
+RUN_BOOKKEEPING = ("outcome", "exit_code", "world_size", "wall_s", "wall_s_total")
+
+
 @dataclass(frozen=True)
 class RunDir(JobDir):
     CONFIG: ClassVar[str] = "config.yaml"

@@ -27,6 +27,10 @@ def test_submit_program_runs_the_program_and_records_the_command(tmp_path, monke
     assert job.run_dir == tmp_path / "r" and job.exit_code == 0
     summary = job.wait()
     assert (summary["outcome"], summary["loss"]) == ("completed", 0.2)
+    # The program's metrics in its status, not a trained model's (test_*, weights) keys.
+    status = job.status()
+    assert status["metrics"] == {"loss": 0.2}, status
+    assert "test_metrics" not in status and "weights_sha256" not in status
     log = (tmp_path / "r" / "commands.log").read_text()
     assert log.rstrip().endswith(
         "run: hpcdl run cluster=local cluster.tasks_per_node=1 metrics_file=m.json run_dir=r "

@@ -35,7 +35,7 @@ from hpcdl.launch.slurm_state import (
     job_state,
     query,
 )
-from hpcdl.rundir import PROGRAM_END, RunDir, SweepDir
+from hpcdl.rundir import PROGRAM_END, RUN_BOOKKEEPING, RunDir, SweepDir
 
 # Polling interval floor: a busy scheduler should see at most one query per 10 s from us.
 MIN_REFRESH_S = 10.0
@@ -431,13 +431,28 @@ def run_status(run_dir: Optional[RunDir], completed_unrecorded: bool = False) ->
     completed = bool(ends) and ends[-1].get("reason") == "completed"
     if summary is not None and (not starts or completed or completed_unrecorded):
         # an earlier attempt's summary.json describes weights a resume has trained on since
+        if _is_program_run(run_dir):  # its metrics file's numbers; no test set, no weights
+            info["metrics"] = {
+                k: v for k, v in summary.items() if _is_number(v) and k not in RUN_BOOKKEEPING
+            }
+            return info
         info["test_metrics"] = {
-            k: v
-            for k, v in summary.items()
-            if k.startswith("test_") and isinstance(v, (int, float)) and not isinstance(v, bool)
+            k: v for k, v in summary.items() if k.startswith("test_") and _is_number(v)
         }
         info["weights_sha256"] = summary.get("weights_sha256")
     return info
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_program_run(run_dir: RunDir) -> bool:
+    """An `hpcdl run` run (a config that cannot be read: not one)."""
+    try:
+        return run_dir.load_config().script is not None
+    except HpcdlError:
+        return False
 
 
 def requeue_pending(run_dir: RunDir, job_id: str) -> bool:

@@ -40,7 +40,7 @@ from hpcdl.launch.monitor import (
     requeue_pending,
 )
 from hpcdl.number_ranges import number_ranges
-from hpcdl.rundir import RunDir, SweepDir
+from hpcdl.rundir import RUN_BOOKKEEPING, RunDir, SweepDir
 from hpcdl.sweep import ledger as ledger_mod
 from hpcdl.sweep.best_epoch import BEST, LAST, best_epoch, value_at_best
 from hpcdl.sweep.direction import Direction
@@ -85,8 +85,6 @@ def reported_metrics(ledger: Ledger) -> list[str]:
     return sorted(names)
 
 
-# What `hpcdl run` writes into every summary: not a program's metric.
-RUN_BOOKKEEPING = ("outcome", "exit_code", "world_size", "wall_s", "wall_s_total")
 # Counters a program's metrics carry (Lightning's CSV: epoch, step): no metric to rank by.
 COUNTERS = ("epoch", "step", "global_step", "iteration", "iter")
 

@@ -520,9 +520,11 @@ _OTHER_INT = re.compile(
 
 
 def _any_yaml_number_text(config_dirs: Optional[list[str]]) -> bool:
-    """Whether any config file may hold such a number (one pass over their text)."""
-    dirs = [conf_dir(), *user_conf_dirs(config_dirs)]
-    for path in (p for d in dirs for p in Path(d).rglob("*.yaml")):
+    """Whether any config file may hold such a number (one pass over their text): the
+    primary configs and the group files, one level down (not a walk of a config dir that
+    is a whole project folder)."""
+    dirs = [Path(d) for d in (conf_dir(), *user_conf_dirs(config_dirs))]
+    for path in (p for d in dirs for pattern in ("*.yaml", "*/*.yaml") for p in d.glob(pattern)):
         try:
             if _OTHER_INT.search(path.read_text()):
                 return True

@@ -239,10 +239,16 @@ def _declared_classes(dataset: Any, where: str) -> tuple[Optional[list[str]], in
     return None, max(numbers, default=0)
 
 
-def _parts(dataset: Any) -> list[Any]:
-    """The datasets under Subset wrappers and inside ConcatDatasets, in order."""
+def own_dataset(dataset: Any) -> Any:
+    """The dataset under torch Subsets (hpcdl's own split of one dataset, or a fold)."""
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
+    return dataset
+
+
+def _parts(dataset: Any) -> list[Any]:
+    """The datasets under Subset wrappers and inside ConcatDatasets, in order."""
+    dataset = own_dataset(dataset)
     if isinstance(dataset, ConcatDataset):
         return [inner for part in dataset.datasets for inner in _parts(part)]
     return [dataset]

@@ -13,17 +13,9 @@ from __future__ import annotations
 import warnings
 from typing import Any, Optional
 
-from torch.utils.data import Subset
-
 from hpcdl.checkpoint import check_weights_only_safe
+from hpcdl.data.custom import own_dataset
 from hpcdl.errors import CheckpointError, DataError, HpcdlWarning
-
-
-def own_dataset(dataset: Any) -> Any:
-    """The dataset under torch Subsets (hpcdl's own split of one dataset, or a fold)."""
-    while isinstance(dataset, Subset):
-        dataset = dataset.dataset
-    return dataset
 
 
 def read_data_state(datasets: dict[str, Any], where: str) -> Optional[dict[str, Any]]:
